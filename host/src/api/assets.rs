@@ -1,0 +1,463 @@
+//! Asset routes: multipart upload (streamed to disk, hashed as it arrives, deduplicated),
+//! from-hash, by-hash probe, read, delete, and content with `Range` support.
+
+use std::sync::Arc;
+
+use bytes::Buf;
+use chrono::Utc;
+use futures::{StreamExt, TryStreamExt};
+use serde_json::Value as Json;
+use warp::filters::multipart::{FormData, Part};
+use warp::filters::BoxedFilter;
+use warp::http::{HeaderValue, StatusCode};
+use warp::{Filter, Reply};
+
+use super::auth::{self, Caller};
+use super::error::ApiError;
+use super::{render, respond, AppState};
+use crate::jobs::retention;
+use crate::store::blobs::is_hex_hash;
+use crate::store::{AssetRecord, Deleted};
+
+/// Bounds of `expires_in`, in seconds.
+const EXPIRES_IN: std::ops::RangeInclusive<i64> = 60..=604_800;
+
+/// The asset routes, relative to `/api/v2`.
+pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
+    let with = {
+        let state = state.clone();
+        move || {
+            let state = state.clone();
+            warp::any().map(move || state.clone())
+        }
+    };
+    let caller = auth::caller(state.clone());
+    let upload = warp::path("assets")
+        .and(warp::path::end())
+        .and(warp::post())
+        .and(with())
+        .and(caller.clone())
+        .and(warp::multipart::form().max_length(state.config.max_upload_bytes + 64 * 1024))
+        .and_then(|s, c, f| async move { respond(upload(s, c, f).await) });
+    let from_hash = warp::path!("assets" / "from-hash")
+        .and(warp::post())
+        .and(with())
+        .and(caller.clone())
+        .and(warp::body::content_length_limit(state.config.max_json_bytes))
+        .and(warp::body::bytes())
+        .and_then(|s, c, b| async move { respond(from_hash(s, c, b).await) });
+    let by_hash = warp::path!("assets" / "by-hash" / String)
+        .and(warp::head())
+        .and(with())
+        .and(caller.clone())
+        .and_then(|h, s, c| async move { respond(by_hash(s, c, h).await) });
+    let get = warp::path!("assets" / String)
+        .and(warp::get())
+        .and(with())
+        .and(caller.clone())
+        .and_then(|id, s, c| async move { respond(get(s, c, id).await) });
+    let delete = warp::path!("assets" / String)
+        .and(warp::delete())
+        .and(with())
+        .and(caller.clone())
+        .and_then(|id, s, c| async move { respond(delete(s, c, id).await) });
+    let content = warp::path!("assets" / String / "content")
+        .and(warp::get().or(warp::head()).unify())
+        .and(with())
+        .and(warp::header::optional::<String>("authorization"))
+        .and(warp::query::<std::collections::HashMap<String, String>>())
+        .and(warp::header::optional::<String>("range"))
+        .and_then(|id, s, a, q, r| async move { respond(content(s, id, a, q, r).await) });
+    upload
+        .or(from_hash)
+        .unify()
+        .or(by_hash)
+        .unify()
+        .or(get)
+        .unify()
+        .or(delete)
+        .unify()
+        .or(content)
+        .unify()
+        .boxed()
+}
+
+fn reply(status: StatusCode, body: &Json) -> warp::reply::Response {
+    warp::reply::with_status(warp::reply::json(body), status).into_response()
+}
+
+/// `blake3:<hex>` or bare hex, as a hex digest.
+fn parse_hash(text: &str) -> Option<String> {
+    let hex = text.strip_prefix("blake3:").unwrap_or(text).to_ascii_lowercase();
+    is_hex_hash(&hex).then_some(hex)
+}
+
+fn expires_at(expires_in: Option<i64>) -> Result<Option<chrono::DateTime<Utc>>, ApiError> {
+    match expires_in {
+        None => Ok(None),
+        Some(secs) if EXPIRES_IN.contains(&secs) => Ok(Some(Utc::now() + chrono::Duration::seconds(secs))),
+        Some(_) => Err(ApiError::bad_request(
+            "invalid_expires_in",
+            "expires_in must be from 60 to 604800 seconds",
+        )),
+    }
+}
+
+async fn part_text(part: Part) -> Result<String, ApiError> {
+    let mut bytes = Vec::new();
+    let mut stream = part.stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request("invalid_multipart", e.to_string()))?;
+        bytes.extend_from_slice(chunk.chunk());
+        if bytes.len() > 64 * 1024 {
+            return Err(ApiError::bad_request(
+                "invalid_multipart",
+                "a text field is longer than 64 KiB",
+            ));
+        }
+    }
+    String::from_utf8(bytes).map_err(|_| ApiError::bad_request("invalid_multipart", "a text field is not UTF-8"))
+}
+
+async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<warp::reply::Response, ApiError> {
+    let jobs = state.jobs()?;
+    let mut form = form;
+    let mut file_path = None;
+    let mut content_type = None;
+    let mut expected_hash = None;
+    let mut tags = Vec::new();
+    let mut expires_in = None;
+    let mut written = None;
+    let mut part_type = None;
+    while let Some(part) = form.try_next().await.map_err(multipart_error)? {
+        match part.name() {
+            "file" => {
+                part_type = part.content_type().map(String::from);
+                if file_path.is_none() {
+                    file_path = part.filename().map(String::from);
+                }
+                let mut writer = state
+                    .blobs
+                    .writer()
+                    .map_err(|e| ApiError::upstream("creating a blob", e))?;
+                let mut stream = part.stream();
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk.map_err(multipart_error)?;
+                    if writer.size() + chunk.remaining() as u64 > state.config.max_upload_bytes {
+                        return Err(ApiError::PayloadTooLarge(format!(
+                            "uploads are limited to {} bytes",
+                            state.config.max_upload_bytes
+                        )));
+                    }
+                    writer
+                        .write_chunk(chunk.chunk())
+                        .map_err(|e| ApiError::upstream("writing a blob", e))?;
+                }
+                written = Some(writer);
+            }
+            "file_path" => file_path = Some(part_text(part).await?),
+            "content_type" => content_type = Some(part_text(part).await?),
+            "expected_hash" => expected_hash = Some(part_text(part).await?),
+            "tags" => tags.push(part_text(part).await?),
+            "expires_in" => {
+                let text = part_text(part).await?;
+                expires_in = Some(
+                    text.trim()
+                        .parse::<i64>()
+                        .map_err(|_| ApiError::bad_request("invalid_expires_in", "expires_in must be an integer"))?,
+                );
+            }
+            _ => {
+                let _ = part_text(part).await;
+            }
+        }
+    }
+    let writer = written.ok_or_else(|| ApiError::bad_request("missing_file", "the upload needs a `file` part"))?;
+    let file_path = file_path
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| ApiError::bad_request("missing_file_path", "the upload needs a `file_path` part"))?;
+    let expires_at = expires_at(expires_in)?;
+    let expected = match expected_hash.filter(|h| !h.is_empty()) {
+        Some(h) => Some(
+            parse_hash(&h)
+                .ok_or_else(|| ApiError::bad_request("invalid_hash", "expected_hash must be blake3:<64 hex digits>"))?,
+        ),
+        None => None,
+    };
+    let _guard = jobs.blob_lock.lock().await;
+    let (hash, size) = tokio::task::spawn_blocking(move || writer.finish())
+        .await
+        .map_err(|e| ApiError::upstream("storing an upload", e))?
+        .map_err(|e| ApiError::upstream("storing an upload", e))?;
+    if let Some(expected) = expected {
+        if expected != hash {
+            drop(_guard);
+            let _ = retention::collect_garbage(jobs, vec![hash.clone()]).await;
+            return Err(ApiError::HashMismatch {
+                expected: format!("blake3:{expected}"),
+                actual: format!("blake3:{hash}"),
+            });
+        }
+    }
+    let existing = state
+        .store
+        .asset_by_blob(&caller.tenant, &hash)
+        .await
+        .map_err(|e| ApiError::upstream("deduplicating an upload", e))?;
+    let content_type = content_type
+        .filter(|c| !c.is_empty())
+        .or(part_type)
+        .or_else(|| existing.as_ref().map(|a| a.content_type.clone()))
+        .unwrap_or_else(|| guess_content_type(&file_path).to_string());
+    let asset = AssetRecord {
+        id: uuid::Uuid::new_v4().to_string(),
+        tenant: caller.tenant,
+        blob: hash,
+        size_bytes: size as i64,
+        content_type,
+        file_path,
+        job_id: None,
+        node_id: None,
+        kind: None,
+        tags,
+        created_at: Utc::now(),
+        expires_at,
+        output_index: None,
+    };
+    state
+        .store
+        .insert_asset(asset.clone())
+        .await
+        .map_err(|e| ApiError::upstream("recording an asset", e))?;
+    let created_new = existing.is_none();
+    let status = if created_new {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(reply(status, &render::asset(&state.links, &asset, created_new)))
+}
+
+fn multipart_error(e: warp::Error) -> ApiError {
+    let text = e.to_string();
+    if text.contains("limit") || text.contains("too large") {
+        ApiError::PayloadTooLarge(format!("the upload is larger than allowed: {text}"))
+    } else {
+        ApiError::bad_request("invalid_multipart", format!("the multipart body is malformed: {text}"))
+    }
+}
+
+fn guess_content_type(path: &str) -> &'static str {
+    let lower = path.to_ascii_lowercase();
+    let ext = lower.rsplit('.').next().unwrap_or("");
+    match ext {
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "webp" => "image/webp",
+        "gif" => "image/gif",
+        "mp4" => "video/mp4",
+        "webm" => "video/webm",
+        "mov" => "video/quicktime",
+        "wav" => "audio/wav",
+        "mp3" => "audio/mpeg",
+        "flac" => "audio/flac",
+        "txt" => "text/plain",
+        "json" => "application/json",
+        _ => "application/octet-stream",
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FromHash {
+    hash: String,
+    file_path: Option<String>,
+    #[serde(default)]
+    tags: Vec<String>,
+    expires_in: Option<i64>,
+}
+
+async fn from_hash(
+    state: Arc<AppState>,
+    caller: Caller,
+    body: bytes::Bytes,
+) -> Result<warp::reply::Response, ApiError> {
+    state.jobs()?;
+    let request: FromHash = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request("invalid_request", format!("invalid from-hash request: {e}")))?;
+    let hash = parse_hash(&request.hash)
+        .ok_or_else(|| ApiError::bad_request("invalid_hash", "hash must be blake3:<64 hex digits>"))?;
+    let expires_at = expires_at(request.expires_in)?;
+    // Only a blob the caller already uses can be adopted: another tenant's is not found.
+    let existing = state
+        .store
+        .asset_by_blob(&caller.tenant, &hash)
+        .await
+        .map_err(|e| ApiError::upstream("finding a blob", e))?;
+    let Some(existing) = existing.filter(|_| state.blobs.exists(&hash)) else {
+        return Err(ApiError::BlobNotFound);
+    };
+    let asset = AssetRecord {
+        id: uuid::Uuid::new_v4().to_string(),
+        file_path: request.file_path.unwrap_or_else(|| existing.file_path.clone()),
+        job_id: None,
+        node_id: None,
+        kind: None,
+        tags: request.tags,
+        created_at: Utc::now(),
+        expires_at,
+        output_index: None,
+        ..existing
+    };
+    state
+        .store
+        .insert_asset(asset.clone())
+        .await
+        .map_err(|e| ApiError::upstream("recording an asset", e))?;
+    Ok(reply(StatusCode::CREATED, &render::asset(&state.links, &asset, false)))
+}
+
+async fn by_hash(state: Arc<AppState>, caller: Caller, hash: String) -> Result<warp::reply::Response, ApiError> {
+    let found = match parse_hash(&hash) {
+        Some(hex) => state
+            .store
+            .asset_by_blob(&caller.tenant, &hex)
+            .await
+            .map_err(|e| ApiError::upstream("finding a blob", e))?
+            .is_some(),
+        None => false,
+    };
+    let status = if found { StatusCode::OK } else { StatusCode::NOT_FOUND };
+    Ok(warp::reply::with_status(warp::reply(), status).into_response())
+}
+
+async fn get(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::reply::Response, ApiError> {
+    let asset = state
+        .store
+        .asset(&caller.tenant, &id)
+        .await
+        .map_err(|e| ApiError::upstream("reading an asset", e))?;
+    let asset = asset.ok_or(ApiError::NotFound("asset".into()))?;
+    Ok(reply(StatusCode::OK, &render::asset(&state.links, &asset, false)))
+}
+
+async fn delete(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::reply::Response, ApiError> {
+    let jobs = state.jobs()?;
+    match state.store.delete_asset(&caller.tenant, &id).await {
+        Ok(Deleted::Yes { blob }) => {
+            let _ = retention::collect_garbage(jobs, vec![blob]).await;
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Ok(Deleted::NotFound) => Err(ApiError::NotFound("asset".into())),
+        Err(crate::store::StoreError::InUse) => Err(ApiError::AssetInUse),
+        Err(e) => Err(ApiError::upstream("deleting an asset", e)),
+    }
+}
+
+/// Parses a single `bytes=` range against `size`: `Ok(None)` for no range, `Err` for an
+/// unsatisfiable one.
+fn parse_range(header: Option<&str>, size: u64) -> Result<Option<(u64, u64)>, ()> {
+    let Some(spec) = header.and_then(|h| h.trim().strip_prefix("bytes=")) else {
+        return Ok(None);
+    };
+    if spec.contains(',') {
+        return Ok(None); // multiple ranges: serve the whole content
+    }
+    let (start, end) = spec.split_once('-').ok_or(())?;
+    let (start, end) = match (start.trim(), end.trim()) {
+        ("", suffix) => {
+            let n: u64 = suffix.parse().map_err(|_| ())?;
+            if n == 0 || size == 0 {
+                return Err(());
+            }
+            (size.saturating_sub(n), size - 1)
+        }
+        (s, "") => (s.parse().map_err(|_| ())?, size.saturating_sub(1)),
+        (s, e) => (
+            s.parse().map_err(|_| ())?,
+            e.parse::<u64>().map_err(|_| ())?.min(size.saturating_sub(1)),
+        ),
+    };
+    if start >= size || start > end {
+        return Err(());
+    }
+    Ok(Some((start, end)))
+}
+
+async fn content(
+    state: Arc<AppState>,
+    id: String,
+    authorization: Option<String>,
+    query: std::collections::HashMap<String, String>,
+    range: Option<String>,
+) -> Result<warp::reply::Response, ApiError> {
+    let signed = match (
+        query.get("expires").and_then(|e| e.parse::<i64>().ok()),
+        query.get("sig"),
+    ) {
+        (Some(expires), Some(sig)) => state.links.verify(&id, expires, sig),
+        _ => false,
+    };
+    let asset = if signed {
+        state.store.asset_any(&id).await
+    } else {
+        let caller = auth::authenticate(&state, authorization.as_deref()).await?;
+        state.store.asset(&caller.tenant, &id).await
+    };
+    let asset = asset
+        .map_err(|e| ApiError::upstream("reading an asset", e))?
+        .ok_or(ApiError::NotFound("asset".into()))?;
+    let path = state.blobs.path(&asset.blob);
+    let size = asset.size_bytes.max(0) as u64;
+    let range = parse_range(range.as_deref(), size).map_err(|_| ApiError::RangeNotSatisfiable { size })?;
+    let (start, len, status) = match range {
+        Some((start, end)) => (start, end - start + 1, StatusCode::PARTIAL_CONTENT),
+        None => (0, size, StatusCode::OK),
+    };
+    let mut file = tokio::fs::File::open(&path)
+        .await
+        .map_err(|e| ApiError::upstream("opening a blob", e))?;
+    use tokio::io::AsyncSeekExt;
+    file.seek(std::io::SeekFrom::Start(start))
+        .await
+        .map_err(|e| ApiError::upstream("reading a blob", e))?;
+    use tokio::io::AsyncReadExt;
+    let body = tokio_util::io::ReaderStream::new(file.take(len));
+    let mut response = warp::http::Response::new(warp::hyper::Body::wrap_stream(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert("content-length", HeaderValue::from(len));
+    headers.insert("accept-ranges", HeaderValue::from_static("bytes"));
+    if let Ok(v) = HeaderValue::from_str(&asset.content_type) {
+        headers.insert("content-type", v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"", asset.blob)) {
+        headers.insert("etag", v);
+    }
+    let name = asset.file_path.rsplit('/').next().unwrap_or("file").replace('"', "");
+    if let Ok(v) = HeaderValue::from_str(&format!("inline; filename=\"{name}\"")) {
+        headers.insert("content-disposition", v);
+    }
+    if status == StatusCode::PARTIAL_CONTENT {
+        if let Ok(v) = HeaderValue::from_str(&format!("bytes {start}-{}/{size}", start + len - 1)) {
+            headers.insert("content-range", v);
+        }
+    }
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_range;
+
+    #[test]
+    fn ranges() {
+        assert_eq!(parse_range(None, 10), Ok(None));
+        assert_eq!(parse_range(Some("bytes=0-3"), 10), Ok(Some((0, 3))));
+        assert_eq!(parse_range(Some("bytes=5-"), 10), Ok(Some((5, 9))));
+        assert_eq!(parse_range(Some("bytes=-4"), 10), Ok(Some((6, 9))));
+        assert_eq!(parse_range(Some("bytes=8-100"), 10), Ok(Some((8, 9))));
+        assert_eq!(parse_range(Some("bytes=10-"), 10), Err(()));
+        assert_eq!(parse_range(Some("bytes=5-2"), 10), Err(()));
+    }
+}

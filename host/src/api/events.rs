@@ -1,0 +1,159 @@
+//! The job event stream (SSE): a snapshot on connect (status, latest progress), then live
+//! `status`, `progress`, `output`, `preview` and `log` events with ids, resumable with
+//! `Last-Event-ID`, a keep-alive comment every 15 s, and the end after the terminal status.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use futures::stream::{self, Stream, StreamExt};
+use serde_json::json;
+use warp::sse::Event;
+use warp::Reply;
+
+use super::auth::Caller;
+use super::error::ApiError;
+use super::{render, AppState};
+use crate::jobs::events::{JobEvent, Numbered};
+use crate::jobs::JobView;
+
+/// Keep-alive comment interval.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// Decrements the open-stream count when the stream is dropped.
+struct StreamSlot(Arc<AppState>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.streams.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn status_event(state: &AppState, view: &JobView) -> Event {
+    let mut body = render::job(&state.links, view, false);
+    body["queue_position"] = json!(view.queue_position);
+    Event::default().event("status").json_data(body).unwrap_or_default()
+}
+
+/// Renders one hub event; `None` for events that need the store (status, handled by caller).
+fn render_event(state: &AppState, numbered: &Numbered) -> Option<Event> {
+    let event = match &numbered.event {
+        JobEvent::Status(_) => return None,
+        JobEvent::Progress(p) => Event::default().event("progress").json_data(p).ok()?,
+        JobEvent::Output(asset) => Event::default().event("output").json_data(render::output(&state.links, asset)).ok()?,
+        JobEvent::Preview { node_id, content_type, data } => Event::default()
+            .event("preview")
+            .json_data(json!({"node_id": node_id, "content_type": content_type, "data_base64": base64::engine::general_purpose::STANDARD.encode(data)}))
+            .ok()?,
+        JobEvent::Log { level, message } => Event::default().event("log").json_data(json!({"level": level, "message": message})).ok()?,
+    };
+    Some(event.id(numbered.id.to_string()))
+}
+
+/// Opens the stream for `caller`'s job `id`.
+pub async fn stream(
+    state: Arc<AppState>,
+    caller: Caller,
+    id: String,
+    last_event_id: Option<String>,
+) -> Result<warp::reply::Response, ApiError> {
+    let jobs = state.jobs()?.clone();
+    let read = |jobs: Arc<crate::jobs::Jobs>, tenant: String, id: String| async move {
+        jobs.get(&tenant, &id)
+            .await
+            .map_err(|e| ApiError::upstream("reading a job", e))?
+            .ok_or(ApiError::NotFound("job".into()))
+    };
+    read(jobs.clone(), caller.tenant.clone(), id.clone()).await?;
+    let open = state.streams.fetch_add(1, Ordering::SeqCst);
+    let slot = StreamSlot(state.clone());
+    if open >= state.config.max_streams {
+        return Err(ApiError::TooManyStreams { retry_after: 5 });
+    }
+    let after = last_event_id.and_then(|s| s.trim().parse::<u64>().ok());
+    let subscription = jobs.hub().subscribe(&id, after);
+    // Everything up to `mark` happened before the snapshot below is read, so it is covered.
+    let mark = jobs.hub().next_id(&id).saturating_sub(1);
+    let view = read(jobs.clone(), caller.tenant.clone(), id.clone()).await?;
+
+    let mut first: Vec<Event> = Vec::new();
+    let resumed = after.is_some() && subscription.complete;
+    if resumed {
+        for numbered in &subscription.missed {
+            if let JobEvent::Status(_) = numbered.event {
+                continue;
+            }
+            if let Some(e) = render_event(&state, numbered) {
+                first.push(e);
+            }
+        }
+    }
+    first.push(status_event(&state, &view).id(mark.to_string()));
+    if !resumed {
+        if let Some(progress) = &view.job.progress {
+            first.push(
+                Event::default()
+                    .event("progress")
+                    .json_data(progress)
+                    .unwrap_or_default()
+                    .id(mark.to_string()),
+            );
+        }
+    }
+    if view.job.status.is_terminal() {
+        let events = stream::iter(first.into_iter().map(Ok::<_, Infallible>));
+        return Ok(sse(events
+            .chain(stream::once(async move {
+                drop(slot);
+                Ok(Event::default().comment("end"))
+            }))
+            .boxed()));
+    }
+
+    let live = tokio_stream::wrappers::BroadcastStream::new(subscription.live);
+    let state2 = state.clone();
+    let tenant = caller.tenant.clone();
+    let live = live
+        .filter_map(move |item| {
+            let state = state2.clone();
+            let jobs = jobs.clone();
+            let tenant = tenant.clone();
+            async move {
+                let numbered = match item {
+                    Ok(n) if n.id > mark => n,
+                    Ok(_) => return None,
+                    // A slow client missed events: the next snapshot re-syncs it.
+                    Err(_) => return None,
+                };
+                match &numbered.event {
+                    JobEvent::Status(record) => {
+                        let view = jobs.view((**record).clone()).await.ok()?;
+                        if view.job.tenant != tenant {
+                            return None;
+                        }
+                        let terminal = view.job.status.is_terminal();
+                        Some((status_event(&state, &view).id(numbered.id.to_string()), terminal))
+                    }
+                    _ => render_event(&state, &numbered).map(|e| (e, false)),
+                }
+            }
+        })
+        .scan(false, |ended, (event, terminal)| {
+            if *ended {
+                return futures::future::ready(None);
+            }
+            *ended = terminal;
+            futures::future::ready(Some(event))
+        });
+    let events = stream::iter(first).chain(live).map(move |e| {
+        let _keep = &slot;
+        Ok::<_, Infallible>(e)
+    });
+    Ok(sse(events.boxed()))
+}
+
+fn sse(events: impl Stream<Item = Result<Event, Infallible>> + Send + 'static) -> warp::reply::Response {
+    warp::sse::reply(warp::sse::keep_alive().interval(KEEP_ALIVE).stream(events)).into_response()
+}

@@ -1,0 +1,116 @@
+//! The HTTP surface (warp): the v2 job and asset API, event streams, and operator routes.
+//!
+//! Public face: [`ApiConfig`], [`AppState`] and [`routes`].
+
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::{Arc, OnceLock};
+
+use warp::filters::BoxedFilter;
+use warp::{Filter, Reply};
+
+pub mod assets;
+pub mod auth;
+pub mod error;
+pub mod events;
+pub mod jobs;
+pub mod links;
+pub mod openapi;
+pub mod operator;
+pub mod render;
+
+pub use auth::AuthMode;
+pub use error::ApiError;
+
+use crate::jobs::Jobs;
+use crate::store::{Blobs, Store};
+
+/// Which kind of surface this server presents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Surface {
+    /// A self-hosted server: no logs on jobs, no credits.
+    SelfHosted,
+    /// The hosted cloud: credits, no logs.
+    Cloud,
+    /// A serverless deployment: logs captured for every job, credits, deployment states.
+    Serverless,
+}
+
+/// API settings.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// How callers authenticate.
+    pub auth: AuthMode,
+    /// The surface.
+    pub surface: Surface,
+    /// Public demo: callers without credentials are accepted and logs are withheld on read.
+    pub public_demo: bool,
+    /// Prefix the API is mounted under, for example `/deployment/abc`.
+    pub mount_prefix: String,
+    /// Largest asset upload, in bytes.
+    pub max_upload_bytes: u64,
+    /// Largest JSON request body, in bytes.
+    pub max_json_bytes: u64,
+    /// Most event streams open at once.
+    pub max_streams: usize,
+    /// Operator token for drain; none disables operator routes.
+    pub admin_token: Option<String>,
+}
+
+/// Shared state of every handler.
+pub struct AppState {
+    /// Settings.
+    pub config: ApiConfig,
+    /// The store (available before plugins finish loading, for auth).
+    pub store: Arc<dyn Store>,
+    /// Blobs.
+    pub blobs: Blobs,
+    /// The job service, set once plugins are loaded.
+    pub jobs: OnceLock<Arc<Jobs>>,
+    /// Follow-up links.
+    pub links: links::Links,
+    /// Event streams open now.
+    pub streams: AtomicUsize,
+    /// Set when the operator drained the deployment.
+    pub stopped: AtomicBool,
+}
+
+impl AppState {
+    /// The job service, or `deployment_not_ready` while plugins are loading.
+    pub fn jobs(&self) -> Result<&Arc<Jobs>, ApiError> {
+        self.jobs.get().ok_or(ApiError::DeploymentNotReady { retry_after: 1 })
+    }
+}
+
+/// Matches the mount prefix, then `api/v2`.
+fn api_base(prefix: &str) -> BoxedFilter<()> {
+    let mut base = warp::any().boxed();
+    for segment in prefix.split('/').filter(|s| !s.is_empty()) {
+        base = base.and(warp::path(segment.to_string())).boxed();
+    }
+    base.and(warp::path("api")).and(warp::path("v2")).boxed()
+}
+
+/// Every route, with the error envelope on every rejection.
+pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
+    let base = api_base(&state.config.mount_prefix);
+    let api = base
+        .and(
+            jobs::routes(state.clone())
+                .or(assets::routes(state.clone()))
+                .unify()
+                .or(operator::api_routes(state.clone()))
+                .unify(),
+        )
+        .boxed();
+    api.or(operator::root_routes(state))
+        .unify()
+        .recover(error::recover)
+        .unify()
+        .boxed()
+}
+
+/// Wraps a handler result as a response.
+pub fn respond(result: Result<warp::reply::Response, ApiError>) -> Result<warp::reply::Response, warp::Rejection> {
+    Ok(result.unwrap_or_else(|e| e.into_response()))
+}

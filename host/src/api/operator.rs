@@ -1,0 +1,124 @@
+//! Operator routes: the node catalogue, our OpenAPI document, health, Prometheus metrics,
+//! and draining a deployment.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde_json::json;
+use warp::filters::BoxedFilter;
+use warp::http::StatusCode;
+use warp::{Filter, Reply};
+
+use super::error::ApiError;
+use super::{respond, AppState};
+
+/// Routes under `/api/v2`: `nodes`, `openapi.json`, and the operator's `admin/drain`.
+pub fn api_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
+    let with = {
+        let state = state.clone();
+        move || {
+            let state = state.clone();
+            warp::any().map(move || state.clone())
+        }
+    };
+    let nodes = warp::path("nodes")
+        .and(warp::path::end())
+        .and(warp::get())
+        .and(with())
+        .and(super::auth::caller(state.clone()))
+        .and_then(|s: Arc<AppState>, _c| async move {
+            respond(
+                s.jobs()
+                    .map(|jobs| warp::reply::json(&jobs.runtime().catalog().object_info()).into_response()),
+            )
+        });
+    let openapi = warp::path("openapi.json")
+        .and(warp::path::end())
+        .and(warp::get())
+        .and(with())
+        .map(|s: Arc<AppState>| warp::reply::json(&super::openapi::document(&s.config.mount_prefix)).into_response());
+    let drain = warp::path!("admin" / "drain")
+        .and(warp::post())
+        .and(with())
+        .and(warp::header::optional::<String>("authorization"))
+        .and_then(|s: Arc<AppState>, auth: Option<String>| async move { respond(drain(&s, auth.as_deref())) });
+    nodes.or(openapi).unify().or(drain).unify().boxed()
+}
+
+/// Routes at the root: `/healthz` and `/metrics`.
+pub fn root_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
+    let s1 = state.clone();
+    let health = warp::path("healthz")
+        .and(warp::path::end())
+        .and(warp::get())
+        .map(move || {
+            let ready = s1.jobs.get().is_some();
+            let stopped = s1.stopped.load(Ordering::SeqCst);
+            let status = if ready {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            let body =
+                json!({"status": if !ready { "starting" } else if stopped { "stopped" } else { "ok" }, "ready": ready});
+            warp::reply::with_status(warp::reply::json(&body), status).into_response()
+        });
+    let metrics = warp::path("metrics")
+        .and(warp::path::end())
+        .and(warp::get())
+        .and(warp::any().map(move || state.clone()))
+        .and_then(|s: Arc<AppState>| async move { respond(metrics(&s).await) });
+    health.or(metrics).unify().boxed()
+}
+
+fn drain(state: &AppState, authorization: Option<&str>) -> Result<warp::reply::Response, ApiError> {
+    let Some(expected) = &state.config.admin_token else {
+        return Err(ApiError::Forbidden(
+            "operator routes are disabled; start weft with --admin-token".into(),
+        ));
+    };
+    let given = authorization.and_then(|h| h.strip_prefix("Bearer ")).unwrap_or("");
+    if blake3::hash(given.as_bytes()) != blake3::hash(expected.as_bytes()) {
+        return Err(ApiError::Unauthorized);
+    }
+    state.stopped.store(true, Ordering::SeqCst);
+    tracing::warn!("deployment drained by the operator: new jobs are refused");
+    Ok(warp::reply::json(&json!({"status": "stopped"})).into_response())
+}
+
+async fn metrics(state: &AppState) -> Result<warp::reply::Response, ApiError> {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP weft_sse_streams Open event streams.\n# TYPE weft_sse_streams gauge"
+    );
+    let _ = writeln!(out, "weft_sse_streams {}", state.streams.load(Ordering::SeqCst));
+    if let Some(jobs) = state.jobs.get() {
+        let _ = writeln!(
+            out,
+            "# HELP weft_queue_depth Jobs waiting to run.\n# TYPE weft_queue_depth gauge"
+        );
+        let _ = writeln!(out, "weft_queue_depth {}", jobs.queue().len());
+        let _ = writeln!(
+            out,
+            "# HELP weft_queue_capacity Most jobs that may wait.\n# TYPE weft_queue_capacity gauge"
+        );
+        let _ = writeln!(out, "weft_queue_capacity {}", jobs.queue().capacity());
+        let counts = jobs
+            .store()
+            .count_by_status()
+            .await
+            .map_err(|e| ApiError::upstream("counting jobs", e))?;
+        let _ = writeln!(
+            out,
+            "# HELP weft_jobs Jobs in the store, by status.\n# TYPE weft_jobs gauge"
+        );
+        for status in crate::store::JobStatus::ALL {
+            let n = counts.iter().find(|(s, _)| *s == status).map_or(0, |(_, n)| *n);
+            let _ = writeln!(out, "weft_jobs{{status=\"{}\"}} {n}", status.as_str());
+        }
+        jobs.metrics.render(&mut out);
+    }
+    Ok(warp::reply::with_header(out, "content-type", "text/plain; version=0.0.4").into_response())
+}

@@ -1,0 +1,11 @@
+//! Model files for SD1.x: validated single-file safetensors checkpoints in the original (LDM)
+//! layout, architecture detection, and the name mapping onto candle-transformers'
+//! `stable_diffusion` UNet / VAE / CLIP. See `DESIGN.md` next to this file.
+
+pub mod safetensors;
+pub mod sd1;
+
+pub use safetensors::{CheckpointError, Dtype, SafetensorsIndex, TensorInfo, DEFAULT_MAX_HEADER};
+pub use sd1::{
+    checkpoint_layout, detect_arch, ldm_to_candle, open_sd1, write_random_checkpoint, Arch, Component, Sd1Config,
+};

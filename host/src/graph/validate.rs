@@ -1,0 +1,414 @@
+//! Validation of API-format workflows: structure, classes, links and their types, literal
+//! types, ranges, combos, cycles and output nodes. It collects every error it finds.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value as Json;
+
+use super::plan::{self, Plan, PlanInput};
+use super::{FieldError, GraphError};
+use crate::runtime::{AssetRef, Catalog, InputSpec, NodeDef, Value};
+
+/// A parsed node: its raw inputs.
+pub(super) struct RawNode<'a> {
+    pub inputs: &'a serde_json::Map<String, Json>,
+}
+
+/// Checks `workflow` against `catalog`, collecting every error, and plans it.
+pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> {
+    let Some(object) = workflow.as_object() else {
+        return Err(invalid(
+            "the workflow must be a JSON object mapping node ids to nodes",
+            BTreeMap::new(),
+            vec![FieldError::new(
+                "workflow",
+                "invalid_workflow_shape",
+                format!("expected an object, got {}", kind_of(workflow)),
+            )],
+        ));
+    };
+    if object.get("nodes").is_some_and(Json::is_array) && object.contains_key("links") {
+        return Err(GraphError::UiFormat);
+    }
+    if object.is_empty() {
+        return Err(invalid(
+            "the workflow has no nodes",
+            BTreeMap::new(),
+            vec![FieldError::new(
+                "workflow",
+                "prompt_no_outputs",
+                "the workflow is empty; add at least one output node",
+            )],
+        ));
+    }
+
+    let mut node_errors: BTreeMap<String, Vec<FieldError>> = BTreeMap::new();
+    let mut nodes: BTreeMap<&str, RawNode> = BTreeMap::new();
+    let mut defs: BTreeMap<&str, &NodeDef> = BTreeMap::new();
+    for (id, node) in object {
+        let Some(node) = node.as_object() else {
+            push(
+                &mut node_errors,
+                id,
+                FieldError::new(
+                    "",
+                    "invalid_node",
+                    format!("node {id} must be an object with class_type and inputs"),
+                ),
+            );
+            continue;
+        };
+        let Some(class_type) = node.get("class_type").and_then(Json::as_str) else {
+            push(
+                &mut node_errors,
+                id,
+                FieldError::new(
+                    "class_type",
+                    "missing_class_type",
+                    format!("node {id} has no class_type"),
+                ),
+            );
+            continue;
+        };
+        static EMPTY: std::sync::OnceLock<serde_json::Map<String, Json>> = std::sync::OnceLock::new();
+        let inputs = match node.get("inputs") {
+            None => EMPTY.get_or_init(serde_json::Map::new),
+            Some(Json::Object(m)) => m,
+            Some(other) => {
+                push(
+                    &mut node_errors,
+                    id,
+                    FieldError::new(
+                        "inputs",
+                        "invalid_node",
+                        format!("inputs must be an object, got {}", kind_of(other)),
+                    ),
+                );
+                continue;
+            }
+        };
+        match catalog.get(class_type) {
+            Some(def) => {
+                defs.insert(id, def);
+            }
+            None => {
+                let hint = catalog
+                    .nearest(class_type)
+                    .map(|n| format!("; did you mean {n:?}?"))
+                    .unwrap_or_default();
+                push(
+                    &mut node_errors,
+                    id,
+                    FieldError::new(
+                        "class_type",
+                        "unknown_class",
+                        format!("unknown node class {class_type:?}{hint}"),
+                    ),
+                );
+            }
+        }
+        nodes.insert(id, RawNode { inputs });
+    }
+
+    let outputs: Vec<&str> = defs.iter().filter(|(_, d)| d.output_node).map(|(id, _)| *id).collect();
+    let mut errors = Vec::new();
+    if outputs.is_empty() && node_errors.is_empty() {
+        errors.push(FieldError::new(
+            "workflow",
+            "prompt_no_outputs",
+            "the workflow has no output node (such as SaveImage or SaveText), so running it would produce nothing",
+        ));
+    }
+
+    // Inputs are checked on the nodes the outputs need, as ComfyUI does.
+    let needed = plan::ancestors(&outputs, &nodes);
+    let mut literals: BTreeMap<(String, String), Value> = BTreeMap::new();
+    for id in &needed {
+        let (Some(node), Some(def)) = (nodes.get(id), defs.get(id)) else {
+            continue;
+        };
+        for spec in &def.inputs {
+            match node.inputs.get(&spec.name) {
+                None if spec.required => push(
+                    &mut node_errors,
+                    id,
+                    FieldError::new(
+                        &spec.name,
+                        "missing_input",
+                        format!("required input {:?} of {} is missing", spec.name, def.class_type),
+                    ),
+                ),
+                None => {}
+                Some(raw) => match check_input(spec, raw, &nodes, &defs) {
+                    Ok(Some(value)) => {
+                        literals.insert((id.to_string(), spec.name.clone()), value);
+                    }
+                    Ok(None) => {}
+                    Err(e) => push(&mut node_errors, id, e),
+                },
+            }
+        }
+    }
+
+    for cycle in plan::cycles(&needed, &nodes) {
+        let path = cycle.join(" -> ");
+        for id in &cycle {
+            push(
+                &mut node_errors,
+                id,
+                FieldError::new(
+                    "",
+                    "dependency_cycle",
+                    format!("node {id} is part of a cycle: {path} -> {}", cycle[0]),
+                ),
+            );
+        }
+    }
+
+    if !node_errors.is_empty() || !errors.is_empty() {
+        let count = node_errors.values().map(Vec::len).sum::<usize>() + errors.len();
+        let message = format!(
+            "the workflow is invalid: {count} error{} found",
+            if count == 1 { "" } else { "s" }
+        );
+        return Err(invalid(&message, node_errors, errors));
+    }
+    Ok(plan::build(&needed, &nodes, &defs, literals))
+}
+
+fn invalid(message: &str, node_errors: BTreeMap<String, Vec<FieldError>>, errors: Vec<FieldError>) -> GraphError {
+    GraphError::Invalid {
+        message: message.to_string(),
+        node_errors,
+        errors,
+    }
+}
+
+fn push(map: &mut BTreeMap<String, Vec<FieldError>>, id: &str, e: FieldError) {
+    map.entry(id.to_string()).or_default().push(e);
+}
+
+fn kind_of(v: &Json) -> &'static str {
+    match v {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "a list",
+        Json::Object(_) => "an object",
+    }
+}
+
+/// A link is exactly a two-element list of a node id (string) and an output index.
+pub(super) fn as_link(raw: &Json) -> Option<(&str, u64)> {
+    match raw.as_array()?.as_slice() {
+        [Json::String(node), Json::Number(index)] => Some((node.as_str(), index.as_u64()?)),
+        _ => None,
+    }
+}
+
+/// A `{"__type": "core/ASSET", "info": {"id": ...}}` reference.
+pub fn as_asset_ref(raw: &Json) -> Option<Result<AssetRef, String>> {
+    let object = raw.as_object()?;
+    if object.get("__type").and_then(Json::as_str) != Some("core/ASSET") {
+        return None;
+    }
+    let parsed = object
+        .get("info")
+        .cloned()
+        .ok_or_else(|| "a core/ASSET reference needs an info object".to_string())
+        .and_then(|info| {
+            serde_json::from_value::<AssetRef>(info).map_err(|e| format!("bad core/ASSET reference: {e}"))
+        });
+    Some(parsed)
+}
+
+fn types_compatible(output: &str, input: &InputSpec) -> bool {
+    output == input.type_name
+        || output == "*"
+        || input.type_name == "*"
+        || (input.is_combo() && (output == "STRING" || output == "COMBO"))
+        || input.type_name.split(',').any(|t| t.trim() == output)
+}
+
+fn is_handle_type(type_name: &str) -> bool {
+    matches!(
+        type_name,
+        "IMAGE" | "LATENT" | "MASK" | "AUDIO" | "MODEL" | "CLIP" | "VAE" | "CONDITIONING"
+    )
+}
+
+/// Checks one given input. `Ok(Some(value))` for a literal, `Ok(None)` for a good link.
+fn check_input(
+    spec: &InputSpec,
+    raw: &Json,
+    nodes: &BTreeMap<&str, RawNode>,
+    defs: &BTreeMap<&str, &NodeDef>,
+) -> Result<Option<Value>, FieldError> {
+    let name = spec.name.as_str();
+    if let Some((source, index)) = as_link(raw) {
+        if !nodes.contains_key(source) {
+            return Err(FieldError::new(
+                name,
+                "bad_linked_input",
+                format!("input {name:?} links to node {source:?}, which is not in the workflow"),
+            ));
+        }
+        let Some(def) = defs.get(source) else {
+            // The source's own error (unknown class) is reported on it.
+            return Ok(None);
+        };
+        let Some(output) = def.outputs.get(index as usize) else {
+            return Err(FieldError::new(
+                name,
+                "bad_linked_input",
+                format!(
+                    "input {name:?} links to output {index} of node {source:?} ({}), which has {} output(s)",
+                    def.class_type,
+                    def.outputs.len()
+                ),
+            ));
+        };
+        if !types_compatible(&output.type_name, spec) {
+            return Err(FieldError::new(
+                name,
+                "return_type_mismatch",
+                format!(
+                    "input {name:?} expects {} but output {index} of node {source:?} ({}) is {}",
+                    spec.type_name, def.class_type, output.type_name
+                ),
+            ));
+        }
+        return Ok(None);
+    }
+    if raw.is_array() {
+        return Err(FieldError::new(
+            name,
+            "bad_linked_input",
+            format!("input {name:?} is a list but not a link; a link is [\"<node id>\", <output index>]"),
+        ));
+    }
+    let wrong_type = |expected: &str| {
+        FieldError::new(
+            name,
+            "invalid_input_type",
+            format!("input {name:?} expects {expected}, got {}", kind_of(raw)),
+        )
+    };
+    let value = match spec.type_name.as_str() {
+        "INT" => {
+            let v = match raw {
+                Json::Number(n) if n.is_i64() => n.as_i64().expect("checked"),
+                Json::Number(n) if n.as_f64().is_some_and(|f| f.fract() == 0.0 && f.abs() < 9.2e18) => {
+                    n.as_f64().expect("checked") as i64
+                }
+                _ => return Err(wrong_type("an integer (INT)")),
+            };
+            check_range(spec, v as f64)?;
+            Value::Int(v)
+        }
+        "FLOAT" => {
+            let Some(v) = raw.as_f64() else {
+                return Err(wrong_type("a number (FLOAT)"));
+            };
+            check_range(spec, v)?;
+            Value::Float(v)
+        }
+        "BOOLEAN" => Value::Bool(raw.as_bool().ok_or_else(|| wrong_type("true or false (BOOLEAN)"))?),
+        "STRING" => Value::Text(raw.as_str().ok_or_else(|| wrong_type("a string (STRING)"))?.to_string()),
+        "COMBO" => {
+            let Some(choice) = raw.as_str() else {
+                return Err(wrong_type("one of the listed choices"));
+            };
+            if !spec.options.iter().any(|o| o == choice) {
+                return Err(FieldError::new(
+                    name,
+                    "value_not_in_list",
+                    format!(
+                        "input {name:?}: {choice:?} is not one of {}",
+                        spec.options
+                            .iter()
+                            .map(|o| format!("{o:?}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+            Value::Text(choice.to_string())
+        }
+        "core/ASSET" => match as_asset_ref(raw) {
+            Some(Ok(asset)) => Value::Asset(asset),
+            Some(Err(message)) => return Err(FieldError::new(name, "invalid_input_type", message)),
+            None => {
+                return Err(wrong_type(
+                    "a {\"__type\": \"core/ASSET\", \"info\": {\"id\": ...}} reference",
+                ))
+            }
+        },
+        t if is_handle_type(t) => {
+            return Err(FieldError::new(
+                name,
+                "invalid_input_type",
+                format!("input {name:?} is {t}, which must come from a link to another node"),
+            ))
+        }
+        _ => Value::Json(raw.clone()),
+    };
+    Ok(Some(value))
+}
+
+fn check_range(spec: &InputSpec, v: f64) -> Result<(), FieldError> {
+    let name = spec.name.as_str();
+    if let Some(min) = spec.min {
+        if v < min {
+            return Err(FieldError::new(
+                name,
+                "value_smaller_than_min",
+                format!("input {name:?}: {v} is smaller than the minimum {min}"),
+            ));
+        }
+    }
+    if let Some(max) = spec.max {
+        if v > max {
+            return Err(FieldError::new(
+                name,
+                "value_bigger_than_max",
+                format!("input {name:?}: {v} is bigger than the maximum {max}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Every asset reference in the workflow's inputs: (node id, reference).
+pub fn asset_refs(workflow: &Json) -> Vec<(String, AssetRef)> {
+    let mut refs = Vec::new();
+    let mut seen = BTreeSet::new();
+    if let Some(object) = workflow.as_object() {
+        for (id, node) in object {
+            for raw in node
+                .get("inputs")
+                .and_then(Json::as_object)
+                .into_iter()
+                .flat_map(|m| m.values())
+            {
+                if let Some(Ok(asset)) = as_asset_ref(raw) {
+                    if seen.insert((id.clone(), asset.id.clone())) {
+                        refs.push((id.clone(), asset));
+                    }
+                }
+            }
+        }
+    }
+    refs
+}
+
+impl PlanInput {
+    /// The literal value, when this input is not a link.
+    pub fn literal(&self) -> Option<&Value> {
+        match self {
+            PlanInput::Literal(v) => Some(v),
+            PlanInput::Link { .. } => None,
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! Running one job: plan the workflow, run its nodes in dependency order (from the cache
+//! where possible), commit outputs as they are produced, and record the outcome.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use chrono::Utc;
+
+use super::cache::{CachedFile, Entry};
+use super::events::JobEvent;
+use super::outputs::{self, Numbering};
+use super::state::Trigger;
+use super::{Jobs, Running};
+use crate::graph::{self, PlanInput};
+use crate::runtime::{AssetReader, AssetRef, CallContext, CancelToken, ProgressSink, TailLog, Value};
+use crate::store::{AssetRecord, JobError, JobLogs, JobRecord, JobStatus, JobUpdate, Progress};
+
+/// Snapshots reach the event stream at most this often.
+const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Reads the blobs of the assets a job references, resolved before it runs.
+struct ResolvedAssets(HashMap<String, PathBuf>);
+
+impl AssetReader for ResolvedAssets {
+    fn read(&self, asset: &AssetRef) -> Result<Vec<u8>, String> {
+        let path = self
+            .0
+            .get(&asset.id)
+            .ok_or_else(|| format!("asset {} is not available to this job", asset.id))?;
+        std::fs::read(path).map_err(|e| format!("asset {} cannot be read: {e}", asset.id))
+    }
+}
+
+/// Tracks a job's progress and publishes snapshots, throttled.
+struct Tracker {
+    job_id: String,
+    jobs: Arc<Jobs>,
+    progress: Arc<Mutex<Progress>>,
+    last_sent: Mutex<Option<Instant>>,
+}
+
+impl Tracker {
+    fn update(&self, force: bool, change: impl FnOnce(&mut Progress)) {
+        let snapshot = {
+            let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+            change(&mut p);
+            let within = match (p.step, p.steps) {
+                (Some(s), Some(n)) if n > 0 => s.min(n) as f64 / n as f64,
+                _ => 0.0,
+            };
+            p.value = if p.nodes_total == 0 {
+                1.0
+            } else {
+                ((p.nodes_done as f64 + within) / p.nodes_total as f64).min(1.0)
+            };
+            p.clone()
+        };
+        let mut last = self.last_sent.lock().unwrap_or_else(|e| e.into_inner());
+        if force || last.is_none_or(|t| t.elapsed() >= PROGRESS_INTERVAL) {
+            *last = Some(Instant::now());
+            drop(last);
+            self.jobs.hub.publish(&self.job_id, JobEvent::Progress(snapshot));
+        }
+    }
+}
+
+impl ProgressSink for Tracker {
+    fn report(&self, step: u32, steps: u32, message: Option<String>) {
+        self.update(false, |p| {
+            p.step = Some(step);
+            p.steps = Some(steps);
+            if message.is_some() {
+                p.message = message;
+            }
+        });
+    }
+}
+
+/// How a run ended, before it is recorded.
+enum Outcome {
+    Succeeded,
+    Failed(JobError),
+    Canceled,
+}
+
+impl Jobs {
+    /// Runs job `id` if it is still queued.
+    pub(super) async fn run(self: &Arc<Self>, id: String) {
+        let started = Instant::now();
+        let update = JobUpdate {
+            started_at: Some(Utc::now()),
+            ..Default::default()
+        };
+        let job = match self.transition(&id, Trigger::Start, update).await {
+            Ok(Some(job)) => job,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(job = %id, error = %e, "cannot start job");
+                return;
+            }
+        };
+        self.metrics.queue_wait(job.created_at);
+        let cancel = CancelToken::new();
+        let progress = Arc::new(Mutex::new(Progress::default()));
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            id.clone(),
+            Running {
+                cancel: cancel.clone(),
+                progress: progress.clone(),
+            },
+        );
+        let log = TailLog::new(self.config.log_bytes);
+        let tracker = Arc::new(Tracker {
+            job_id: id.clone(),
+            jobs: self.clone(),
+            progress,
+            last_sent: Mutex::new(None),
+        });
+        let outcome = match self.execute(&job, &cancel, &log, &tracker).await {
+            Ok(()) if cancel.is_canceled() => Outcome::Canceled,
+            Ok(()) => Outcome::Succeeded,
+            Err(_) if cancel.is_canceled() => Outcome::Canceled,
+            Err(e) => Outcome::Failed(e),
+        };
+        let logs = self.config.capture_logs.then(|| {
+            let snapshot = log.snapshot();
+            JobLogs {
+                text: snapshot.text,
+                truncated: snapshot.truncated,
+                captured_at: Utc::now(),
+            }
+        });
+        let final_progress = tracker.progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (trigger, mut update) = match outcome {
+            Outcome::Succeeded => {
+                let mut p = final_progress;
+                p.value = 1.0;
+                p.nodes_done = p.nodes_total;
+                p.current_node = None;
+                p.current_node_class = None;
+                p.step = None;
+                p.steps = None;
+                tracker.update(true, |live| *live = p.clone());
+                (
+                    Trigger::Succeed,
+                    JobUpdate {
+                        progress: Some(p),
+                        ..Default::default()
+                    },
+                )
+            }
+            Outcome::Failed(error) => (
+                Trigger::Fail,
+                JobUpdate {
+                    progress: Some(final_progress),
+                    error: Some(error),
+                    ..Default::default()
+                },
+            ),
+            Outcome::Canceled => (
+                Trigger::CancelComplete,
+                JobUpdate {
+                    progress: Some(final_progress),
+                    ..Default::default()
+                },
+            ),
+        };
+        update.logs = logs;
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        match self.transition(&id, trigger, update.clone()).await {
+            Ok(Some(_)) => {}
+            // Canceled or expired meanwhile: keep the log and progress on what it became.
+            Ok(None) => {
+                if let Ok(Some(current)) = self.store.job_by_id(&id).await {
+                    let keep = JobUpdate {
+                        progress: update.progress,
+                        logs: update.logs,
+                        ..Default::default()
+                    };
+                    let _ = self.store.update_job(&id, &[current.status], keep).await;
+                    if current.status == JobStatus::Canceling {
+                        let _ = self
+                            .transition(&id, Trigger::CancelComplete, JobUpdate::default())
+                            .await;
+                    }
+                }
+            }
+            Err(e) => tracing::error!(job = %id, error = %e, "cannot record job outcome"),
+        }
+        self.metrics.job_finished(started.elapsed());
+    }
+
+    async fn execute(
+        self: &Arc<Self>,
+        job: &JobRecord,
+        cancel: &CancelToken,
+        log: &TailLog,
+        tracker: &Arc<Tracker>,
+    ) -> Result<(), JobError> {
+        let fail = |code: &str, message: String| JobError {
+            code: code.into(),
+            message,
+            node_id: None,
+            class_type: None,
+            traceback: None,
+        };
+        let plan = match graph::validate(&job.workflow, self.runtime.catalog()) {
+            Ok(plan) => plan,
+            Err(e) => {
+                return Err(fail(
+                    "invalid_workflow",
+                    format!("the workflow can no longer run: {}", e.message()),
+                ))
+            }
+        };
+        let mut assets = HashMap::new();
+        for (_, asset) in graph::asset_refs(&job.workflow) {
+            match self.store.asset(&job.tenant, &asset.id).await {
+                Ok(Some(record)) => {
+                    assets.insert(asset.id, self.blobs.path(&record.blob));
+                }
+                _ => return Err(fail("missing_asset", format!("asset {} no longer exists", asset.id))),
+            }
+        }
+        let ctx = CallContext {
+            log: log.clone(),
+            cancel: cancel.clone(),
+            progress: tracker.clone(),
+            assets: Arc::new(ResolvedAssets(assets)),
+        };
+        tracker.update(true, |p| p.nodes_total = plan.nodes.len() as u32);
+        let workflow_text = job.workflow.to_string();
+        let mut numbering = Numbering::default();
+        let mut results: Vec<Vec<Value>> = Vec::with_capacity(plan.nodes.len());
+        for node in &plan.nodes {
+            if cancel.is_canceled() {
+                return Ok(());
+            }
+            let node_error = |code: &str, message: String, traceback: Option<String>| JobError {
+                code: code.into(),
+                message,
+                node_id: Some(node.id.clone()),
+                class_type: Some(node.class_type.clone()),
+                traceback,
+            };
+            tracker.update(false, |p| {
+                p.current_node = Some(node.id.clone());
+                p.current_node_class = Some(node.class_type.clone());
+                p.step = None;
+                p.steps = None;
+                p.message = None;
+            });
+            let cached = node.cache_key.and_then(|key| self.cache.get(&job.tenant, &key));
+            let entry = match cached {
+                Some(entry) => {
+                    for file in &entry.files {
+                        self.commit(job, &node.id, file.clone())
+                            .await
+                            .map_err(|m| node_error("output_commit_failed", m, None))?;
+                    }
+                    self.metrics.cache_hit();
+                    entry
+                }
+                None => {
+                    let mut inputs = Vec::with_capacity(node.inputs.len());
+                    for (name, input) in &node.inputs {
+                        let value = match input {
+                            PlanInput::Literal(v) => v.clone(),
+                            PlanInput::Link { node: source, output } => match results[*source].get(*output) {
+                                Some(v) => v.clone(),
+                                None => {
+                                    return Err(node_error(
+                                        "node_execution_error",
+                                        format!("input {name:?} links to output {output} of node {}, which returned only {} value(s)", plan.nodes[*source].id, results[*source].len()),
+                                        None,
+                                    ))
+                                }
+                            },
+                        };
+                        inputs.push((name.clone(), value));
+                    }
+                    let runtime = self.runtime.clone();
+                    let class = node.class_type.clone();
+                    let call_ctx = ctx.clone();
+                    let began = Instant::now();
+                    let result = tokio::task::spawn_blocking(move || runtime.call(&class, inputs, &call_ctx))
+                        .await
+                        .map_err(|e| {
+                            node_error("node_execution_error", format!("the node call was lost: {e}"), None)
+                        })?;
+                    self.metrics.node_call(&node.class_type, began.elapsed());
+                    let output = result.map_err(|f| node_error(&f.code, f.message, f.traceback))?;
+                    let mut files = Vec::new();
+                    for file in &output.files {
+                        let encoded = outputs::encode(file, &mut numbering, &workflow_text)
+                            .map_err(|m| node_error("output_encoding_failed", m, None))?;
+                        for e in encoded {
+                            let (blob, size) = self
+                                .blobs
+                                .put(&e.bytes)
+                                .map_err(|io| node_error("output_commit_failed", io.to_string(), None))?;
+                            let cached = CachedFile {
+                                name: e.name,
+                                kind: e.kind,
+                                content_type: e.content_type,
+                                blob,
+                                size,
+                            };
+                            self.commit(job, &node.id, cached.clone())
+                                .await
+                                .map_err(|m| node_error("output_commit_failed", m, None))?;
+                            files.push(cached);
+                        }
+                    }
+                    let entry = Entry {
+                        values: output.values,
+                        files,
+                    };
+                    if let Some(key) = node.cache_key {
+                        self.cache.put(&job.tenant, key, entry.clone());
+                    }
+                    entry
+                }
+            };
+            results.push(entry.values);
+            tracker.update(false, |p| {
+                p.nodes_done += 1;
+                p.step = None;
+                p.steps = None;
+            });
+        }
+        Ok(())
+    }
+
+    /// Records `file` as an output asset of `job` and announces it.
+    async fn commit(&self, job: &JobRecord, node_id: &str, file: CachedFile) -> Result<(), String> {
+        let _guard = self.blob_lock.lock().await;
+        if !self.blobs.exists(&file.blob) {
+            return Err(format!("blob {} is missing", file.blob));
+        }
+        let index = self.store.job_outputs(&job.id).await.map_err(|e| e.to_string())?.len() as i64;
+        let asset = AssetRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            tenant: job.tenant.clone(),
+            blob: file.blob,
+            size_bytes: file.size as i64,
+            content_type: file.content_type,
+            file_path: file.name,
+            job_id: Some(job.id.clone()),
+            node_id: Some(node_id.to_string()),
+            kind: Some(
+                serde_json::to_value(file.kind)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_else(|| "file".into()),
+            ),
+            tags: Vec::new(),
+            created_at: Utc::now(),
+            expires_at: None,
+            output_index: Some(index),
+        };
+        self.store
+            .insert_asset(asset.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        self.hub.publish(&job.id, JobEvent::Output(Box::new(asset)));
+        Ok(())
+    }
+}

@@ -1,0 +1,384 @@
+//! Jobs: submission (validation, idempotency, queue bounds, credits), the state machine,
+//! the fair run queue and its workers, cancellation, and the maintenance services
+//! (retention, recovery).
+//!
+//! Public face: [`Jobs`] and its config, errors and views.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::Value as Json;
+
+use crate::graph::{self, GraphError};
+use crate::runtime::{CancelToken, Runtime};
+use crate::store::{AssetRecord, Blobs, JobRecord, JobStatus, JobUpdate, Progress, Store, StoreError};
+
+pub mod cache;
+pub mod events;
+mod executor;
+pub mod metrics;
+mod outputs;
+pub mod queue;
+pub mod recovery;
+pub mod retention;
+pub mod state;
+
+use events::{Hub, JobEvent};
+use state::Trigger;
+
+/// How the job service behaves.
+#[derive(Debug, Clone)]
+pub struct JobsConfig {
+    /// Jobs that run at once.
+    pub workers: usize,
+    /// Jobs that may wait in the queue.
+    pub queue_depth: usize,
+    /// How long a job is kept (`expires_at = created_at + retention`).
+    pub retention: Duration,
+    /// How long an expired job stays readable before it is removed.
+    pub expired_grace: Duration,
+    /// Bytes of node results the cache may hold.
+    pub cache_bytes: usize,
+    /// Whether every job's log is captured into the job (the serverless surface).
+    pub capture_logs: bool,
+    /// Credits one job costs; zero disables credit checks (self-hosted).
+    pub job_cost: i64,
+    /// Size of each job's log tail.
+    pub log_bytes: usize,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        Self {
+            workers: 2,
+            queue_depth: 10_000,
+            retention: Duration::from_secs(7 * 24 * 3600),
+            expired_grace: Duration::from_secs(3600),
+            cache_bytes: 512 << 20,
+            capture_logs: false,
+            job_cost: 0,
+            log_bytes: 64 << 10,
+        }
+    }
+}
+
+/// Why a submission was refused.
+#[derive(Debug)]
+pub enum SubmitError {
+    /// The workflow is invalid or in the UI format.
+    Graph(GraphError),
+    /// Asset references that do not exist or are not the caller's: (node id, asset id).
+    MissingAsset(Vec<(String, String)>),
+    /// The idempotency key was presented before.
+    IdempotencyReuse {
+        /// The job the key made, if it made one.
+        job_id: Option<String>,
+    },
+    /// The queue is full; retry after this many seconds.
+    QueueFull {
+        /// Suggested wait.
+        retry_after: u64,
+    },
+    /// The tenant is out of credits.
+    InsufficientCredits {
+        /// Balance.
+        balance: i64,
+        /// Cost of a job.
+        cost: i64,
+    },
+    /// The store failed; the outcome is unknown.
+    Store(StoreError),
+    /// The request was malformed.
+    BadRequest(String),
+}
+
+/// A job as read: the record, its outputs and its live state.
+#[derive(Debug, Clone)]
+pub struct JobView {
+    /// The stored job, with the latest in-memory progress.
+    pub job: JobRecord,
+    /// Its outputs so far.
+    pub outputs: Vec<AssetRecord>,
+    /// Position in the queue while queued.
+    pub queue_position: Option<usize>,
+}
+
+/// A job being run: how to cancel it and its latest progress.
+struct Running {
+    cancel: CancelToken,
+    progress: Arc<Mutex<Progress>>,
+}
+
+/// The job service.
+pub struct Jobs {
+    store: Arc<dyn Store>,
+    blobs: Blobs,
+    runtime: Arc<Runtime>,
+    config: JobsConfig,
+    queue: queue::Queue,
+    hub: Hub,
+    cache: cache::NodeCache,
+    running: Mutex<HashMap<String, Running>>,
+    /// Held while a blob is linked to a new asset, and while unreferenced blobs are removed,
+    /// so garbage collection never removes a blob that is being adopted.
+    pub(crate) blob_lock: tokio::sync::Mutex<()>,
+    /// Counters and histograms for `/metrics`.
+    pub metrics: metrics::Metrics,
+}
+
+impl Jobs {
+    /// A job service over `store`, `blobs` and `runtime`.
+    pub fn new(store: Arc<dyn Store>, blobs: Blobs, runtime: Arc<Runtime>, config: JobsConfig) -> Arc<Self> {
+        Arc::new(Self {
+            queue: queue::Queue::new(config.queue_depth),
+            cache: cache::NodeCache::new(config.cache_bytes),
+            store,
+            blobs,
+            runtime,
+            config,
+            hub: Hub::default(),
+            running: Mutex::new(HashMap::new()),
+            blob_lock: tokio::sync::Mutex::new(()),
+            metrics: metrics::Metrics::default(),
+        })
+    }
+
+    /// Starts the workers. Call once, after recovery.
+    pub fn start_workers(self: &Arc<Self>) {
+        for _ in 0..self.config.workers.max(1) {
+            let jobs = self.clone();
+            tokio::spawn(async move {
+                loop {
+                    let (_tenant, id) = jobs.queue.pop().await;
+                    jobs.run(id).await;
+                }
+            });
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The blob directory.
+    pub fn blobs(&self) -> &Blobs {
+        &self.blobs
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
+    }
+
+    /// The event hub.
+    pub fn hub(&self) -> &Hub {
+        &self.hub
+    }
+
+    /// The run queue.
+    pub fn queue(&self) -> &queue::Queue {
+        &self.queue
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &JobsConfig {
+        &self.config
+    }
+
+    /// Validates and durably records a job, then queues it.
+    pub async fn submit(
+        &self,
+        tenant: &str,
+        workflow: Json,
+        labels: BTreeMap<String, String>,
+        idempotency_key: Option<String>,
+    ) -> Result<JobRecord, SubmitError> {
+        if let Some(key) = &idempotency_key {
+            if key.is_empty() || key.len() > 255 {
+                return Err(SubmitError::BadRequest(
+                    "Idempotency-Key must be 1 to 255 characters".into(),
+                ));
+            }
+        }
+        graph::validate(&workflow, self.runtime.catalog()).map_err(SubmitError::Graph)?;
+        let mut missing = Vec::new();
+        for (node, asset) in graph::asset_refs(&workflow) {
+            match self.store.asset(tenant, &asset.id).await.map_err(SubmitError::Store)? {
+                Some(_) => {}
+                None => missing.push((node, asset.id)),
+            }
+        }
+        if !missing.is_empty() {
+            return Err(SubmitError::MissingAsset(missing));
+        }
+        if self.queue.has_room().is_err() {
+            return Err(SubmitError::QueueFull {
+                retry_after: self.retry_after(),
+            });
+        }
+        if self.config.job_cost > 0 {
+            let balance = self
+                .store
+                .tenant(tenant)
+                .await
+                .map_err(SubmitError::Store)?
+                .map_or(0, |t| t.credits);
+            if balance < self.config.job_cost {
+                return Err(SubmitError::InsufficientCredits {
+                    balance,
+                    cost: self.config.job_cost,
+                });
+            }
+        }
+        let now = Utc::now();
+        let job = JobRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            tenant: tenant.to_string(),
+            status: JobStatus::Queued,
+            workflow,
+            labels,
+            created_at: now,
+            updated_at: now,
+            started_at: None,
+            completed_at: None,
+            expires_at: now + chrono::Duration::from_std(self.config.retention).unwrap_or(chrono::Duration::days(7)),
+            progress: None,
+            error: None,
+            logs: None,
+            seq: 0,
+        };
+        match self.store.insert_job(job.clone(), idempotency_key).await {
+            Ok(()) => {}
+            Err(StoreError::IdempotencyReuse { job_id }) => return Err(SubmitError::IdempotencyReuse { job_id }),
+            Err(e) => return Err(SubmitError::Store(e)),
+        }
+        if self.config.job_cost > 0 {
+            if let Err(e) = self.store.add_credits(tenant, -self.config.job_cost).await {
+                tracing::warn!(job = %job.id, error = %e, "charging credits failed");
+            }
+        }
+        // The job is durable now: it is queued even if a race filled the queue meanwhile.
+        let _ = self.queue.push(tenant, job.id.clone(), true);
+        self.metrics.submitted();
+        self.hub.publish(&job.id, JobEvent::Status(Box::new(job.clone())));
+        Ok(job)
+    }
+
+    /// Seconds a caller should wait when the queue is full: the time the workers need to
+    /// drain a tenth of the queue at the recent job rate, at least one second.
+    fn retry_after(&self) -> u64 {
+        let per_job = self.metrics.mean_job_seconds().max(0.001);
+        let secs = (self.queue.capacity() as f64 / 10.0) * per_job / self.config.workers.max(1) as f64;
+        secs.ceil().clamp(1.0, 300.0) as u64
+    }
+
+    /// `tenant`'s job `id` with its outputs and live state.
+    pub async fn get(&self, tenant: &str, id: &str) -> Result<Option<JobView>, StoreError> {
+        let Some(job) = self.store.job(tenant, id).await? else {
+            return Ok(None);
+        };
+        self.view(job).await.map(Some)
+    }
+
+    /// Adds outputs, live progress and queue position to a stored job.
+    pub async fn view(&self, mut job: JobRecord) -> Result<JobView, StoreError> {
+        if let Some(running) = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(&job.id) {
+            if !job.status.is_terminal() {
+                job.progress = Some(running.progress.lock().unwrap_or_else(|e| e.into_inner()).clone());
+            }
+        }
+        let outputs = self.store.job_outputs(&job.id).await?;
+        let queue_position = match job.status {
+            JobStatus::Queued => self.queue.position(&job.tenant, &job.id),
+            _ => None,
+        };
+        Ok(JobView {
+            job,
+            outputs,
+            queue_position,
+        })
+    }
+
+    /// Cancels `tenant`'s job `id`: queued goes straight to canceled, running to canceling
+    /// (then canceled when its node stops), and anything else is returned unchanged.
+    pub async fn cancel(&self, tenant: &str, id: &str) -> Result<Option<JobView>, StoreError> {
+        for _ in 0..8 {
+            let Some(job) = self.store.job(tenant, id).await? else {
+                return Ok(None);
+            };
+            let updated = match job.status {
+                JobStatus::Queued => {
+                    let update = JobUpdate {
+                        status: state::check(JobStatus::Queued, Trigger::CancelRequest),
+                        completed_at: Some(Utc::now()),
+                        ..Default::default()
+                    };
+                    let updated = self.store.update_job(id, &[JobStatus::Queued], update).await?;
+                    if updated.is_some() {
+                        self.queue.remove(tenant, id);
+                    }
+                    updated
+                }
+                JobStatus::Running => {
+                    let update = JobUpdate {
+                        status: state::check(JobStatus::Running, Trigger::CancelRequest),
+                        ..Default::default()
+                    };
+                    let updated = self.store.update_job(id, &[JobStatus::Running], update).await?;
+                    if updated.is_some() {
+                        if let Some(r) = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
+                            r.cancel.cancel();
+                        }
+                    }
+                    updated
+                }
+                _ => return self.view(job).await.map(Some),
+            };
+            if let Some(job) = updated {
+                self.metrics.transition(job.status);
+                self.hub.publish(id, JobEvent::Status(Box::new(job.clone())));
+                return self.view(job).await.map(Some);
+            }
+            // The job moved between the read and the update: read it again.
+        }
+        Err(StoreError::Backend(
+            "the job kept changing while it was being canceled".into(),
+        ))
+    }
+
+    /// Moves job `id` by `trigger` if its current status allows it, publishing the change.
+    pub(crate) async fn transition(
+        &self,
+        id: &str,
+        trigger: Trigger,
+        mut update: JobUpdate,
+    ) -> Result<Option<JobRecord>, StoreError> {
+        let from = state::sources(trigger);
+        let Some(current) = self.store.job_by_id(id).await? else {
+            return Ok(None);
+        };
+        let Some(to) = state::check(current.status, trigger) else {
+            return Ok(None);
+        };
+        update.status = Some(to);
+        if to.is_terminal() && update.completed_at.is_none() {
+            update.completed_at = Some(Utc::now());
+        }
+        let updated = self.store.update_job(id, &from, update).await?;
+        if let Some(job) = &updated {
+            self.metrics.transition(job.status);
+            self.hub.publish(id, JobEvent::Status(Box::new(job.clone())));
+        }
+        Ok(updated)
+    }
+
+    /// Stops a running job's node (used by retention).
+    pub(crate) fn interrupt(&self, id: &str) {
+        if let Some(r) = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
+            r.cancel.cancel();
+        }
+    }
+}

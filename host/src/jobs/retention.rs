@@ -1,0 +1,98 @@
+//! Retention: a small service that wakes periodically. Jobs past `expires_at` that have
+//! not finished become `expired` (a running one is stopped); expired jobs are removed after
+//! a grace period, finished ones at once; then idempotency keys older than 24 hours and
+//! uploads past their own expiry go, and blobs no asset references are deleted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+
+use super::state::Trigger;
+use super::Jobs;
+use crate::store::{JobStatus, JobUpdate, StoreError};
+
+/// How long an idempotency key stays claimed.
+pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// What one sweep did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Swept {
+    /// Jobs moved to expired.
+    pub expired: usize,
+    /// Jobs removed with their outputs.
+    pub removed: usize,
+    /// Blobs deleted.
+    pub blobs: usize,
+}
+
+/// Starts the sweeper, every `interval`.
+pub fn start(jobs: Arc<Jobs>, interval: Duration) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Err(e) = sweep(&jobs).await {
+                tracing::warn!(error = %e, "retention sweep failed");
+            }
+        }
+    });
+}
+
+/// One pass.
+pub async fn sweep(jobs: &Arc<Jobs>) -> Result<Swept, StoreError> {
+    let now = Utc::now();
+    let grace = chrono::Duration::from_std(jobs.config.expired_grace).unwrap_or_default();
+    let mut swept = Swept::default();
+    let mut blobs = Vec::new();
+    for (id, status) in jobs.store.jobs_expiring(now).await? {
+        if !status.is_terminal() {
+            if jobs
+                .transition(&id, Trigger::Expire, JobUpdate::default())
+                .await?
+                .is_some()
+            {
+                jobs.queue.remove_any(&id);
+                jobs.interrupt(&id);
+                swept.expired += 1;
+            }
+            continue;
+        }
+        if status == JobStatus::Expired {
+            let Some(job) = jobs.store.job_by_id(&id).await? else {
+                continue;
+            };
+            if job.updated_at + grace > now {
+                continue;
+            }
+        }
+        blobs.extend(jobs.store.job_outputs(&id).await?.into_iter().map(|a| a.blob));
+        jobs.store.delete_job(&id).await?;
+        jobs.hub.remove(&id);
+        swept.removed += 1;
+    }
+    jobs.store
+        .purge_idempotency(now - chrono::Duration::from_std(IDEMPOTENCY_TTL).unwrap_or_default())
+        .await?;
+    blobs.extend(jobs.store.delete_expired_assets(now).await?);
+    swept.blobs = collect_garbage(jobs, blobs).await?;
+    Ok(swept)
+}
+
+/// Deletes those of `candidates` that no asset references.
+pub async fn collect_garbage(jobs: &Jobs, mut candidates: Vec<String>) -> Result<usize, StoreError> {
+    candidates.sort();
+    candidates.dedup();
+    if candidates.is_empty() {
+        return Ok(0);
+    }
+    let _guard = jobs.blob_lock.lock().await;
+    let orphans = jobs.store.unreferenced_blobs(candidates).await?;
+    for hash in &orphans {
+        if let Err(e) = jobs.blobs.remove(hash) {
+            tracing::warn!(blob = %hash, error = %e, "cannot remove blob");
+        }
+    }
+    Ok(orphans.len())
+}

@@ -1,0 +1,363 @@
+//! The `weft` command: `serve`, `nodes`, `keys`, `credits`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use weft::api::{ApiConfig, AuthMode, Surface};
+use weft::jobs::JobsConfig;
+use weft::runtime::{Capabilities, Limits, Runtime, RuntimeConfig};
+use weft::serve::{self, ServeConfig};
+
+#[derive(Parser)]
+#[command(
+    name = "weft",
+    version,
+    about = "A workflow job server: ComfyUI API-format graphs, every node a sandboxed wasm component"
+)]
+#[command(args_override_self = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the server.
+    Serve(ServeArgs),
+    /// Prints the node catalogue.
+    Nodes {
+        /// Extra plugins directory.
+        #[arg(long, env = "WEFT_PLUGINS_DIR")]
+        plugins_dir: Option<PathBuf>,
+        /// Print ComfyUI's /object_info JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Manages API keys (for `--auth keys`).
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// Manages tenant credits (cloud and serverless surfaces).
+    Credits {
+        #[command(subcommand)]
+        command: CreditsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Creates an API key for a tenant and prints it on the last line.
+    Create {
+        /// Data directory of the server.
+        #[arg(long, env = "WEFT_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Tenant name (created if new).
+        #[arg(long)]
+        tenant: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum CreditsCommand {
+    /// Adds credits to a tenant and prints the new balance.
+    Add {
+        /// Data directory of the server.
+        #[arg(long, env = "WEFT_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Tenant name.
+        #[arg(long)]
+        tenant: String,
+        /// Credits to add (negative to remove).
+        #[arg(long, allow_hyphen_values = true)]
+        amount: i64,
+    },
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML file of settings; its keys are the long flag names (`queue-depth = 100`).
+    /// Flags and WEFT_* environment variables override it.
+    #[arg(long, env = "WEFT_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, env = "WEFT_ADDR", default_value = "127.0.0.1:8188")]
+    addr: SocketAddr,
+    /// Data directory (database, blobs, caches).
+    #[arg(long, env = "WEFT_DATA_DIR", default_value = "./data")]
+    data_dir: PathBuf,
+    /// Extra plugins: every *.wasm in this directory, with its optional <name>.toml manifest.
+    #[arg(long, env = "WEFT_PLUGINS_DIR")]
+    plugins_dir: Option<PathBuf>,
+    /// Jobs that run at once.
+    #[arg(long, env = "WEFT_WORKERS", default_value_t = 2)]
+    workers: usize,
+    /// Jobs that may wait; beyond it submissions get 429 queue_full.
+    #[arg(long, env = "WEFT_QUEUE_DEPTH", default_value_t = 10_000)]
+    queue_depth: usize,
+    /// Which surface to present.
+    #[arg(long, env = "WEFT_SURFACE", value_enum, default_value = "self-hosted")]
+    surface: Surface,
+    /// Authentication: none, token (with --token) or keys (see `weft keys create`).
+    #[arg(long, env = "WEFT_AUTH", default_value = "none", value_parser = ["none", "token", "keys"])]
+    auth: String,
+    /// The static bearer token for `--auth token`.
+    #[arg(long, env = "WEFT_TOKEN")]
+    token: Option<String>,
+    /// Public demo: accept callers without credentials, withhold logs on read.
+    #[arg(long, env = "WEFT_PUBLIC_DEMO")]
+    public_demo: bool,
+    /// Allow listening on a non-loopback address without authentication.
+    #[arg(long, env = "WEFT_ALLOW_UNAUTHENTICATED")]
+    allow_unauthenticated: bool,
+    /// Prefix the API is mounted under, e.g. /deployment/<id>.
+    #[arg(long, env = "WEFT_MOUNT_PREFIX", default_value = "")]
+    mount_prefix: String,
+    /// Operator token for POST /api/v2/admin/drain.
+    #[arg(long, env = "WEFT_ADMIN_TOKEN")]
+    admin_token: Option<String>,
+    /// Job retention in seconds (expires_at = created_at + this).
+    #[arg(long, env = "WEFT_RETENTION_SECS", default_value_t = 7 * 24 * 3600)]
+    retention_secs: u64,
+    /// Seconds an expired job stays readable before it is removed.
+    #[arg(long, env = "WEFT_EXPIRED_GRACE_SECS", default_value_t = 3600)]
+    expired_grace_secs: u64,
+    /// Seconds between retention sweeps.
+    #[arg(long, env = "WEFT_SWEEP_INTERVAL_SECS", default_value_t = 30)]
+    sweep_interval_secs: u64,
+    /// Credits a job costs on the cloud and serverless surfaces.
+    #[arg(long, env = "WEFT_JOB_COST", default_value_t = 1)]
+    job_cost: i64,
+    /// Credits a new tenant starts with.
+    #[arg(long, env = "WEFT_INITIAL_CREDITS", default_value_t = 0)]
+    initial_credits: i64,
+    /// Largest asset upload in bytes.
+    #[arg(long, env = "WEFT_MAX_UPLOAD_BYTES", default_value_t = 300_000_000)]
+    max_upload_bytes: u64,
+    /// Most event streams open at once.
+    #[arg(long, env = "WEFT_MAX_STREAMS", default_value_t = 20_000)]
+    max_streams: usize,
+    /// Wall time per node call, in milliseconds.
+    #[arg(long, env = "WEFT_NODE_TIMEOUT_MS", default_value_t = 600_000)]
+    node_timeout_ms: u64,
+    /// Linear memory per instance, in MiB.
+    #[arg(long, env = "WEFT_NODE_MEMORY_MIB", default_value_t = 256)]
+    node_memory_mib: usize,
+    /// Bytes one node call may pass through host calls and its result, in MiB.
+    #[arg(long, env = "WEFT_HOSTCALL_MIB", default_value_t = 64)]
+    hostcall_mib: usize,
+    /// Per-job log tail, in KiB.
+    #[arg(long, env = "WEFT_LOG_KIB", default_value_t = 64)]
+    log_kib: usize,
+    /// Node result cache, in MiB.
+    #[arg(long, env = "WEFT_CACHE_MIB", default_value_t = 512)]
+    cache_mib: usize,
+    /// Grants a plugin a capability its manifest asks for: PLUGIN=env:NAME, PLUGIN=dir:/path
+    /// or PLUGIN=network. Repeatable.
+    #[arg(long = "grant", env = "WEFT_GRANTS", value_delimiter = ',')]
+    grants: Vec<String>,
+}
+
+/// Prepends the settings of `--config FILE` as flags, so real flags and env vars win.
+fn args_with_config_file() -> anyhow::Result<Vec<String>> {
+    let args: Vec<String> = std::env::args().collect();
+    let path = args
+        .iter()
+        .position(|a| a == "--config")
+        .and_then(|i| args.get(i + 1).cloned())
+        .or_else(|| args.iter().find_map(|a| a.strip_prefix("--config=").map(String::from)))
+        .or_else(|| std::env::var("WEFT_CONFIG").ok());
+    let Some(path) = path else { return Ok(args) };
+    if args.get(1).map(String::as_str) != Some("serve") {
+        return Ok(args);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("cannot read config file {path}: {e}"))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e| anyhow::anyhow!("config file {path} is not valid TOML: {e}"))?;
+    let mut injected = vec![args[0].clone(), args[1].clone()];
+    for (key, value) in table {
+        let env = format!("WEFT_{}", key.replace('-', "_").to_uppercase());
+        if std::env::var_os(&env).is_some() {
+            continue;
+        }
+        let values = match value {
+            toml::Value::Array(items) => items,
+            other => vec![other],
+        };
+        for value in values {
+            let text = match value {
+                toml::Value::String(s) => s,
+                toml::Value::Boolean(true) => {
+                    injected.push(format!("--{key}"));
+                    continue;
+                }
+                toml::Value::Boolean(false) => continue,
+                other => other.to_string(),
+            };
+            injected.push(format!("--{key}={text}"));
+        }
+    }
+    injected.extend(args.into_iter().skip(2));
+    Ok(injected)
+}
+
+fn limits(args: &ServeArgs) -> Limits {
+    Limits {
+        node_timeout: Duration::from_millis(args.node_timeout_ms),
+        memory_bytes: args.node_memory_mib << 20,
+        hostcall_bytes: args.hostcall_mib << 20,
+        log_bytes: args.log_kib << 10,
+        ..Limits::default()
+    }
+}
+
+fn grants(list: &[String]) -> anyhow::Result<HashMap<String, Capabilities>> {
+    let mut grants: HashMap<String, Capabilities> = HashMap::new();
+    for item in list {
+        let (plugin, grant) = item
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--grant {item:?}: expected PLUGIN=CAPABILITY"))?;
+        grants
+            .entry(plugin.to_string())
+            .or_default()
+            .add_grant(grant)
+            .map_err(anyhow::Error::msg)?;
+    }
+    Ok(grants)
+}
+
+fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
+    let auth = match args.auth.as_str() {
+        "none" => AuthMode::None,
+        "token" => AuthMode::Token(
+            args.token
+                .clone()
+                .filter(|t| !t.is_empty())
+                .ok_or_else(|| anyhow::anyhow!("--auth token needs --token"))?,
+        ),
+        _ => AuthMode::Keys,
+    };
+    if auth == AuthMode::None && !args.addr.ip().is_loopback() && !args.allow_unauthenticated {
+        anyhow::bail!(
+            "refusing to listen on {} without authentication: use --auth token/keys, or pass --allow-unauthenticated",
+            args.addr
+        );
+    }
+    if !args.mount_prefix.is_empty() && !args.mount_prefix.starts_with('/') {
+        anyhow::bail!("--mount-prefix must start with /");
+    }
+    let paid = args.surface != Surface::SelfHosted;
+    let limits = limits(&args);
+    Ok(ServeConfig {
+        addr: args.addr,
+        data_dir: args.data_dir,
+        api: ApiConfig {
+            auth,
+            surface: args.surface,
+            public_demo: args.public_demo,
+            mount_prefix: args.mount_prefix,
+            max_upload_bytes: args.max_upload_bytes,
+            max_json_bytes: 32 << 20,
+            max_streams: args.max_streams,
+            admin_token: args.admin_token,
+        },
+        jobs: JobsConfig {
+            workers: args.workers.max(1),
+            queue_depth: args.queue_depth.max(1),
+            retention: Duration::from_secs(args.retention_secs),
+            expired_grace: Duration::from_secs(args.expired_grace_secs),
+            cache_bytes: args.cache_mib << 20,
+            capture_logs: args.surface == Surface::Serverless,
+            job_cost: if paid { args.job_cost.max(0) } else { 0 },
+            log_bytes: limits.log_bytes,
+        },
+        runtime: RuntimeConfig {
+            limits,
+            cache_dir: None,
+            plugins_dir: args.plugins_dir,
+            grants: grants(&args.grants)?,
+            concurrent_calls: 0,
+        },
+        sweep_interval: Duration::from_secs(args.sweep_interval_secs.max(1)),
+        initial_credits: args.initial_credits,
+        link_ttl: Duration::from_secs(3600),
+    })
+}
+
+fn print_nodes(plugins_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+    let runtime = Runtime::load(RuntimeConfig {
+        plugins_dir,
+        ..RuntimeConfig::default()
+    })?;
+    let catalog = runtime.catalog();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&catalog.object_info())?);
+        return Ok(());
+    }
+    for def in catalog.iter() {
+        let inputs: Vec<String> = def
+            .inputs
+            .iter()
+            .map(|i| format!("{}{}: {}", i.name, if i.required { "" } else { "?" }, i.type_name))
+            .collect();
+        let outputs: Vec<&str> = def.outputs.iter().map(|o| o.type_name.as_str()).collect();
+        let flag = if def.output_node { " [output]" } else { "" };
+        println!(
+            "{:<22} {:<16} ({}) -> ({}){flag}",
+            def.class_type,
+            def.category,
+            inputs.join(", "),
+            outputs.join(", ")
+        );
+    }
+    println!("{} classes from {} plugins", catalog.len(), runtime.plugins().count());
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
+                .unwrap_or_else(|_| "info,wasmtime=warn,cranelift=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse_from(args_with_config_file()?);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    match cli.command {
+        Command::Serve(args) => {
+            let config = serve_config(args)?;
+            runtime.block_on(serve::run(config))
+        }
+        Command::Nodes { plugins_dir, json } => print_nodes(plugins_dir, json),
+        Command::Keys {
+            command: KeysCommand::Create { data_dir, tenant },
+        } => runtime.block_on(async {
+            let store = serve::open_store(&data_dir)?;
+            store.ensure_tenant(&tenant, 0).await?;
+            let key = weft::api::auth::new_key();
+            store.add_api_key(&tenant, &weft::api::auth::hash_key(&key)).await?;
+            println!("created an API key for tenant {tenant}; it is shown once:");
+            println!("{key}");
+            Ok(())
+        }),
+        Command::Credits {
+            command:
+                CreditsCommand::Add {
+                    data_dir,
+                    tenant,
+                    amount,
+                },
+        } => runtime.block_on(async {
+            let store = serve::open_store(&data_dir)?;
+            let balance = store.add_credits(&tenant, amount).await?;
+            println!("{balance}");
+            Ok(())
+        }),
+    }
+}

@@ -1,0 +1,99 @@
+//! `weft:node/types`: accessors and destructors of the host-held resources.
+
+use wasmtime::component::Resource;
+
+use super::CallState;
+use crate::runtime::bindings::weft::node::types::{
+    Host, HostAudio, HostClip, HostConditioning, HostImage, HostLatent, HostMask, HostModel, HostVae,
+};
+use crate::runtime::value::{AudioRes, ClipRes, ConditioningRes, ImageRes, LatentRes, MaskRes, ModelRes, VaeRes};
+
+impl Host for CallState {}
+
+impl HostImage for CallState {
+    fn width(&mut self, this: Resource<ImageRes>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.0.width)
+    }
+    fn height(&mut self, this: Resource<ImageRes>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.0.height)
+    }
+    fn batch_size(&mut self, this: Resource<ImageRes>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.0.batch)
+    }
+    fn channels(&mut self, this: Resource<ImageRes>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.0.channels)
+    }
+    fn drop(&mut self, this: Resource<ImageRes>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+impl HostLatent for CallState {
+    fn width(&mut self, this: Resource<LatentRes>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.0.shape[3] * 8)
+    }
+    fn height(&mut self, this: Resource<LatentRes>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.0.shape[2] * 8)
+    }
+    fn batch_size(&mut self, this: Resource<LatentRes>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.0.shape[0])
+    }
+    fn drop(&mut self, this: Resource<LatentRes>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+impl HostMask for CallState {
+    fn width(&mut self, this: Resource<MaskRes>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.0.width)
+    }
+    fn height(&mut self, this: Resource<MaskRes>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.0.height)
+    }
+    fn batch_size(&mut self, this: Resource<MaskRes>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.0.batch)
+    }
+    fn drop(&mut self, this: Resource<MaskRes>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+impl HostAudio for CallState {
+    fn sample_rate(&mut self, this: Resource<AudioRes>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.0.sample_rate)
+    }
+    fn channels(&mut self, this: Resource<AudioRes>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.0.channels)
+    }
+    fn frames(&mut self, this: Resource<AudioRes>) -> wasmtime::Result<u64> {
+        Ok(self.table.get(&this)?.0.frames())
+    }
+    fn drop(&mut self, this: Resource<AudioRes>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+/// The model-like resources share one shape: a name and a host payload.
+macro_rules! named_resource {
+    ($trait:ident, $res:ident, $extra:ident, $extra_ty:ty, $get:expr) => {
+        impl $trait for CallState {
+            fn $extra(&mut self, this: Resource<$res>) -> wasmtime::Result<$extra_ty> {
+                let get: fn(&$res) -> $extra_ty = $get;
+                Ok(get(self.table.get(&this)?))
+            }
+            fn drop(&mut self, this: Resource<$res>) -> wasmtime::Result<()> {
+                self.table.delete(this)?;
+                Ok(())
+            }
+        }
+    };
+}
+
+named_resource!(HostModel, ModelRes, name, String, |r| r.0.name.clone());
+named_resource!(HostClip, ClipRes, name, String, |r| r.0.name.clone());
+named_resource!(HostVae, VaeRes, name, String, |r| r.0.name.clone());
+named_resource!(HostConditioning, ConditioningRes, len, u32, |r| r.0.len);

@@ -1,0 +1,71 @@
+//! The one wasmtime engine: pooling allocator, epoch interruption, and the ticker thread
+//! that drives epochs.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::limits::Limits;
+
+/// How often the epoch advances. Each running call checks its deadline and its job's
+/// cancel flag once per tick, so a cancel interrupts a node within about this long.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Builds the engine for `limits`, with pool slots for `concurrent_calls` simultaneous calls.
+pub fn build(limits: &Limits, concurrent_calls: u32) -> anyhow::Result<Engine> {
+    let slots = concurrent_calls.max(4);
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(slots)
+        .total_core_instances(slots * limits.instances as u32)
+        .total_memories(slots * 2)
+        .total_tables(slots * 4)
+        .max_memories_per_component(2)
+        .max_tables_per_component(8)
+        .max_core_instances_per_component(limits.instances as u32)
+        .table_elements(limits.table_elements)
+        .max_memory_size(limits.memory_bytes)
+        .max_component_instance_size(1 << 20)
+        .max_core_instance_size(1 << 20);
+    let mut config = Config::new();
+    config
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
+        .epoch_interruption(true)
+        .max_wasm_stack(limits.stack_bytes)
+        .cranelift_opt_level(wasmtime::OptLevel::Speed);
+    Ok(Engine::new(&config)?)
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.
+pub struct EpochTicker {
+    stop: Arc<AtomicBool>,
+}
+
+impl EpochTicker {
+    /// Starts the ticker thread for `engine`.
+    pub fn start(engine: &Engine) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let engine = engine.weak();
+        let flag = stop.clone();
+        std::thread::Builder::new()
+            .name("weft-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    match engine.upgrade() {
+                        Some(engine) => engine.increment_epoch(),
+                        None => break,
+                    }
+                }
+            })
+            .expect("spawning the epoch thread");
+        Self { stop }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}

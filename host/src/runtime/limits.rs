@@ -1,0 +1,91 @@
+//! The limits every node call runs under. Each default is set here, once, with the reason.
+
+use std::time::Duration;
+
+/// Limits applied to every node invocation. Operators set them with `weft serve` flags.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Wall time one node call may run. Ten minutes by default: long enough for a CPU
+    /// diffusion step loop, short enough that a runaway guest cannot hold a worker forever.
+    pub node_timeout: Duration,
+    /// Largest size of each linear memory of an instance. 256 MiB: pixels, latents and
+    /// weights are host-held, so a guest only needs memory for its own bookkeeping.
+    pub memory_bytes: usize,
+    /// Largest number of elements in one table (function pointers of the guest).
+    pub table_elements: usize,
+    /// Largest number of core instances, tables and memories one component may create.
+    pub instances: usize,
+    /// Bytes one call may pass through host calls and return in its result: strings, lists
+    /// and file bytes. 64 MiB stops a guest flooding the host through its outputs.
+    pub hostcall_bytes: usize,
+    /// Size of the per-job log tail. 64 KiB keeps the end of a run, where errors are.
+    pub log_bytes: usize,
+    /// wasm stack size. 1 MiB is generous for real nodes; deeper recursion traps cleanly.
+    pub stack_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            node_timeout: Duration::from_secs(600),
+            memory_bytes: 256 << 20,
+            table_elements: 100_000,
+            instances: 32,
+            hostcall_bytes: 64 << 20,
+            log_bytes: 64 << 10,
+            stack_bytes: 1 << 20,
+        }
+    }
+}
+
+/// The `wasmtime::ResourceLimiter` of one call. It records which limit was hit, so the
+/// failure is reported as that limit rather than as a generic trap.
+#[derive(Debug)]
+pub struct CallLimiter {
+    memory_bytes: usize,
+    table_elements: usize,
+    instances: usize,
+    /// Set once a memory growth was refused.
+    pub memory_hit: bool,
+    /// Set once a table growth was refused.
+    pub table_hit: bool,
+}
+
+impl CallLimiter {
+    /// A limiter enforcing `limits`.
+    pub fn new(limits: &Limits) -> Self {
+        Self {
+            memory_bytes: limits.memory_bytes,
+            table_elements: limits.table_elements,
+            instances: limits.instances,
+            memory_hit: false,
+            table_hit: false,
+        }
+    }
+}
+
+impl wasmtime::ResourceLimiter for CallLimiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let allowed = desired <= self.memory_bytes && maximum.is_none_or(|max| desired <= max);
+        self.memory_hit |= !allowed;
+        Ok(allowed)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let allowed = desired <= self.table_elements && maximum.is_none_or(|max| desired <= max);
+        self.table_hit |= !allowed;
+        Ok(allowed)
+    }
+
+    fn instances(&self) -> usize {
+        self.instances
+    }
+
+    fn tables(&self) -> usize {
+        self.instances
+    }
+
+    fn memories(&self) -> usize {
+        self.instances
+    }
+}

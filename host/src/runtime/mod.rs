@@ -1,0 +1,182 @@
+//! The wasm runtime: one engine, the loaded plugins and their node catalogue, and node
+//! invocation under limits in a fresh store per call.
+//!
+//! Public face: [`Runtime`] (load, catalogue, [`Runtime::call`]), [`RuntimeConfig`],
+//! [`Limits`], [`CallContext`] and the value types.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use wasmtime::component::Linker;
+use wasmtime::Engine;
+
+mod bindings;
+mod builtin;
+mod capabilities;
+mod catalog;
+mod engine;
+mod invoke;
+mod limits;
+mod logs;
+mod registry;
+mod value;
+
+pub use catalog::{Catalog, InputSpec, NodeDef, OutputSpec};
+pub use invoke::{AssetReader, CallContext, CancelToken, NodeFailure, NodeOutput, ProgressSink};
+pub use limits::Limits;
+pub use logs::{LogSnapshot, TailLog};
+pub use registry::{Capabilities, Manifest, PluginSource};
+pub use value::{AssetRef, FileData, OutputFile, OutputKind, Value};
+
+use registry::LoadedPlugin;
+
+/// How to build a [`Runtime`].
+#[derive(Debug, Clone, Default)]
+pub struct RuntimeConfig {
+    /// Limits for every call.
+    pub limits: Limits,
+    /// Where compiled components are cached (`<data-dir>/cache`); none compiles every start.
+    pub cache_dir: Option<PathBuf>,
+    /// Extra plugins: every `*.wasm` here.
+    pub plugins_dir: Option<PathBuf>,
+    /// Operator grants, by plugin name.
+    pub grants: HashMap<String, Capabilities>,
+    /// Most node calls that run at once (sizes the instance pool).
+    pub concurrent_calls: u32,
+}
+
+/// The loaded plugins and the machinery to call them.
+pub struct Runtime {
+    engine: Engine,
+    plugins: Vec<LoadedPlugin>,
+    catalog: Catalog,
+    limits: Limits,
+    _ticker: engine::EpochTicker,
+}
+
+impl Runtime {
+    /// Loads the built-in plugins and those of `config.plugins_dir`, calls each one's
+    /// `describe()` once, and builds the catalogue. Two plugins defining one class is an
+    /// error that names both.
+    pub fn load(config: RuntimeConfig) -> anyhow::Result<Arc<Self>> {
+        let mut sources = builtin::sources();
+        if let Some(dir) = &config.plugins_dir {
+            sources.extend(registry::scan_dir(dir)?);
+        }
+        Self::from_sources(config, sources)
+    }
+
+    /// Like [`load`](Self::load), from explicit sources (no built-ins unless included).
+    pub fn from_sources(config: RuntimeConfig, sources: Vec<PluginSource>) -> anyhow::Result<Arc<Self>> {
+        let engine = engine::build(&config.limits, config.concurrent_calls.saturating_mul(2).max(8))?;
+        let ticker = engine::EpochTicker::start(&engine);
+        let mut linker = Linker::new(&engine);
+        capabilities::link_all(&mut linker)?;
+        let mut runtime = Runtime {
+            engine,
+            plugins: Vec::new(),
+            catalog: Catalog::default(),
+            limits: config.limits.clone(),
+            _ticker: ticker,
+        };
+        let compiled = compile_all(&runtime.engine, &sources, config.cache_dir.as_deref())?;
+        for (source, component) in sources.into_iter().zip(compiled) {
+            let pre = registry::prelink(&linker, &component)
+                .map_err(|e| anyhow::anyhow!("plugin {} ({}) cannot be linked: {e:#}", source.name, source.origin))?;
+            let granted = config.grants.get(&source.name).cloned().unwrap_or_default();
+            let mut plugin = LoadedPlugin {
+                grants: source.manifest.capabilities.intersect(&granted),
+                name: source.name,
+                origin: source.origin,
+                pre,
+                nodes: Vec::new(),
+            };
+            plugin.nodes = runtime.describe(&plugin)?;
+            let index = runtime.plugins.len();
+            for def in &plugin.nodes {
+                runtime.catalog.insert(index, def.clone()).map_err(anyhow::Error::msg)?;
+            }
+            tracing::info!(plugin = %plugin.name, classes = plugin.nodes.len(), "plugin loaded");
+            runtime.plugins.push(plugin);
+        }
+        Ok(Arc::new(runtime))
+    }
+
+    /// The node catalogue.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// The limits calls run under.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Names and origins of the loaded plugins.
+    pub fn plugins(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.plugins.iter().map(|p| (p.name.as_str(), p.origin.as_str()))
+    }
+
+    fn plugin_for(&self, class: &str) -> Option<&LoadedPlugin> {
+        self.catalog.plugin_of(class).map(|i| &self.plugins[i])
+    }
+
+    /// Calls the plugin's `describe()` in a fresh store, under the usual limits.
+    fn describe(&self, plugin: &LoadedPlugin) -> anyhow::Result<Vec<NodeDef>> {
+        struct Discard;
+        impl ProgressSink for Discard {
+            fn report(&self, _: u32, _: u32, _: Option<String>) {}
+        }
+        impl AssetReader for Discard {
+            fn read(&self, _: &AssetRef) -> Result<Vec<u8>, String> {
+                Err("assets are not available while a plugin describes itself".into())
+            }
+        }
+        let ctx = CallContext {
+            log: TailLog::new(self.limits.log_bytes),
+            cancel: CancelToken::new(),
+            progress: Arc::new(Discard),
+            assets: Arc::new(Discard),
+        };
+        let mut store = self.new_store(plugin, ctx);
+        let mut describe = || -> wasmtime::Result<Vec<bindings::wit::NodeDef>> {
+            let instance = plugin.pre.instantiate(&mut store)?;
+            instance.call_describe(&mut store)
+        };
+        let defs = describe()
+            .map_err(|e| anyhow::anyhow!("plugin {} ({}): describe() failed: {e:#}", plugin.name, plugin.origin))?;
+        defs.into_iter()
+            .map(|d| NodeDef::from_wit(d, &plugin.name))
+            .collect::<Result<_, _>>()
+            .map_err(|e| anyhow::anyhow!("plugin {} ({}): {e}", plugin.name, plugin.origin))
+    }
+}
+
+/// Compiles every source, in parallel across the machine's cores.
+fn compile_all(
+    engine: &Engine,
+    sources: &[PluginSource],
+    cache_dir: Option<&std::path::Path>,
+) -> anyhow::Result<Vec<wasmtime::component::Component>> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = sources
+            .iter()
+            .map(|source| {
+                scope.spawn(move || {
+                    registry::compile(engine, &source.bytes, cache_dir).map_err(|e| {
+                        anyhow::anyhow!(
+                            "plugin {} ({}) is not a valid component: {e:#}",
+                            source.name,
+                            source.origin
+                        )
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("compile thread panicked"))
+            .collect()
+    })
+}

@@ -1,0 +1,195 @@
+//! Values flowing between nodes on the host side, and the resource wrappers a guest holds
+//! handles to. Large values are `Arc`s: passing one from node to node never copies it.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::compute::image::{ImageBatch, MaskBatch};
+use crate::compute::values::{AudioClip, LatentBatch, Opaque};
+
+/// A `core/ASSET` reference from a workflow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssetRef {
+    /// Asset UUID.
+    pub id: String,
+    /// `blake3:<hex>`, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<String>,
+    /// File path, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_path: Option<String>,
+}
+
+/// One value produced by a node or given as a literal.
+#[derive(Debug, Clone)]
+pub enum Value {
+    /// `INT`.
+    Int(i64),
+    /// `FLOAT`.
+    Float(f64),
+    /// `BOOLEAN`.
+    Bool(bool),
+    /// `STRING` or a combo choice.
+    Text(String),
+    /// Any other JSON literal.
+    Json(serde_json::Value),
+    /// A `core/ASSET` reference.
+    Asset(AssetRef),
+    /// `IMAGE`.
+    Image(Arc<ImageBatch>),
+    /// `LATENT`.
+    Latent(Arc<LatentBatch>),
+    /// `MASK`.
+    Mask(Arc<MaskBatch>),
+    /// `AUDIO`.
+    Audio(Arc<AudioClip>),
+    /// `MODEL`.
+    Model(Arc<Opaque>),
+    /// `CLIP`.
+    Clip(Arc<Opaque>),
+    /// `VAE`.
+    Vae(Arc<Opaque>),
+    /// `CONDITIONING`.
+    Conditioning(Arc<Opaque>),
+}
+
+impl Value {
+    /// The ComfyUI type name of this value.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::Int(_) => "INT",
+            Value::Float(_) => "FLOAT",
+            Value::Bool(_) => "BOOLEAN",
+            Value::Text(_) => "STRING",
+            Value::Json(_) => "JSON",
+            Value::Asset(_) => "core/ASSET",
+            Value::Image(_) => "IMAGE",
+            Value::Latent(_) => "LATENT",
+            Value::Mask(_) => "MASK",
+            Value::Audio(_) => "AUDIO",
+            Value::Model(_) => "MODEL",
+            Value::Clip(_) => "CLIP",
+            Value::Vae(_) => "VAE",
+            Value::Conditioning(_) => "CONDITIONING",
+        }
+    }
+
+    /// A stable fingerprint of this value for cache keys: literals by content, host-held
+    /// values by identity (they are only ever produced by nodes that have their own keys).
+    pub fn fingerprint(&self, hasher: &mut blake3::Hasher) {
+        hasher.update(self.type_name().as_bytes());
+        match self {
+            Value::Int(v) => hasher.update(&v.to_le_bytes()),
+            Value::Float(v) => hasher.update(&v.to_bits().to_le_bytes()),
+            Value::Bool(v) => hasher.update(&[*v as u8]),
+            Value::Text(v) => hasher.update(v.as_bytes()),
+            Value::Json(v) => hasher.update(v.to_string().as_bytes()),
+            Value::Asset(a) => hasher.update(a.id.as_bytes()),
+            Value::Image(v) => hasher.update(&(Arc::as_ptr(v) as usize).to_le_bytes()),
+            Value::Latent(v) => hasher.update(&(Arc::as_ptr(v) as usize).to_le_bytes()),
+            Value::Mask(v) => hasher.update(&(Arc::as_ptr(v) as usize).to_le_bytes()),
+            Value::Audio(v) => hasher.update(&(Arc::as_ptr(v) as usize).to_le_bytes()),
+            Value::Model(v) | Value::Clip(v) | Value::Vae(v) | Value::Conditioning(v) => {
+                hasher.update(&(Arc::as_ptr(v) as usize).to_le_bytes())
+            }
+        };
+    }
+
+    /// Bytes this value costs to copy into or out of a guest (handles cost nothing).
+    pub fn copy_cost(&self) -> usize {
+        match self {
+            Value::Text(s) => s.len(),
+            Value::Json(v) => v.to_string().len(),
+            Value::Asset(a) => {
+                a.id.len() + a.hash.as_ref().map_or(0, String::len) + a.file_path.as_ref().map_or(0, String::len)
+            }
+            _ => 8,
+        }
+    }
+
+    /// The value as JSON, for text outputs and previews; host-held values become a summary.
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        match self {
+            Value::Int(v) => json!(v),
+            Value::Float(v) => json!(v),
+            Value::Bool(v) => json!(v),
+            Value::Text(v) => json!(v),
+            Value::Json(v) => v.clone(),
+            Value::Asset(a) => json!({"__type": "core/ASSET", "info": a}),
+            other => json!({"type": other.type_name()}),
+        }
+    }
+}
+
+/// Host side of the `image` resource.
+#[derive(Debug, Clone)]
+pub struct ImageRes(pub Arc<ImageBatch>);
+/// Host side of the `latent` resource.
+#[derive(Debug, Clone)]
+pub struct LatentRes(pub Arc<LatentBatch>);
+/// Host side of the `mask` resource.
+#[derive(Debug, Clone)]
+pub struct MaskRes(pub Arc<MaskBatch>);
+/// Host side of the `audio` resource.
+#[derive(Debug, Clone)]
+pub struct AudioRes(pub Arc<AudioClip>);
+/// Host side of the `model` resource.
+#[derive(Debug, Clone)]
+pub struct ModelRes(pub Arc<Opaque>);
+/// Host side of the `clip` resource.
+#[derive(Debug, Clone)]
+pub struct ClipRes(pub Arc<Opaque>);
+/// Host side of the `vae` resource.
+#[derive(Debug, Clone)]
+pub struct VaeRes(pub Arc<Opaque>);
+/// Host side of the `conditioning` resource.
+#[derive(Debug, Clone)]
+pub struct ConditioningRes(pub Arc<Opaque>);
+
+/// The kind of a committed output file: the interface's `OutputType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputKind {
+    /// `image`.
+    Image,
+    /// `video`.
+    Video,
+    /// `audio`.
+    Audio,
+    /// `text`.
+    Text,
+    /// `file`.
+    File,
+    /// `latent`.
+    Latent,
+}
+
+/// Content of an output file, before the host encodes it.
+#[derive(Debug, Clone)]
+pub enum FileData {
+    /// Bytes the guest made.
+    Bytes(Vec<u8>),
+    /// Each image of the batch as a PNG.
+    Png(Arc<ImageBatch>),
+    /// The clip as a 16-bit WAV.
+    Wav(Arc<AudioClip>),
+    /// The latents as safetensors.
+    Latent(Arc<LatentBatch>),
+}
+
+/// A file an output node asked the host to commit.
+#[derive(Debug, Clone)]
+pub struct OutputFile {
+    /// Output type.
+    pub kind: OutputKind,
+    /// `filename_prefix`, before numbering.
+    pub filename_prefix: String,
+    /// Extension for `Bytes`.
+    pub extension: String,
+    /// Media type for `Bytes`.
+    pub content_type: String,
+    /// The content.
+    pub data: FileData,
+}

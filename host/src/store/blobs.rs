@@ -1,0 +1,109 @@
+//! Content-addressed blobs: one file per distinct content, named by its blake3 hash, written
+//! atomically (temp file, then rename).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The blob directory.
+#[derive(Debug, Clone)]
+pub struct Blobs {
+    dir: PathBuf,
+}
+
+/// A blob being written: bytes are hashed as they arrive.
+pub struct BlobWriter {
+    file: std::fs::File,
+    tmp: PathBuf,
+    hasher: blake3::Hasher,
+    size: u64,
+    blobs: Blobs,
+}
+
+impl Blobs {
+    /// Opens (creating) the blob directory `dir`, and removes temp files a crash left.
+    pub fn open(dir: &Path) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir.join("tmp"))?;
+        for entry in std::fs::read_dir(dir.join("tmp"))? {
+            let _ = std::fs::remove_file(entry?.path());
+        }
+        Ok(Self { dir: dir.to_path_buf() })
+    }
+
+    /// Where the blob `hash` (hex) lives.
+    pub fn path(&self, hash: &str) -> PathBuf {
+        let prefix = hash.get(..2).unwrap_or("xx");
+        self.dir.join(prefix).join(hash)
+    }
+
+    /// Whether blob `hash` is on disk.
+    pub fn exists(&self, hash: &str) -> bool {
+        is_hex_hash(hash) && self.path(hash).exists()
+    }
+
+    /// Starts writing a new blob.
+    pub fn writer(&self) -> std::io::Result<BlobWriter> {
+        let tmp = self.dir.join("tmp").join(uuid::Uuid::new_v4().to_string());
+        let file = std::fs::File::create(&tmp)?;
+        Ok(BlobWriter {
+            file,
+            tmp,
+            hasher: blake3::Hasher::new(),
+            size: 0,
+            blobs: self.clone(),
+        })
+    }
+
+    /// Stores `bytes`, returning (hash, size).
+    pub fn put(&self, bytes: &[u8]) -> std::io::Result<(String, u64)> {
+        let mut writer = self.writer()?;
+        writer.write_chunk(bytes)?;
+        writer.finish()
+    }
+
+    /// Removes blob `hash` if present.
+    pub fn remove(&self, hash: &str) -> std::io::Result<()> {
+        if !is_hex_hash(hash) {
+            return Ok(());
+        }
+        match std::fs::remove_file(self.path(hash)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl BlobWriter {
+    /// Appends `chunk`.
+    pub fn write_chunk(&mut self, chunk: &[u8]) -> std::io::Result<()> {
+        self.hasher.update(chunk);
+        self.size += chunk.len() as u64;
+        self.file.write_all(chunk)
+    }
+
+    /// Bytes written so far.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Makes the blob durable and moves it into place. Returns (hash hex, size).
+    pub fn finish(self) -> std::io::Result<(String, u64)> {
+        self.file.sync_all()?;
+        let hash = self.hasher.finalize().to_hex().to_string();
+        let path = self.blobs.path(&hash);
+        std::fs::create_dir_all(path.parent().expect("blob paths have a parent"))?;
+        std::fs::rename(&self.tmp, &path)?;
+        Ok((hash, self.size))
+    }
+}
+
+impl Drop for BlobWriter {
+    fn drop(&mut self) {
+        // After `finish` the temp file is gone; after an abandoned upload this cleans up.
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+/// Whether `s` looks like a blake3 hex digest (so it is safe in a path).
+pub fn is_hex_hash(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}

@@ -1,0 +1,158 @@
+//! Everything persistent: jobs, assets, idempotency keys, tenants and API keys behind the
+//! [`Store`] trait, and blobs in a content-addressed directory.
+//!
+//! The trait is async and free of SQLite-isms so that a PostgreSQL implementation (many
+//! weft processes sharing one database) can follow; [`sqlite::SqliteStore`] is the embedded
+//! default.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+pub mod blobs;
+mod records;
+pub mod sqlite;
+
+pub use blobs::Blobs;
+pub use records::*;
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The idempotency key was already presented; `job_id` names the job it made, if any.
+    #[error("idempotency key already used")]
+    IdempotencyReuse {
+        /// The job the first request created.
+        job_id: Option<String>,
+    },
+    /// A uniqueness rule was broken (for example a tenant name).
+    #[error("{0}")]
+    Conflict(String),
+    /// The asset is an output of a job that still exists.
+    #[error("asset is in use")]
+    InUse,
+    /// The database failed; whether the write happened is unknown.
+    #[error("storage failure: {0}")]
+    Backend(String),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Backend(e.to_string())
+    }
+}
+
+/// A change to a job, applied only if its current status is one of `from`.
+#[derive(Debug, Clone, Default)]
+pub struct JobUpdate {
+    /// New status.
+    pub status: Option<JobStatus>,
+    /// Set `started_at`.
+    pub started_at: Option<DateTime<Utc>>,
+    /// Set `completed_at`.
+    pub completed_at: Option<DateTime<Utc>>,
+    /// Set `progress`.
+    pub progress: Option<Progress>,
+    /// Set `error`.
+    pub error: Option<JobError>,
+    /// Set `logs`.
+    pub logs: Option<JobLogs>,
+}
+
+/// A page of jobs.
+#[derive(Debug, Clone)]
+pub struct JobPage {
+    /// Jobs, newest first.
+    pub jobs: Vec<JobRecord>,
+    /// `seq` to continue after, when there may be more.
+    pub next: Option<i64>,
+}
+
+/// Result of deleting an asset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Deleted {
+    /// It was deleted; its blob may now be unreferenced.
+    Yes {
+        /// The blob it pointed at.
+        blob: String,
+    },
+    /// There was no such asset for this tenant.
+    NotFound,
+}
+
+/// Persistent state. Every method is scoped by tenant where the data is.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Records a new job durably; with `idempotency_key`, claims the key in the same
+    /// transaction (fails with [`StoreError::IdempotencyReuse`] if it was claimed before).
+    async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>) -> Result<(), StoreError>;
+    /// A job of `tenant`.
+    async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError>;
+    /// A job of any tenant (for workers and maintenance).
+    async fn job_by_id(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
+    /// `tenant`'s jobs, newest first, older than `before` (a `seq`), with every label in `labels`.
+    async fn list_jobs(
+        &self,
+        tenant: &str,
+        limit: usize,
+        before: Option<i64>,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<JobPage, StoreError>;
+    /// Whether `seq` is the position of one of `tenant`'s jobs (for cursor checks).
+    async fn job_seq_exists(&self, tenant: &str, seq: i64) -> Result<bool, StoreError>;
+    /// Applies `update` if the job's status is in `from`; returns the updated job, or
+    /// `None` when the status did not match.
+    async fn update_job(
+        &self,
+        id: &str,
+        from: &[JobStatus],
+        update: JobUpdate,
+    ) -> Result<Option<JobRecord>, StoreError>;
+    /// Every job in one of `statuses`, oldest first.
+    async fn jobs_with_status(&self, statuses: &[JobStatus]) -> Result<Vec<JobRecord>, StoreError>;
+    /// Ids and statuses of jobs whose `expires_at` is before `now`.
+    async fn jobs_expiring(&self, now: DateTime<Utc>) -> Result<Vec<(String, JobStatus)>, StoreError>;
+    /// Deletes a job and its output assets.
+    async fn delete_job(&self, id: &str) -> Result<(), StoreError>;
+    /// Job counts by status.
+    async fn count_by_status(&self) -> Result<Vec<(JobStatus, i64)>, StoreError>;
+
+    /// Records an asset.
+    async fn insert_asset(&self, asset: AssetRecord) -> Result<(), StoreError>;
+    /// An asset of `tenant`.
+    async fn asset(&self, tenant: &str, id: &str) -> Result<Option<AssetRecord>, StoreError>;
+    /// An asset of any tenant (for signed content links).
+    async fn asset_any(&self, id: &str) -> Result<Option<AssetRecord>, StoreError>;
+    /// An asset of `tenant` over blob `blob`, if any (dedup).
+    async fn asset_by_blob(&self, tenant: &str, blob: &str) -> Result<Option<AssetRecord>, StoreError>;
+    /// The outputs of a job, in commit order.
+    async fn job_outputs(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError>;
+    /// Deletes an uploaded asset; outputs of a live job are [`StoreError::InUse`].
+    async fn delete_asset(&self, tenant: &str, id: &str) -> Result<Deleted, StoreError>;
+    /// Deletes uploaded assets whose `expires_at` passed; returns their blobs.
+    async fn delete_expired_assets(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
+    /// Deletes a job's output assets (before it is run again).
+    async fn delete_job_outputs(&self, job_id: &str) -> Result<(), StoreError>;
+    /// Blob hashes that no asset references.
+    async fn unreferenced_blobs(&self, candidates: Vec<String>) -> Result<Vec<String>, StoreError>;
+
+    /// Removes idempotency claims made before `before`.
+    async fn purge_idempotency(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;
+
+    /// Creates a tenant (no-op if it exists) with `credits`.
+    async fn ensure_tenant(&self, name: &str, credits: i64) -> Result<(), StoreError>;
+    /// Stores an API key hash for `tenant`.
+    async fn add_api_key(&self, tenant: &str, key_hash: &str) -> Result<(), StoreError>;
+    /// The tenant owning the key with this hash.
+    async fn tenant_for_key(&self, key_hash: &str) -> Result<Option<String>, StoreError>;
+    /// A tenant.
+    async fn tenant(&self, name: &str) -> Result<Option<TenantRecord>, StoreError>;
+    /// Adds `delta` credits (negative to draw down); returns the new balance.
+    async fn add_credits(&self, tenant: &str, delta: i64) -> Result<i64, StoreError>;
+}
+
+/// Formats a time for storage: RFC 3339, UTC, microseconds, so text order is time order.
+pub fn time_text(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}

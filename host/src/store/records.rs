@@ -1,0 +1,184 @@
+//! The records the store keeps. They are plain data: the rules that change them live in
+//! `jobs`.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// A job's status, as the interface names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobStatus {
+    /// Accepted, waiting for a worker.
+    Queued,
+    /// A worker is running it.
+    Running,
+    /// Cancel requested while running.
+    Canceling,
+    /// Finished with every output.
+    Succeeded,
+    /// A node failed.
+    Failed,
+    /// Canceled.
+    Canceled,
+    /// Retention ran out.
+    Expired,
+}
+
+impl JobStatus {
+    /// Every status.
+    pub const ALL: [JobStatus; 7] = [
+        JobStatus::Queued,
+        JobStatus::Running,
+        JobStatus::Canceling,
+        JobStatus::Succeeded,
+        JobStatus::Failed,
+        JobStatus::Canceled,
+        JobStatus::Expired,
+    ];
+
+    /// The interface's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Queued => "queued",
+            JobStatus::Running => "running",
+            JobStatus::Canceling => "canceling",
+            JobStatus::Succeeded => "succeeded",
+            JobStatus::Failed => "failed",
+            JobStatus::Canceled => "canceled",
+            JobStatus::Expired => "expired",
+        }
+    }
+
+    /// Parses the interface's name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+
+    /// Whether no further transition can happen.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobStatus::Succeeded | JobStatus::Failed | JobStatus::Canceled | JobStatus::Expired
+        )
+    }
+}
+
+/// A progress snapshot (the interface's `Progress`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// Overall fraction, 0..=1.
+    pub value: f64,
+    /// Nodes finished (cached ones included).
+    pub nodes_done: u32,
+    /// Nodes the job runs.
+    pub nodes_total: u32,
+    /// Node running now.
+    pub current_node: Option<String>,
+    /// Its class.
+    pub current_node_class: Option<String>,
+    /// Step within the node.
+    pub step: Option<u32>,
+    /// Steps of the node.
+    pub steps: Option<u32>,
+    /// Human-readable text.
+    pub message: Option<String>,
+}
+
+/// A job's failure (the interface's `JobError`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobError {
+    /// Code, for example `node_execution_error`.
+    pub code: String,
+    /// Message.
+    pub message: String,
+    /// Failing node.
+    pub node_id: Option<String>,
+    /// Its class.
+    pub class_type: Option<String>,
+    /// wasm backtrace, when a guest trapped.
+    pub traceback: Option<String>,
+}
+
+/// A captured log (the interface's `JobLogs`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobLogs {
+    /// The captured tail.
+    pub text: String,
+    /// Whether older output was dropped.
+    pub truncated: bool,
+    /// When it was read back.
+    pub captured_at: DateTime<Utc>,
+}
+
+/// A job as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRecord {
+    /// UUID.
+    pub id: String,
+    /// Owner.
+    pub tenant: String,
+    /// Status.
+    pub status: JobStatus,
+    /// The workflow as submitted.
+    pub workflow: serde_json::Value,
+    /// String labels given at submit (`metadata`).
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+    /// When it started running.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it reached a terminal state.
+    pub completed_at: Option<DateTime<Utc>>,
+    /// Retention deadline.
+    pub expires_at: DateTime<Utc>,
+    /// Latest progress.
+    pub progress: Option<Progress>,
+    /// Failure detail.
+    pub error: Option<JobError>,
+    /// Captured log.
+    pub logs: Option<JobLogs>,
+    /// Ordering key: larger is newer.
+    pub seq: i64,
+}
+
+/// An asset: a UUID record over a content-addressed blob.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AssetRecord {
+    /// UUID.
+    pub id: String,
+    /// Owner.
+    pub tenant: String,
+    /// blake3 hex of the content.
+    pub blob: String,
+    /// Size in bytes.
+    pub size_bytes: i64,
+    /// Media type.
+    pub content_type: String,
+    /// File name or path the uploader gave (or the output's name).
+    pub file_path: String,
+    /// Producing job, for outputs.
+    pub job_id: Option<String>,
+    /// Producing node, for outputs.
+    pub node_id: Option<String>,
+    /// Output type, for outputs.
+    pub kind: Option<String>,
+    /// Tags given at upload.
+    pub tags: Vec<String>,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// When it may be removed; none for outputs (they live as long as their job).
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Position among its job's outputs.
+    pub output_index: Option<i64>,
+}
+
+/// A tenant: the unit of isolation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantRecord {
+    /// Name, unique.
+    pub name: String,
+    /// Credit balance (cloud and serverless surfaces).
+    pub credits: i64,
+}

@@ -1,0 +1,690 @@
+//! The embedded store: SQLite in WAL mode with `synchronous = FULL`, so a commit is on
+//! disk before it returns and a 201 means durably recorded. One writer thread takes every
+//! write, and under load commits many of them in one transaction (group commit): durable
+//! submissions are not limited to one fsync each. Readers use their own connections, which
+//! WAL lets run beside the writer.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use tokio::sync::oneshot;
+
+use super::*;
+
+/// Most writes folded into one transaction.
+const MAX_GROUP: usize = 512;
+
+type Output = Result<Box<dyn Any + Send>, StoreError>;
+type WriteOp = Box<dyn FnOnce(&Connection) -> Output + Send>;
+
+struct WriteRequest {
+    op: WriteOp,
+    reply: oneshot::Sender<Output>,
+}
+
+/// The SQLite store.
+pub struct SqliteStore {
+    path: PathBuf,
+    writer: mpsc::Sender<WriteRequest>,
+    readers: Arc<Mutex<Vec<Connection>>>,
+}
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL UNIQUE,
+    tenant TEXT NOT NULL,
+    status TEXT NOT NULL,
+    workflow TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    started_at TEXT,
+    completed_at TEXT,
+    expires_at TEXT NOT NULL,
+    progress TEXT,
+    error TEXT,
+    logs TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, seq);
+CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, seq);
+CREATE INDEX IF NOT EXISTS jobs_by_expiry ON jobs (expires_at);
+CREATE TABLE IF NOT EXISTS job_labels (
+    job_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (job_id, name)
+);
+CREATE INDEX IF NOT EXISTS job_labels_by_value ON job_labels (name, value);
+CREATE TABLE IF NOT EXISTS assets (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    blob TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    content_type TEXT NOT NULL,
+    file_path TEXT NOT NULL,
+    job_id TEXT,
+    node_id TEXT,
+    kind TEXT,
+    tags TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    expires_at TEXT,
+    output_index INTEGER
+);
+CREATE INDEX IF NOT EXISTS assets_by_blob ON assets (blob, tenant);
+CREATE INDEX IF NOT EXISTS assets_by_job ON assets (job_id, output_index);
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    tenant TEXT NOT NULL,
+    key TEXT NOT NULL,
+    job_id TEXT,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (tenant, key)
+);
+CREATE TABLE IF NOT EXISTS tenants (
+    name TEXT PRIMARY KEY,
+    credits INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS api_keys (
+    key_hash TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+"#;
+
+fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    // FULL: the WAL is fsynced at every commit, so an acknowledged write survives power loss.
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    Ok(conn)
+}
+
+impl SqliteStore {
+    /// Opens (creating) the database at `path` and starts its writer thread.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let conn = open_connection(path)?;
+        conn.execute_batch(SCHEMA)?;
+        let (tx, rx) = mpsc::channel::<WriteRequest>();
+        std::thread::Builder::new()
+            .name("weft-store-writer".into())
+            .spawn(move || writer_loop(conn, rx))
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            writer: tx,
+            readers: Arc::new(Mutex::new(Vec::new())),
+        })
+    }
+
+    async fn write<R: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    ) -> Result<R, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        let op: WriteOp = Box::new(move |c| op(c).map(|r| Box::new(r) as Box<dyn Any + Send>));
+        self.writer
+            .send(WriteRequest { op, reply })
+            .map_err(|_| StoreError::Backend("the store writer has stopped".into()))?;
+        let out = rx
+            .await
+            .map_err(|_| StoreError::Backend("the store writer dropped a request".into()))??;
+        Ok(*out.downcast::<R>().expect("write result has the requested type"))
+    }
+
+    async fn read<R: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    ) -> Result<R, StoreError> {
+        let readers = self.readers.clone();
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = readers.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let conn = match conn {
+                Some(c) => c,
+                None => open_connection(&path)?,
+            };
+            let result = op(&conn);
+            readers.lock().unwrap_or_else(|e| e.into_inner()).push(conn);
+            result
+        })
+        .await
+        .map_err(|e| StoreError::Backend(e.to_string()))?
+    }
+}
+
+/// Takes write requests, folds the queued ones into one transaction, commits, then answers
+/// each. A failing request is rolled back to its savepoint without touching the others.
+fn writer_loop(conn: Connection, rx: mpsc::Receiver<WriteRequest>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(req) => batch.push(req),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            for req in batch {
+                let _ = req.reply.send(Err(StoreError::Backend(e.to_string())));
+            }
+            continue;
+        }
+        let mut results = Vec::with_capacity(batch.len());
+        for req in batch {
+            let _ = conn.execute_batch("SAVEPOINT op");
+            let out = (req.op)(&conn);
+            if out.is_err() {
+                let _ = conn.execute_batch("ROLLBACK TO op");
+            }
+            let _ = conn.execute_batch("RELEASE op");
+            results.push((req.reply, out));
+        }
+        match conn.execute_batch("COMMIT") {
+            Ok(()) => {
+                for (reply, out) in results {
+                    let _ = reply.send(out);
+                }
+            }
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                for (reply, _) in results {
+                    let _ = reply.send(Err(StoreError::Backend(format!("commit failed: {e}"))));
+                }
+            }
+        }
+    }
+}
+
+fn parse_time(s: Option<String>) -> Option<DateTime<Utc>> {
+    s.and_then(|s| DateTime::parse_from_rfc3339(&s).ok())
+        .map(|t| t.with_timezone(&Utc))
+}
+
+fn json_col<T: serde::de::DeserializeOwned>(s: Option<String>) -> Option<T> {
+    s.and_then(|s| serde_json::from_str(&s).ok())
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("records serialize")
+}
+
+const JOB_COLUMNS: &str = "id, seq, tenant, status, workflow, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs";
+
+fn job_from_row(row: &Row) -> rusqlite::Result<JobRecord> {
+    let status: String = row.get(3)?;
+    let workflow: String = row.get(4)?;
+    let labels: String = row.get(5)?;
+    Ok(JobRecord {
+        id: row.get(0)?,
+        seq: row.get(1)?,
+        tenant: row.get(2)?,
+        status: JobStatus::parse(&status).unwrap_or(JobStatus::Failed),
+        workflow: serde_json::from_str(&workflow).unwrap_or(serde_json::Value::Null),
+        labels: serde_json::from_str(&labels).unwrap_or_default(),
+        created_at: parse_time(row.get(6)?).unwrap_or_default(),
+        updated_at: parse_time(row.get(7)?).unwrap_or_default(),
+        started_at: parse_time(row.get(8)?),
+        completed_at: parse_time(row.get(9)?),
+        expires_at: parse_time(row.get(10)?).unwrap_or_default(),
+        progress: json_col(row.get(11)?),
+        error: json_col(row.get(12)?),
+        logs: json_col(row.get(13)?),
+    })
+}
+
+const ASSET_COLUMNS: &str =
+    "id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index";
+
+fn asset_from_row(row: &Row) -> rusqlite::Result<AssetRecord> {
+    let tags: String = row.get(9)?;
+    Ok(AssetRecord {
+        id: row.get(0)?,
+        tenant: row.get(1)?,
+        blob: row.get(2)?,
+        size_bytes: row.get(3)?,
+        content_type: row.get(4)?,
+        file_path: row.get(5)?,
+        job_id: row.get(6)?,
+        node_id: row.get(7)?,
+        kind: row.get(8)?,
+        tags: serde_json::from_str(&tags).unwrap_or_default(),
+        created_at: parse_time(row.get(10)?).unwrap_or_default(),
+        expires_at: parse_time(row.get(11)?),
+        output_index: row.get(12)?,
+    })
+}
+
+fn job_where(conn: &Connection, clause: &str, args: impl rusqlite::Params) -> Result<Option<JobRecord>, StoreError> {
+    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE {clause}");
+    Ok(conn.prepare_cached(&sql)?.query_row(args, job_from_row).optional()?)
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>) -> Result<(), StoreError> {
+        self.write(move |c| {
+            if let Some(key) = &idempotency_key {
+                let existing: Option<Option<String>> = c
+                    .prepare_cached("SELECT job_id FROM idempotency_keys WHERE tenant = ?1 AND key = ?2")?
+                    .query_row(params![job.tenant, key], |r| r.get(0))
+                    .optional()?;
+                if let Some(job_id) = existing {
+                    return Err(StoreError::IdempotencyReuse { job_id });
+                }
+                c.prepare_cached("INSERT INTO idempotency_keys (tenant, key, job_id, created_at) VALUES (?1, ?2, ?3, ?4)")?
+                    .execute(params![job.tenant, key, job.id, time_text(job.created_at)])?;
+            }
+            c.prepare_cached(
+                "INSERT INTO jobs (id, seq, tenant, status, workflow, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs)
+                 VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs), ?2, ?3, ?4, ?5, ?6, ?7, NULL, NULL, ?8, ?9, NULL, NULL)",
+            )?
+            .execute(params![
+                job.id,
+                job.tenant,
+                job.status.as_str(),
+                job.workflow.to_string(),
+                to_json(&job.labels),
+                time_text(job.created_at),
+                time_text(job.updated_at),
+                time_text(job.expires_at),
+                job.progress.as_ref().map(to_json),
+            ])?;
+            for (name, value) in &job.labels {
+                c.prepare_cached("INSERT INTO job_labels (job_id, name, value) VALUES (?1, ?2, ?3)")?
+                    .execute(params![job.id, name, value])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        self.read(move |c| job_where(c, "id = ?1 AND tenant = ?2", params![id, tenant]))
+            .await
+    }
+
+    async fn job_by_id(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let id = id.to_string();
+        self.read(move |c| job_where(c, "id = ?1", params![id])).await
+    }
+
+    async fn list_jobs(
+        &self,
+        tenant: &str,
+        limit: usize,
+        before: Option<i64>,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<JobPage, StoreError> {
+        let tenant = tenant.to_string();
+        let labels = labels.clone();
+        self.read(move |c| {
+            let mut sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = ?1 AND seq < ?2");
+            let mut args: Vec<String> = vec![tenant, before.unwrap_or(i64::MAX).to_string()];
+            for (name, value) in &labels {
+                args.push(name.clone());
+                args.push(value.clone());
+                sql.push_str(&format!(
+                    " AND EXISTS (SELECT 1 FROM job_labels l WHERE l.job_id = jobs.id AND l.name = ?{} AND l.value = ?{})",
+                    args.len() - 1,
+                    args.len()
+                ));
+            }
+            sql.push_str(&format!(" ORDER BY seq DESC LIMIT {}", limit + 1));
+            let mut stmt = c.prepare(&sql)?;
+            let params = rusqlite::params_from_iter(args.iter().enumerate().map(|(i, a)| {
+                if i == 1 {
+                    rusqlite::types::Value::Integer(a.parse().unwrap_or(i64::MAX))
+                } else {
+                    rusqlite::types::Value::Text(a.clone())
+                }
+            }));
+            let mut jobs = stmt.query_map(params, job_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+            let next = if jobs.len() > limit {
+                jobs.truncate(limit);
+                jobs.last().map(|j| j.seq)
+            } else {
+                None
+            };
+            Ok(JobPage { jobs, next })
+        })
+        .await
+    }
+
+    async fn job_seq_exists(&self, tenant: &str, seq: i64) -> Result<bool, StoreError> {
+        let tenant = tenant.to_string();
+        self.read(move |c| {
+            Ok(c.prepare_cached("SELECT 1 FROM jobs WHERE tenant = ?1 AND seq = ?2")?
+                .query_row(params![tenant, seq], |_| Ok(()))
+                .optional()?
+                .is_some())
+        })
+        .await
+    }
+
+    async fn update_job(
+        &self,
+        id: &str,
+        from: &[JobStatus],
+        update: JobUpdate,
+    ) -> Result<Option<JobRecord>, StoreError> {
+        let id = id.to_string();
+        let from: Vec<&'static str> = from.iter().map(|s| s.as_str()).collect();
+        self.write(move |c| {
+            let Some(job) = job_where(c, "id = ?1", params![id])? else {
+                return Ok(None);
+            };
+            if !from.contains(&job.status.as_str()) {
+                return Ok(None);
+            }
+            let now = Utc::now();
+            let mut next = job;
+            if let Some(s) = update.status {
+                next.status = s;
+            }
+            if let Some(t) = update.started_at {
+                next.started_at = Some(t);
+            }
+            if let Some(t) = update.completed_at {
+                next.completed_at = Some(t);
+            }
+            if let Some(p) = update.progress {
+                next.progress = Some(p);
+            }
+            if let Some(e) = update.error {
+                next.error = Some(e);
+            }
+            if let Some(l) = update.logs {
+                next.logs = Some(l);
+            }
+            next.updated_at = now;
+            c.prepare_cached(
+                "UPDATE jobs SET status = ?2, started_at = ?3, completed_at = ?4, progress = ?5, error = ?6, logs = ?7, updated_at = ?8 WHERE id = ?1",
+            )?
+            .execute(params![
+                next.id,
+                next.status.as_str(),
+                next.started_at.map(time_text),
+                next.completed_at.map(time_text),
+                next.progress.as_ref().map(to_json),
+                next.error.as_ref().map(to_json),
+                next.logs.as_ref().map(to_json),
+                time_text(now),
+            ])?;
+            Ok(Some(next))
+        })
+        .await
+    }
+
+    async fn jobs_with_status(&self, statuses: &[JobStatus]) -> Result<Vec<JobRecord>, StoreError> {
+        let list = statuses
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(",");
+        self.read(move |c| {
+            let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE status IN ({list}) ORDER BY seq");
+            Ok(c.prepare(&sql)?
+                .query_map([], job_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    async fn jobs_expiring(&self, now: DateTime<Utc>) -> Result<Vec<(String, JobStatus)>, StoreError> {
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached("SELECT id, status FROM jobs WHERE expires_at < ?1")?;
+            let rows = stmt.query_map(params![time_text(now)], |r| {
+                let s: String = r.get(1)?;
+                Ok((
+                    r.get::<_, String>(0)?,
+                    JobStatus::parse(&s).unwrap_or(JobStatus::Failed),
+                ))
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    async fn delete_job(&self, id: &str) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.write(move |c| {
+            c.execute("DELETE FROM assets WHERE job_id = ?1", params![id])?;
+            c.execute("DELETE FROM job_labels WHERE job_id = ?1", params![id])?;
+            c.execute("DELETE FROM jobs WHERE id = ?1", params![id])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn count_by_status(&self) -> Result<Vec<(JobStatus, i64)>, StoreError> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached("SELECT status, COUNT(*) FROM jobs GROUP BY status")?;
+            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+            Ok(rows
+                .filter_map(|r| r.ok())
+                .filter_map(|(s, n)| JobStatus::parse(&s).map(|s| (s, n)))
+                .collect())
+        })
+        .await
+    }
+
+    async fn insert_asset(&self, asset: AssetRecord) -> Result<(), StoreError> {
+        self.write(move |c| {
+            c.prepare_cached(
+                "INSERT INTO assets (id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+            )?
+            .execute(params![
+                asset.id,
+                asset.tenant,
+                asset.blob,
+                asset.size_bytes,
+                asset.content_type,
+                asset.file_path,
+                asset.job_id,
+                asset.node_id,
+                asset.kind,
+                to_json(&asset.tags),
+                time_text(asset.created_at),
+                asset.expires_at.map(time_text),
+                asset.output_index,
+            ])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn asset(&self, tenant: &str, id: &str) -> Result<Option<AssetRecord>, StoreError> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        self.read(move |c| {
+            let sql = format!("SELECT {ASSET_COLUMNS} FROM assets WHERE id = ?1 AND tenant = ?2");
+            Ok(c.prepare_cached(&sql)?
+                .query_row(params![id, tenant], asset_from_row)
+                .optional()?)
+        })
+        .await
+    }
+
+    async fn asset_any(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
+        let id = id.to_string();
+        self.read(move |c| {
+            let sql = format!("SELECT {ASSET_COLUMNS} FROM assets WHERE id = ?1");
+            Ok(c.prepare_cached(&sql)?
+                .query_row(params![id], asset_from_row)
+                .optional()?)
+        })
+        .await
+    }
+
+    async fn asset_by_blob(&self, tenant: &str, blob: &str) -> Result<Option<AssetRecord>, StoreError> {
+        let (tenant, blob) = (tenant.to_string(), blob.to_string());
+        self.read(move |c| {
+            let sql = format!(
+                "SELECT {ASSET_COLUMNS} FROM assets WHERE blob = ?1 AND tenant = ?2 ORDER BY created_at LIMIT 1"
+            );
+            Ok(c.prepare_cached(&sql)?
+                .query_row(params![blob, tenant], asset_from_row)
+                .optional()?)
+        })
+        .await
+    }
+
+    async fn job_outputs(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        let job_id = job_id.to_string();
+        self.read(move |c| {
+            let sql = format!("SELECT {ASSET_COLUMNS} FROM assets WHERE job_id = ?1 ORDER BY output_index");
+            Ok(c.prepare_cached(&sql)?
+                .query_map(params![job_id], asset_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    async fn delete_asset(&self, tenant: &str, id: &str) -> Result<Deleted, StoreError> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        self.write(move |c| {
+            let found: Option<(Option<String>, String)> = c
+                .prepare_cached("SELECT job_id, blob FROM assets WHERE id = ?1 AND tenant = ?2")?
+                .query_row(params![id, tenant], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            match found {
+                None => Ok(Deleted::NotFound),
+                Some((Some(_), _)) => Err(StoreError::InUse),
+                Some((None, blob)) => {
+                    c.execute("DELETE FROM assets WHERE id = ?1", params![id])?;
+                    Ok(Deleted::Yes { blob })
+                }
+            }
+        })
+        .await
+    }
+
+    async fn delete_expired_assets(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
+        self.write(move |c| {
+            let cut = time_text(now);
+            let blobs = c
+                .prepare_cached(
+                    "SELECT blob FROM assets WHERE job_id IS NULL AND expires_at IS NOT NULL AND expires_at < ?1",
+                )?
+                .query_map(params![cut], |r| r.get(0))?
+                .collect::<rusqlite::Result<Vec<String>>>()?;
+            c.execute(
+                "DELETE FROM assets WHERE job_id IS NULL AND expires_at IS NOT NULL AND expires_at < ?1",
+                params![cut],
+            )?;
+            Ok(blobs)
+        })
+        .await
+    }
+
+    async fn delete_job_outputs(&self, job_id: &str) -> Result<(), StoreError> {
+        let job_id = job_id.to_string();
+        self.write(move |c| {
+            c.execute("DELETE FROM assets WHERE job_id = ?1", params![job_id])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn unreferenced_blobs(&self, candidates: Vec<String>) -> Result<Vec<String>, StoreError> {
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached("SELECT 1 FROM assets WHERE blob = ?1 LIMIT 1")?;
+            let mut orphans = Vec::new();
+            for hash in candidates {
+                if stmt.query_row(params![hash], |_| Ok(())).optional()?.is_none() {
+                    orphans.push(hash);
+                }
+            }
+            Ok(orphans)
+        })
+        .await
+    }
+
+    async fn purge_idempotency(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        self.write(move |c| {
+            Ok(c.execute(
+                "DELETE FROM idempotency_keys WHERE created_at < ?1",
+                params![time_text(before)],
+            )? as u64)
+        })
+        .await
+    }
+
+    async fn ensure_tenant(&self, name: &str, credits: i64) -> Result<(), StoreError> {
+        let name = name.to_string();
+        self.write(move |c| {
+            c.execute(
+                "INSERT INTO tenants (name, credits, created_at) VALUES (?1, ?2, ?3) ON CONFLICT (name) DO NOTHING",
+                params![name, credits, time_text(Utc::now())],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn add_api_key(&self, tenant: &str, key_hash: &str) -> Result<(), StoreError> {
+        let (tenant, key_hash) = (tenant.to_string(), key_hash.to_string());
+        self.write(move |c| {
+            c.execute(
+                "INSERT INTO api_keys (key_hash, tenant, created_at) VALUES (?1, ?2, ?3)",
+                params![key_hash, tenant, time_text(Utc::now())],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn tenant_for_key(&self, key_hash: &str) -> Result<Option<String>, StoreError> {
+        let key_hash = key_hash.to_string();
+        self.read(move |c| {
+            Ok(c.prepare_cached("SELECT tenant FROM api_keys WHERE key_hash = ?1")?
+                .query_row(params![key_hash], |r| r.get(0))
+                .optional()?)
+        })
+        .await
+    }
+
+    async fn tenant(&self, name: &str) -> Result<Option<TenantRecord>, StoreError> {
+        let name = name.to_string();
+        self.read(move |c| {
+            Ok(c.prepare_cached("SELECT name, credits FROM tenants WHERE name = ?1")?
+                .query_row(params![name], |r| {
+                    Ok(TenantRecord {
+                        name: r.get(0)?,
+                        credits: r.get(1)?,
+                    })
+                })
+                .optional()?)
+        })
+        .await
+    }
+
+    async fn add_credits(&self, tenant: &str, delta: i64) -> Result<i64, StoreError> {
+        let tenant = tenant.to_string();
+        self.write(move |c| {
+            c.execute(
+                "INSERT INTO tenants (name, credits, created_at) VALUES (?1, 0, ?2) ON CONFLICT (name) DO NOTHING",
+                params![tenant, time_text(Utc::now())],
+            )?;
+            c.execute(
+                "UPDATE tenants SET credits = credits + ?2 WHERE name = ?1",
+                params![tenant, delta],
+            )?;
+            Ok(
+                c.query_row("SELECT credits FROM tenants WHERE name = ?1", params![tenant], |r| {
+                    r.get(0)
+                })?,
+            )
+        })
+        .await
+    }
+}

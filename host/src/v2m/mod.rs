@@ -1,0 +1,342 @@
+//! Video-to-music engine.
+//!
+//! This is a **procedural, deterministic** composer, not a neural model: it
+//! measures simple visual features of the video (brightness, colour, motion,
+//! scene cuts), maps them plus mood/instrument words from the prompt onto
+//! musical choices (tempo, key, mode, progression, instrumentation, density)
+//! with a seeded PRNG, and renders the resulting score with a General MIDI
+//! SoundFont through `rustysynth`. Same inputs and seed give the same bytes.
+//!
+//! Flow: [`Engine::probe`] (container headers only: duration limit check,
+//! missing/unreadable video) → [`Engine::analyze_probed`] → [`plan`] (one
+//! [`TrackPlan`] per prompt × copy, instant) → [`Engine::render`] (a blocking
+//! iterator of WAV byte chunks; pull it inside `spawn_blocking` and stop
+//! pulling to cancel). The chunks of one stream concatenated are one valid
+//! WAV file of exactly `TrackPlan::total_frames` frames.
+//!
+//! ```ignore
+//! let engine = Engine::new(V2mConfig::default())?;          // once, at startup
+//! let info = engine.probe(&path).await?;                    // -> `duration` event
+//! let analysis = engine.analyze_probed(&path, info).await?;
+//! let plans = v2m::plan(&analysis, &[prompt], copies, seed); // -> `titles` event
+//! for p in plans {
+//!     let mut r = engine.render(&p)?;                        // -> `title` event
+//!     tokio::task::spawn_blocking(move || {
+//!         for chunk in &mut r { if tx.blocking_send(chunk).is_err() { break } }
+//!     });                                                    // -> `audio_chunk` events
+//! }
+//! ```
+
+// The host is a binary crate: not every public helper here is used by it.
+#![allow(dead_code)]
+
+pub mod analysis;
+pub mod compose;
+pub mod synth;
+pub mod wav;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use analysis::{Analysis, AnalyzeOptions, DecodeMode, VideoInfo};
+pub use compose::{plan, Score, TrackPlan};
+pub use synth::{RenderOptions, Renderer};
+
+/// Output sample rate in Hz.
+pub const SAMPLE_RATE: u32 = 44_100;
+/// Output channel count.
+pub const CHANNELS: u16 = 2;
+/// SoundFont used when none is configured.
+pub const DEFAULT_SOUNDFONT: &str = "/usr/share/sounds/sf2/TimGM6mb.sf2";
+
+/// Errors of the engine; [`V2mError::code`] gives a stable snake_case code.
+#[derive(Debug, thiserror::Error)]
+pub enum V2mError {
+    /// The request carried no video (or the file has no video stream).
+    #[error("no video stream found")]
+    MissingVideo,
+    /// ffprobe/ffmpeg could not read the file.
+    #[error("unreadable video: {0}")]
+    UnreadableVideo(String),
+    /// The video exceeds the configured maximum duration.
+    #[error("video is {duration_s:.1} s long; the limit is {max_duration_s:.0} s")]
+    VideoTooLong {
+        /// Probed duration.
+        duration_s: f64,
+        /// Configured limit.
+        max_duration_s: f64,
+    },
+    /// The upload exceeds the configured byte limit.
+    #[error("upload is {size} bytes; the limit is {max} bytes")]
+    UploadTooLarge {
+        /// Bytes received (or announced).
+        size: u64,
+        /// Configured limit.
+        max: u64,
+    },
+    /// More copies were requested than allowed.
+    #[error("{requested} copies requested; the limit is {max}")]
+    TooManyCopies {
+        /// Requested copies.
+        requested: u32,
+        /// Configured limit.
+        max: u32,
+    },
+    /// The SoundFont could not be loaded.
+    #[error("soundfont: {0}")]
+    SoundFont(String),
+    /// Any other failure while generating.
+    #[error("generation failed: {0}")]
+    GenerationFailed(String),
+}
+
+impl V2mError {
+    /// Stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            V2mError::MissingVideo => "missing_video",
+            V2mError::UnreadableVideo(_) => "unreadable_video",
+            V2mError::VideoTooLong { .. } => "video_too_long",
+            V2mError::UploadTooLarge { .. } => "upload_too_large",
+            V2mError::TooManyCopies { .. } => "too_many_copies",
+            V2mError::SoundFont(_) => "soundfont_error",
+            V2mError::GenerationFailed(_) => "generation_failed",
+        }
+    }
+
+    /// Suggested HTTP status for the error.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            V2mError::MissingVideo | V2mError::TooManyCopies { .. } => 400,
+            V2mError::UnreadableVideo(_) | V2mError::VideoTooLong { .. } => 422,
+            V2mError::UploadTooLarge { .. } => 413,
+            V2mError::SoundFont(_) | V2mError::GenerationFailed(_) => 500,
+        }
+    }
+}
+
+/// Engine configuration.
+#[derive(Debug, Clone)]
+pub struct V2mConfig {
+    /// General MIDI SoundFont (`.sf2`).
+    pub soundfont: PathBuf,
+    /// Longest accepted video.
+    pub max_duration: Duration,
+    /// Most copies per prompt.
+    pub max_copies: u32,
+    /// Largest accepted upload in bytes.
+    pub max_upload_bytes: u64,
+    /// Rendering options (chunk length, half-rate synthesis, polyphony).
+    pub render: RenderOptions,
+    /// Analysis options (ffmpeg/ffprobe paths, decode mode...);
+    /// `max_duration_s` is overridden by `max_duration`.
+    pub analysis: AnalyzeOptions,
+}
+
+impl Default for V2mConfig {
+    fn default() -> Self {
+        Self {
+            soundfont: PathBuf::from(DEFAULT_SOUNDFONT),
+            max_duration: Duration::from_secs(360),
+            max_copies: 4,
+            max_upload_bytes: 512 * 1024 * 1024,
+            render: RenderOptions::default(),
+            analysis: AnalyzeOptions::default(),
+        }
+    }
+}
+
+/// The engine: configuration plus the SoundFont, loaded once and shared.
+#[derive(Clone)]
+pub struct Engine {
+    cfg: V2mConfig,
+    soundfont: Arc<rustysynth::SoundFont>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("cfg", &self.cfg).finish()
+    }
+}
+
+impl Engine {
+    /// Loads the SoundFont named in `cfg` (blocking file read, ~6 MB).
+    pub fn new(cfg: V2mConfig) -> Result<Self, V2mError> {
+        let sf = synth::load_soundfont(&cfg.soundfont)?;
+        Ok(Self { cfg, soundfont: sf })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &V2mConfig {
+        &self.cfg
+    }
+
+    fn analyze_options(&self) -> AnalyzeOptions {
+        AnalyzeOptions {
+            max_duration_s: Some(self.cfg.max_duration.as_secs_f64()),
+            ..self.cfg.analysis.clone()
+        }
+    }
+
+    /// Rejects uploads over the configured size.
+    pub fn check_upload_size(&self, size: u64) -> Result<(), V2mError> {
+        if size > self.cfg.max_upload_bytes {
+            return Err(V2mError::UploadTooLarge {
+                size,
+                max: self.cfg.max_upload_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Rejects copy counts of 0 or over the limit.
+    pub fn check_copies(&self, copies: u32) -> Result<(), V2mError> {
+        if copies == 0 || copies > self.cfg.max_copies {
+            return Err(V2mError::TooManyCopies {
+                requested: copies,
+                max: self.cfg.max_copies,
+            });
+        }
+        Ok(())
+    }
+
+    /// Probes the duration and enforces `max_duration` (no decode).
+    pub async fn probe_duration(&self, path: &Path) -> Result<f64, V2mError> {
+        let opts = self.analyze_options();
+        let d = analysis::probe_duration(path, &opts).await?;
+        analysis::check_duration(d, opts.max_duration_s)?;
+        Ok(d)
+    }
+
+    /// Probes container facts and enforces `max_duration` (no decode).
+    pub async fn probe(&self, path: &Path) -> Result<VideoInfo, V2mError> {
+        let opts = self.analyze_options();
+        let info = analysis::probe(path, &opts).await?;
+        analysis::check_duration(info.duration_s, opts.max_duration_s)?;
+        Ok(info)
+    }
+
+    /// Analysis of a video already checked with [`Engine::probe`] (saves
+    /// the second ffprobe run).
+    pub async fn analyze_probed(&self, path: &Path, info: VideoInfo) -> Result<Analysis, V2mError> {
+        analysis::analyze_probed(path, info, &self.analyze_options()).await
+    }
+
+    /// Full analysis (includes the duration check).
+    pub async fn analyze(&self, path: &Path) -> Result<Analysis, V2mError> {
+        analysis::analyze(path, &self.analyze_options()).await
+    }
+
+    /// Starts rendering `plan`; the returned iterator yields WAV chunks.
+    /// CPU-bound: pull it from `spawn_blocking`.
+    pub fn render(&self, plan: &TrackPlan) -> Result<Renderer, V2mError> {
+        Renderer::new(self.soundfont.clone(), plan, &self.cfg.render)
+    }
+}
+
+/// Probes a video's duration with `ffprobe` from `PATH`.
+pub async fn probe_duration(path: &Path) -> Result<f64, V2mError> {
+    analysis::probe_duration(path, &AnalyzeOptions::default()).await
+}
+
+/// Analyses a video with default options and the given duration limit.
+pub async fn analyze(path: &Path, max_duration: Option<Duration>) -> Result<Analysis, V2mError> {
+    let opts = AnalyzeOptions {
+        max_duration_s: max_duration.map(|d| d.as_secs_f64()),
+        ..Default::default()
+    };
+    analysis::analyze(path, &opts).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::analysis::tests::{make_video, temp_dir};
+    use super::*;
+
+    fn ffprobe_duration(path: &Path) -> (String, f64, String) {
+        let out = std::process::Command::new("ffprobe")
+            .args(["-v", "error", "-show_entries"])
+            .args(["format=format_name,duration:stream=codec_name,sample_rate,channels"])
+            .args(["-of", "default=nw=1"])
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let get = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}=")))
+                .unwrap_or("")
+                .to_string()
+        };
+        (get("format_name"), get("duration").parse().unwrap(), text)
+    }
+
+    #[tokio::test]
+    async fn end_to_end_video_to_wav() {
+        let dir = temp_dir("e2e");
+        let video = make_video(&dir, 5.0, 2.5);
+        let engine = Engine::new(V2mConfig::default()).unwrap();
+        let d = engine.probe_duration(&video).await.unwrap();
+        assert!((d - 5.0).abs() < 0.05);
+        let a = engine.analyze(&video).await.unwrap();
+        assert!(a.cuts.iter().any(|c| (c - 2.5).abs() <= 0.5), "{:?}", a.cuts);
+        let plans = plan(&a, &["calm piano"], 2, 1234);
+        assert_eq!(plans.len(), 2);
+        let mut bytes = Vec::new();
+        for p in &plans {
+            let r = engine.render(p).unwrap();
+            let chunks: Vec<Vec<u8>> = tokio::task::spawn_blocking(move || r.collect()).await.unwrap();
+            assert!(chunks.len() > 5);
+            bytes.push(chunks.concat());
+        }
+        assert_ne!(bytes[0], bytes[1], "copies differ");
+        let wav_path = dir.join("out.wav");
+        std::fs::write(&wav_path, &bytes[0]).unwrap();
+        let (fmt, dur, text) = ffprobe_duration(&wav_path);
+        assert_eq!(fmt, "wav");
+        assert!(text.contains("codec_name=pcm_s16le"), "{text}");
+        assert!(text.contains("sample_rate=44100") && text.contains("channels=2"));
+        let frames = (bytes[0].len() - wav::HEADER_LEN) / 4;
+        assert_eq!(frames as u64, (a.duration_s() * 44_100.0).round() as u64);
+        assert!((dur - a.duration_s()).abs() < 1e-3, "{dur} vs {}", a.duration_s());
+
+        // Determinism: same inputs and seed give identical bytes.
+        let again = &plan(&a, &["calm piano"], 1, 1234)[0];
+        let b2: Vec<u8> = engine.render(again).unwrap().flatten().collect();
+        assert_eq!(b2, bytes[0]);
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[tokio::test]
+    async fn limits_are_enforced() {
+        let dir = temp_dir("limits");
+        let video = make_video(&dir, 3.0, 1.5);
+        let engine = Engine::new(V2mConfig {
+            max_duration: Duration::from_secs(2),
+            max_upload_bytes: 10,
+            ..Default::default()
+        })
+        .unwrap();
+        let e = engine.probe_duration(&video).await.unwrap_err();
+        assert_eq!(e.code(), "video_too_long");
+        assert_eq!(e.http_status(), 422);
+        let e = engine.analyze(&video).await.unwrap_err();
+        assert_eq!(e.code(), "video_too_long");
+        assert_eq!(engine.check_upload_size(11).unwrap_err().code(), "upload_too_large");
+        assert!(engine.check_copies(4).is_ok());
+        assert_eq!(engine.check_copies(5).unwrap_err().code(), "too_many_copies");
+        assert!(engine.check_copies(0).is_err());
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[tokio::test]
+    async fn non_video_is_unreadable() {
+        let dir = temp_dir("garbage");
+        let p = dir.join("notes.txt");
+        std::fs::write(&p, "hello").unwrap();
+        assert_eq!(probe_duration(&p).await.unwrap_err().code(), "unreadable_video");
+        std::fs::remove_dir_all(dir).ok();
+    }
+}

@@ -1,0 +1,103 @@
+//! weft's built-in image nodes. Pixels never enter the plugin: every node only
+//! orchestrates the host's `images` functions on image handles.
+//!
+//! Class names, inputs, defaults and categories follow ComfyUI's `nodes.py`.
+
+use weft_sdk::prelude::*;
+
+/// ComfyUI's `MAX_RESOLUTION`.
+const MAX_RESOLUTION: u32 = 16384;
+
+weft_sdk::node! {
+    /// A batch of images filled with one colour (0xRRGGBB).
+    pub struct EmptyImage {
+        category: "image",
+        inputs {
+            width: u32 = input::uint().default(512).min(1).max(MAX_RESOLUTION).step(1),
+            height: u32 = input::uint().default(512).min(1).max(MAX_RESOLUTION).step(1),
+            batch_size: u32 = input::uint().default(1).min(1).max(4096),
+            color: u32 = input::uint().default(0).min(0).max(0xFF_FFFF).step(1),
+        }
+        outputs { IMAGE: Image }
+        fn execute(_, inp) {
+            let image = images::empty(inp.width, inp.height, inp.batch_size, inp.color)?;
+            Ok((image,))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Inverts every channel value `v` to `1 - v`.
+    pub struct ImageInvert {
+        display_name: "Invert Image",
+        category: "image",
+        inputs {
+            image: Image = input::image(),
+        }
+        outputs { IMAGE: Image }
+        fn execute(_, inp) {
+            Ok((images::invert(&inp.image),))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Resizes images; a zero width or height keeps the aspect ratio.
+    pub struct ImageScale {
+        display_name: "Upscale Image",
+        category: "image/upscaling",
+        inputs {
+            image: Image = input::image(),
+            upscale_method: String =
+                input::combo(["nearest-exact", "bilinear", "area", "bicubic", "lanczos"]),
+            width: u32 = input::uint().default(512).min(0).max(MAX_RESOLUTION).step(1),
+            height: u32 = input::uint().default(512).min(0).max(MAX_RESOLUTION).step(1),
+            crop: String = input::combo(["disabled", "center"]),
+        }
+        outputs { IMAGE: Image }
+        fn execute(_, inp) {
+            let image = images::scale(&inp.image, &inp.upscale_method, inp.width, inp.height, &inp.crop)?;
+            Ok((image,))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Loads an uploaded image: its RGB pixels, and a mask from its alpha channel.
+    pub struct LoadImage {
+        display_name: "Load Image",
+        category: "image",
+        inputs {
+            image: AssetRef = input::asset(),
+        }
+        outputs { IMAGE: Image, MASK: Mask }
+        fn execute(_, inp) {
+            let (image, mask) = images::load(&inp.image)?;
+            Ok((image, mask))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Saves the input images to your ComfyUI output directory.
+    pub struct SaveImage {
+        display_name: "Save Image",
+        category: "image",
+        output_node: true,
+        inputs {
+            images: Image = input::image().tooltip("The images to save."),
+            filename_prefix: String = input::string().default("ComfyUI").tooltip(
+                "The prefix for the file to save. This may include formatting information \
+                 such as %date:yyyy-MM-dd% or %Empty Latent Image.width% to include values \
+                 from nodes.",
+            ),
+        }
+        outputs {}
+        fn execute(ctx, inp) {
+            ctx.save_png(inp.filename_prefix, inp.images);
+            Ok(())
+        }
+    }
+}
+
+weft_sdk::export_plugin!(EmptyImage, ImageInvert, ImageScale, LoadImage, SaveImage);

@@ -1,0 +1,92 @@
+//! Node outputs: the Rust types a node may return.
+
+use crate::{AssetRef, Audio, Clip, Conditioning, Image, Latent, Mask, Model, OutputSpec, Vae, Value};
+
+/// A type a node output can have. Its `TYPE_NAME` is the ComfyUI type reported by
+/// `describe()`.
+pub trait OutputType {
+    /// ComfyUI type name, for example `STRING`.
+    const TYPE_NAME: &'static str;
+
+    /// Wraps the value for the host.
+    fn into_value(self) -> Value;
+}
+
+macro_rules! output_type {
+    ($($ty:ty => |$v:ident| $e:expr, $name:literal;)*) => {$(
+        impl OutputType for $ty {
+            const TYPE_NAME: &'static str = $name;
+
+            fn into_value(self) -> Value {
+                let $v = self;
+                $e
+            }
+        }
+    )*};
+}
+
+output_type! {
+    String => |v| Value::Text(v), "STRING";
+    i64 => |v| Value::Int(v), "INT";
+    u32 => |v| Value::Int(i64::from(v)), "INT";
+    f64 => |v| Value::Float(v), "FLOAT";
+    bool => |v| Value::Boolean(v), "BOOLEAN";
+    AssetRef => |v| Value::Asset(v), "core/ASSET";
+    Image => |v| Value::Image(v), "IMAGE";
+    Latent => |v| Value::Latent(v), "LATENT";
+    Mask => |v| Value::Mask(v), "MASK";
+    Audio => |v| Value::Audio(v), "AUDIO";
+    Model => |v| Value::Model(v), "MODEL";
+    Clip => |v| Value::Clip(v), "CLIP";
+    Vae => |v| Value::Vae(v), "VAE";
+    Conditioning => |v| Value::Conditioning(v), "CONDITIONING";
+}
+
+/// A tuple of outputs, as a node's `execute` returns them: `()`, `(A,)`, `(A, B)`, ...
+pub trait IntoOutputs {
+    /// The values in declaration order.
+    fn into_outputs(self) -> Vec<Value>;
+}
+
+macro_rules! tuple_outputs {
+    ($(($($t:ident),*);)*) => {$(
+        impl<$($t: OutputType),*> IntoOutputs for ($($t,)*) {
+            #[allow(non_snake_case)]
+            fn into_outputs(self) -> Vec<Value> {
+                let ($($t,)*) = self;
+                vec![$($t.into_value()),*]
+            }
+        }
+    )*};
+}
+
+tuple_outputs! {
+    (A);
+    (A, B);
+    (A, B, C);
+    (A, B, C, D);
+    (A, B, C, D, E);
+    (A, B, C, D, E, F);
+    (A, B, C, D, E, F, G);
+    (A, B, C, D, E, F, G, H);
+    (A, B, C, D, E, F, G, H, I);
+    (A, B, C, D, E, F, G, H, I, J);
+    (A, B, C, D, E, F, G, H, I, J, K);
+    (A, B, C, D, E, F, G, H, I, J, K, L);
+}
+
+impl IntoOutputs for () {
+    fn into_outputs(self) -> Vec<Value> {
+        Vec::new()
+    }
+}
+
+/// Builds the `output-spec` of output `name` of type `T` (used by [`node!`](crate::node)).
+pub fn output_spec<T: OutputType>(name: &str) -> OutputSpec {
+    OutputSpec {
+        type_name: T::TYPE_NAME.to_string(),
+        name: name.to_string(),
+        is_list: false,
+        tooltip: None,
+    }
+}

@@ -1,0 +1,237 @@
+//! Shared harness of the black-box tests: start the real `weft` binary on a free port with
+//! a temporary data dir, talk HTTP to it, and build the test plugins.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// Repository root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The weft binary under test.
+pub fn weft_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_weft"))
+}
+
+/// A running server, killed on drop.
+pub struct Server {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// Its data dir (kept alive with the server unless `data` was given).
+    pub data_dir: PathBuf,
+    _temp: Option<tempfile::TempDir>,
+    /// The HTTP client.
+    pub http: reqwest::blocking::Client,
+    /// Bearer token sent with every request, if any.
+    pub token: Option<String>,
+}
+
+/// How to start a server.
+#[derive(Default, Clone)]
+pub struct Options {
+    /// Extra `weft serve` arguments.
+    pub args: Vec<String>,
+    /// Existing data dir (for restart tests).
+    pub data_dir: Option<PathBuf>,
+    /// Plugins dir.
+    pub plugins_dir: Option<PathBuf>,
+    /// Token to send.
+    pub token: Option<String>,
+}
+
+impl Server {
+    /// Starts `weft serve` with default options.
+    pub fn start() -> Server {
+        Self::with(Options::default())
+    }
+
+    /// Starts `weft serve` with `options`, waiting until it is ready.
+    pub fn with(options: Options) -> Server {
+        let (temp, data_dir) = match options.data_dir.clone() {
+            Some(d) => (None, d),
+            None => {
+                let t = tempfile::tempdir().unwrap();
+                let d = t.path().to_path_buf();
+                (Some(t), d)
+            }
+        };
+        let mut cmd = Command::new(weft_bin());
+        cmd.arg("serve").arg("--addr").arg("127.0.0.1:0").arg("--data-dir").arg(&data_dir);
+        if let Some(p) = &options.plugins_dir {
+            cmd.arg("--plugins-dir").arg(p);
+        }
+        cmd.args(&options.args).stdout(Stdio::piped()).stderr(Stdio::inherit()).env("WEFT_LOG", "warn");
+        let mut child = cmd.spawn().expect("starting weft");
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let base = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(rest) = line.strip_prefix("weft listening on ") {
+                        break rest.trim().to_string();
+                    }
+                }
+                _ => {
+                    let status = child.wait().unwrap();
+                    panic!("weft exited before listening: {status}");
+                }
+            }
+        };
+        // Keep draining stdout so the child never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        let server = Server {
+            child,
+            base,
+            data_dir,
+            _temp: temp,
+            http: reqwest::blocking::Client::builder().timeout(Duration::from_secs(120)).build().unwrap(),
+            token: options.token,
+        };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while Instant::now() < deadline {
+            if let Ok(r) = self.http.get(format!("{}/healthz", self.base)).send() {
+                if r.status().as_u16() == 200 {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("weft did not become ready");
+    }
+
+    /// `base + path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    fn auth(&self, rb: reqwest::blocking::RequestBuilder) -> reqwest::blocking::RequestBuilder {
+        match &self.token {
+            Some(t) => rb.bearer_auth(t),
+            None => rb,
+        }
+    }
+
+    /// GET `path`.
+    pub fn get(&self, path: &str) -> reqwest::blocking::Response {
+        self.auth(self.http.get(self.url(path))).send().unwrap()
+    }
+
+    /// POST JSON to `path`.
+    pub fn post(&self, path: &str, body: &Value) -> reqwest::blocking::Response {
+        self.auth(self.http.post(self.url(path)).json(body)).send().unwrap()
+    }
+
+    /// A request builder with auth.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::blocking::RequestBuilder {
+        self.auth(self.http.request(method, self.url(path)))
+    }
+
+    /// Submits `workflow`, asserting 201, returning the job.
+    pub fn submit(&self, workflow: Value) -> Value {
+        let r = self.post("/api/v2/jobs", &json!({ "workflow": workflow }));
+        let status = r.status().as_u16();
+        let body: Value = r.json().unwrap();
+        assert_eq!(status, 201, "submit failed: {body}");
+        body
+    }
+
+    /// Polls job `id` until it is terminal, returning it.
+    pub fn wait(&self, id: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(240);
+        loop {
+            let job: Value = self.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
+            let status = job["status"].as_str().unwrap_or("").to_string();
+            if matches!(status.as_str(), "succeeded" | "failed" | "canceled" | "expired") {
+                return job;
+            }
+            assert!(Instant::now() < deadline, "job {id} did not finish: {job}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Submits and waits.
+    pub fn run(&self, workflow: Value) -> Value {
+        let job = self.submit(workflow);
+        self.wait(job["id"].as_str().unwrap())
+    }
+
+    /// Downloads an output or asset by its `url` (host-relative).
+    pub fn download(&self, url: &str) -> Vec<u8> {
+        let r = self.http.get(self.url(url)).send().unwrap();
+        assert_eq!(r.status().as_u16(), 200, "download of {url} failed");
+        r.bytes().unwrap().to_vec()
+    }
+
+    /// Uploads `bytes` as an asset named `name`, returning the asset record.
+    pub fn upload(&self, name: &str, bytes: Vec<u8>) -> Value {
+        let form = reqwest::blocking::multipart::Form::new()
+            .part("file", reqwest::blocking::multipart::Part::bytes(bytes).file_name(name.to_string()))
+            .text("file_path", name.to_string());
+        let r = self.request(reqwest::Method::POST, "/api/v2/assets").multipart(form).send().unwrap();
+        let status = r.status().as_u16();
+        let body: Value = r.json().unwrap();
+        assert!(status == 201 || status == 200, "upload failed: {status} {body}");
+        body
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the server hard (SIGKILL) and waits for it.
+    pub fn kill(mut self) -> PathBuf {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = self.data_dir.clone();
+        if let Some(t) = self._temp.take() {
+            // Keep the data dir for a restart.
+            let _ = t.keep();
+        }
+        dir
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Builds the hostile test plugins (a no-op when up to date) and returns the directory of
+/// their components.
+pub fn test_plugins_dir() -> PathBuf {
+    let status = Command::new(root().join("scripts/build-wasm.sh")).arg("test").stdout(Stdio::null()).status().unwrap();
+    assert!(status.success(), "building the test plugins failed");
+    root().join("target/wasm/wasm32-wasip2/release")
+}
+
+/// A plugins dir holding only the named components from the test build.
+pub fn plugins_with(names: &[&str]) -> tempfile::TempDir {
+    let built = test_plugins_dir();
+    let dir = tempfile::tempdir().unwrap();
+    for name in names {
+        let file = format!("{name}.wasm");
+        std::fs::copy(built.join(&file), dir.path().join(&file)).unwrap_or_else(|e| panic!("copying {file}: {e}"));
+    }
+    dir
+}
+
+/// The error envelope's code.
+pub fn error_code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("")
+}
