@@ -11,3 +11,4 @@ pub mod jobs;
 pub mod runtime;
 pub mod serve;
 pub mod store;
+pub mod v2m;

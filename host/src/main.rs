@@ -47,6 +47,39 @@ enum Command {
         #[command(subcommand)]
         command: CreditsCommand,
     },
+    /// Developer tools.
+    Dev {
+        #[command(subcommand)]
+        command: DevCommand,
+    },
+    /// Model files.
+    Models {
+        #[command(subcommand)]
+        command: ModelsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DevCommand {
+    /// Runs every case of a ComfyUI reference-vector file (schedulers, samplers, seeded
+    /// noise) and prints the worst absolute error per case; exits 1 if any is out of tolerance.
+    CheckVectors {
+        /// The vector file (format of tests/fixtures/comfyui-sampling.json).
+        file: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelsCommand {
+    /// Writes a tiny random-weight SD1.x checkpoint in the single-file original layout.
+    TinySd {
+        /// Output .safetensors file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -346,6 +379,23 @@ fn main() -> anyhow::Result<()> {
             println!("{key}");
             Ok(())
         }),
+        Command::Dev {
+            command: DevCommand::CheckVectors { file },
+        } => {
+            let report = weft::compute::sampling::check_vectors(&file)?;
+            print!("{report}");
+            if !report.all_passed() {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::Models {
+            command: ModelsCommand::TinySd { out, seed },
+        } => {
+            weft::compute::models::write_random_checkpoint(&out, &weft::compute::models::Sd1Config::tiny(), seed)?;
+            println!("wrote a tiny random-weight SD1 checkpoint to {}", out.display());
+            Ok(())
+        }
         Command::Credits {
             command:
                 CreditsCommand::Add {

@@ -3,6 +3,8 @@
 //! wasm, jobs or HTTP.
 
 pub mod image;
+pub mod models;
+pub mod sampling;
 pub mod values;
 
 /// Why a compute operation failed. Each becomes a node error for the calling node.
