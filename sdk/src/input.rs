@@ -433,6 +433,15 @@ impl InputType for bool {
     }
 }
 
+/// Any value (ComfyUI's `*` type): the node receives whatever is linked or given.
+impl InputType for Value {
+    const TYPE_NAME: &'static str = "*";
+
+    fn from_value(_name: &str, value: Value) -> Result<Self, NodeError> {
+        Ok(value)
+    }
+}
+
 macro_rules! variant_input {
     ($($ty:ty => $variant:ident, $type_name:literal;)*) => {$(
         impl InputType for $ty {

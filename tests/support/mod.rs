@@ -31,7 +31,7 @@ pub struct Server {
     /// The HTTP client.
     pub http: reqwest::blocking::Client,
     /// Bearer token sent with every request, if any.
-    pub token: Option<String>,
+    token: std::sync::Mutex<Option<String>>,
 }
 
 /// How to start a server.
@@ -87,21 +87,24 @@ impl Server {
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        let server = Server {
+        let mut server = Server {
             child,
             base,
             data_dir,
             _temp: temp,
             http: reqwest::blocking::Client::builder().timeout(Duration::from_secs(120)).build().unwrap(),
-            token: options.token,
+            token: std::sync::Mutex::new(options.token),
         };
         server.wait_ready();
         server
     }
 
-    fn wait_ready(&self) {
+    fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(300);
         while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("weft exited while starting: {status}");
+            }
             if let Ok(r) = self.http.get(format!("{}/healthz", self.base)).send() {
                 if r.status().as_u16() == 200 {
                     return;
@@ -118,10 +121,15 @@ impl Server {
     }
 
     fn auth(&self, rb: reqwest::blocking::RequestBuilder) -> reqwest::blocking::RequestBuilder {
-        match &self.token {
+        match self.token.lock().unwrap().as_ref() {
             Some(t) => rb.bearer_auth(t),
             None => rb,
         }
+    }
+
+    /// Sends `token` (or none) as the bearer token from now on.
+    pub fn set_token(&self, token: Option<&str>) {
+        *self.token.lock().unwrap() = token.map(String::from);
     }
 
     /// GET `path`.

@@ -292,7 +292,9 @@ impl Jobs {
         }
         let outputs = self.store.job_outputs(&job.id).await?;
         let queue_position = match job.status {
-            JobStatus::Queued => self.queue.position(&job.tenant, &job.id),
+            // A queued job no longer in the queue has been taken by a worker that is
+            // about to start it: it is next.
+            JobStatus::Queued => Some(self.queue.position(&job.tenant, &job.id).unwrap_or(0)),
             _ => None,
         };
         Ok(JobView {

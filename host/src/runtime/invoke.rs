@@ -313,7 +313,7 @@ fn classify(error: wasmtime::Error, state: &CallState, new_log: &str) -> NodeFai
                 state.hostcall_limit
             ),
         )
-    } else if trap == Some(Trap::StackOverflow) {
+    } else if trap == Some(Trap::StackOverflow) || (trap == Some(Trap::MemoryOutOfBounds) && runaway_recursion(&error)) {
         NodeFailure::new(
             "node_stack_overflow",
             "the node overflowed its stack (too deep recursion)",
@@ -327,6 +327,15 @@ fn classify(error: wasmtime::Error, state: &CallState, new_log: &str) -> NodeFai
     };
     failure.traceback = traceback;
     failure
+}
+
+/// Whether a trap's backtrace is one function calling itself over and over. Languages
+/// that keep their stack in linear memory (Rust, C) overflow it into an out-of-bounds
+/// access before wasm's own stack runs out, so this is how their stack overflow looks.
+fn runaway_recursion(error: &wasmtime::Error) -> bool {
+    let Some(backtrace) = error.downcast_ref::<wasmtime::WasmBacktrace>() else { return false };
+    let frames = backtrace.frames();
+    frames.len() >= 16 && frames[1..16].iter().all(|f| f.func_index() == frames[1].func_index())
 }
 
 /// The message of a Rust guest panic, from the stderr lines the call wrote.

@@ -1,8 +1,8 @@
 //! weft's built-in core nodes: primitives, ComfyUI's string nodes, and text output.
 //!
 //! Class names, inputs, defaults and categories follow ComfyUI
-//! (`comfy_extras/nodes_primitive.py`, `comfy_extras/nodes_string.py`); `SaveText` and
-//! `LogText` are weft's own.
+//! (`comfy_extras/nodes_primitive.py`, `comfy_extras/nodes_string.py`); `PreviewAny` follows
+//! ComfyUI's `nodes_preview_any.py`; `SaveText` and `LogText` are weft's own.
 
 mod primitive;
 mod string;
@@ -14,7 +14,7 @@ pub use string::{
     CaseConverter, RegexExtract, RegexMatch, StringCompare, StringConcatenate, StringContains, StringLength,
     StringReplace, StringSubstring, StringTrim,
 };
-pub use text::{LogText, SaveText};
+pub use text::{LogText, PreviewAny, SaveText};
 
 weft_sdk::export_plugin!(
     PrimitiveString,
@@ -34,4 +34,5 @@ weft_sdk::export_plugin!(
     RegexExtract,
     SaveText,
     LogText,
+    PreviewAny,
 );
