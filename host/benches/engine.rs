@@ -120,7 +120,7 @@ fn start(dir: tempfile::TempDir) -> (Server, Duration) {
     };
     std::thread::spawn(move || for _ in lines {});
     let http = reqwest::blocking::Client::new();
-    while http.get(format!("{base}/healthz")).send().map(|r| r.status().as_u16()) != Ok(200) {
+    while http.get(format!("{base}/healthz")).send().map(|r| r.status().as_u16()).ok() != Some(200) {
         std::thread::sleep(Duration::from_millis(2));
     }
     (Server { child, base, _dir: dir }, t.elapsed())

@@ -27,7 +27,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Runs the server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Prints the node catalogue.
     Nodes {
         /// Extra plugins directory.
@@ -79,6 +79,46 @@ enum ModelsCommand {
         /// Seed of the random weights.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+    },
+    /// Text to image with an SD1.x checkpoint on the compute core (CPU, or CUDA when built
+    /// with `--features cuda`); writes a PNG with the parameters in a `parameters` text chunk.
+    Generate {
+        /// The .safetensors checkpoint (original single-file layout).
+        #[arg(long)]
+        checkpoint: PathBuf,
+        /// The checkpoint has the tiny test layout (`weft models tiny-sd`).
+        #[arg(long)]
+        tiny: bool,
+        /// Positive prompt.
+        #[arg(long, default_value = "")]
+        prompt: String,
+        /// Negative prompt.
+        #[arg(long, default_value = "")]
+        negative: String,
+        /// Noise seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Sampler steps.
+        #[arg(long, default_value_t = 20)]
+        steps: usize,
+        /// Guidance scale.
+        #[arg(long, default_value_t = 8.0)]
+        cfg: f32,
+        /// Image width (a multiple of 8; of 2 with --tiny).
+        #[arg(long, default_value_t = 512)]
+        width: u32,
+        /// Image height.
+        #[arg(long, default_value_t = 512)]
+        height: u32,
+        /// Sampler, by ComfyUI name.
+        #[arg(long, default_value = "euler")]
+        sampler: String,
+        /// Scheduler, by ComfyUI name.
+        #[arg(long, default_value = "normal")]
+        scheduler: String,
+        /// Output PNG.
+        #[arg(long)]
+        out: PathBuf,
     },
 }
 
@@ -193,6 +233,24 @@ struct ServeArgs {
     /// or PLUGIN=network. Repeatable.
     #[arg(long = "grant", env = "WEFT_GRANTS", value_delimiter = ',')]
     grants: Vec<String>,
+    /// General MIDI SoundFont (.sf2) for video-to-music.
+    #[arg(long, env = "WEFT_V2M_SOUNDFONT", default_value = weft::v2m::DEFAULT_SOUNDFONT)]
+    v2m_soundfont: PathBuf,
+    /// Largest video accepted by video-to-music, in bytes.
+    #[arg(long, env = "WEFT_V2M_MAX_UPLOAD_BYTES", default_value_t = 300_000_000)]
+    v2m_max_upload_bytes: u64,
+    /// Longest video accepted by video-to-music, in seconds.
+    #[arg(long, env = "WEFT_V2M_MAX_DURATION_SECS", default_value_t = 360)]
+    v2m_max_duration_secs: u64,
+    /// Most streams (`copies`) one video-to-music request may ask for.
+    #[arg(long, env = "WEFT_V2M_MAX_COPIES", default_value_t = 4)]
+    v2m_max_copies: u32,
+    /// A host that video-to-music `video` URLs may name. Repeatable; none means no URLs.
+    #[arg(long = "v2m-allow-url-host", env = "WEFT_V2M_ALLOW_URL_HOSTS", value_delimiter = ',')]
+    v2m_allow_url_hosts: Vec<String>,
+    /// Let video-to-music URLs reach loopback, private and link-local addresses.
+    #[arg(long, env = "WEFT_V2M_ALLOW_PRIVATE_URLS")]
+    v2m_allow_private_urls: bool,
 }
 
 /// Prepends the settings of `--config FILE` as flags, so real flags and env vars win.
@@ -298,6 +356,14 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             max_json_bytes: 32 << 20,
             max_streams: args.max_streams,
             admin_token: args.admin_token,
+            v2m: weft::api::v2m::V2mSettings {
+                soundfont: args.v2m_soundfont,
+                max_upload_bytes: args.v2m_max_upload_bytes,
+                max_duration_secs: args.v2m_max_duration_secs,
+                max_copies: args.v2m_max_copies.max(1),
+                allow_url_hosts: args.v2m_allow_url_hosts,
+                allow_private_urls: args.v2m_allow_private_urls,
+            },
         },
         jobs: JobsConfig {
             workers: args.workers.max(1),
@@ -364,7 +430,7 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         Command::Serve(args) => {
-            let config = serve_config(args)?;
+            let config = serve_config(*args)?;
             runtime.block_on(serve::run(config))
         }
         Command::Nodes { plugins_dir, json } => print_nodes(plugins_dir, json),
@@ -394,6 +460,55 @@ fn main() -> anyhow::Result<()> {
         } => {
             weft::compute::models::write_random_checkpoint(&out, &weft::compute::models::Sd1Config::tiny(), seed)?;
             println!("wrote a tiny random-weight SD1 checkpoint to {}", out.display());
+            Ok(())
+        }
+        Command::Models {
+            command:
+                ModelsCommand::Generate {
+                    checkpoint,
+                    tiny,
+                    prompt,
+                    negative,
+                    seed,
+                    steps,
+                    cfg,
+                    width,
+                    height,
+                    sampler,
+                    scheduler,
+                    out,
+                },
+        } => {
+            use weft::compute::{models, sampling, text_to_image};
+            let layout = if tiny {
+                models::Sd1Config::tiny()
+            } else {
+                models::Sd1Config::sd1()
+            };
+            let device = weft::compute::device::select_device();
+            let m = models::load_sd1_with_config(&checkpoint, &layout, &device)?;
+            let req = text_to_image::TextToImage {
+                prompt,
+                negative,
+                width,
+                height,
+                seed,
+                steps,
+                cfg,
+                sampler: sampler
+                    .parse::<sampling::SamplerKind>()
+                    .map_err(|e| anyhow::anyhow!("{e}"))?,
+                scheduler: scheduler
+                    .parse::<sampling::Scheduler>()
+                    .map_err(|e| anyhow::anyhow!("{e}"))?,
+            };
+            let image = text_to_image::text_to_image(&m, &req, &mut |s| {
+                eprintln!("step {}/{} sigma {:.4}", s.step + 1, s.total, s.sigma);
+                sampling::StepControl::Continue
+            })?;
+            let params = format!("{req:?}");
+            std::fs::write(&out, image.encode_png(0, &[("parameters".to_string(), params)])?)?;
+            println!("wrote {}x{} image to {}", image.width, image.height, out.display());
             Ok(())
         }
         Command::Credits {

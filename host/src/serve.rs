@@ -80,6 +80,10 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
         links,
         streams: Default::default(),
         stopped: Default::default(),
+        v2m: api::v2m::V2mService::new(&config.api.v2m, &config.data_dir)
+            .map(Arc::new)
+            .map_err(|e| tracing::warn!(error = %e, "video-to-music is unavailable"))
+            .ok(),
     });
     let routes = api::routes(state.clone());
     let (bound, server) = warp::serve(routes).try_bind_with_graceful_shutdown(config.addr, shutdown_signal())?;

@@ -115,8 +115,11 @@ impl Server {
         panic!("weft did not become ready");
     }
 
-    /// `base + path`.
+    /// `base + path` (an absolute URL is returned as it is).
     pub fn url(&self, path: &str) -> String {
+        if path.starts_with("http://") || path.starts_with("https://") {
+            return path.to_string();
+        }
         format!("{}{}", self.base, path)
     }
 

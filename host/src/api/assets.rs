@@ -37,7 +37,10 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
         .and(warp::post())
         .and(with())
         .and(caller.clone())
-        .and(warp::multipart::form().max_length(state.config.max_upload_bytes + 64 * 1024))
+        .and(upload_limit(state.config.max_upload_bytes))
+        // No length cap here: warp's cap needs a Content-Length and would refuse chunked
+        // uploads. The announced length is checked above; the streamed bytes in `upload`.
+        .and(warp::multipart::form().max_length(None))
         .and_then(|s, c, f| async move { respond(upload(s, c, f).await) });
     let from_hash = warp::path!("assets" / "from-hash")
         .and(warp::post())
@@ -80,6 +83,21 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
         .or(content)
         .unify()
         .boxed()
+}
+
+/// Refuses, before any of the body is read, an upload whose announced length is over the
+/// limit (plus room for the multipart framing and the small text parts).
+fn upload_limit(max: u64) -> impl Filter<Extract = (), Error = warp::Rejection> + Clone {
+    warp::header::optional::<u64>("content-length")
+        .and_then(move |length: Option<u64>| async move {
+            match length {
+                Some(n) if n > max + 64 * 1024 => Err(warp::reject::custom(ApiError::PayloadTooLarge(format!(
+                    "uploads are limited to {max} bytes"
+                )))),
+                _ => Ok(()),
+            }
+        })
+        .untuple_one()
 }
 
 fn reply(status: StatusCode, body: &Json) -> warp::reply::Response {
@@ -235,7 +253,10 @@ async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<
     } else {
         StatusCode::OK
     };
-    Ok(reply(status, &render::asset(&state.links, &asset, created_new)))
+    Ok(reply(
+        status,
+        &render::asset(&state.links.at(caller.origin.as_deref()), &asset, created_new),
+    ))
 }
 
 fn multipart_error(e: warp::Error) -> ApiError {
@@ -314,7 +335,10 @@ async fn from_hash(
         .insert_asset(asset.clone())
         .await
         .map_err(|e| ApiError::upstream("recording an asset", e))?;
-    Ok(reply(StatusCode::CREATED, &render::asset(&state.links, &asset, false)))
+    Ok(reply(
+        StatusCode::CREATED,
+        &render::asset(&state.links.at(caller.origin.as_deref()), &asset, false),
+    ))
 }
 
 async fn by_hash(state: Arc<AppState>, caller: Caller, hash: String) -> Result<warp::reply::Response, ApiError> {
@@ -338,7 +362,10 @@ async fn get(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::r
         .await
         .map_err(|e| ApiError::upstream("reading an asset", e))?;
     let asset = asset.ok_or(ApiError::NotFound("asset".into()))?;
-    Ok(reply(StatusCode::OK, &render::asset(&state.links, &asset, false)))
+    Ok(reply(
+        StatusCode::OK,
+        &render::asset(&state.links.at(caller.origin.as_deref()), &asset, false),
+    ))
 }
 
 async fn delete(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::reply::Response, ApiError> {

@@ -43,6 +43,8 @@ pub enum ApiError {
     AssetInUse,
     /// 400: the request is malformed.
     BadRequest { code: &'static str, message: String },
+    /// 422: the request is well formed but a field breaks a rule (for example `metadata_invalid`).
+    Unprocessable { code: &'static str, message: String },
     /// 413: the body is larger than allowed.
     PayloadTooLarge(String),
     /// 416: the range cannot be satisfied.
@@ -119,6 +121,7 @@ impl ApiError {
             ),
             AssetInUse => (StatusCode::CONFLICT, "asset_in_use", "the asset is an output of a job that still exists".into(), Json::Null),
             BadRequest { code, message } => (StatusCode::BAD_REQUEST, code, message.clone(), Json::Null),
+            Unprocessable { code, message } => (StatusCode::UNPROCESSABLE_ENTITY, code, message.clone(), Json::Null),
             PayloadTooLarge(m) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", m.clone(), Json::Null),
             RangeNotSatisfiable { size } => (
                 StatusCode::RANGE_NOT_SATISFIABLE,
@@ -170,8 +173,6 @@ pub async fn recover(rejection: Rejection) -> Result<Response, std::convert::Inf
         e.clone()
     } else if rejection.is_not_found() {
         ApiError::NotFound("route".into())
-    } else if rejection.find::<warp::reject::MethodNotAllowed>().is_some() {
-        ApiError::MethodNotAllowed
     } else if rejection.find::<warp::reject::PayloadTooLarge>().is_some() {
         ApiError::PayloadTooLarge("the request body is larger than this route accepts".into())
     } else if rejection.find::<warp::reject::LengthRequired>().is_some() {
@@ -184,6 +185,10 @@ pub async fn recover(rejection: Rejection) -> Result<Response, std::convert::Inf
         ApiError::bad_request("invalid_query", e.to_string())
     } else if rejection.find::<warp::reject::UnsupportedMediaType>().is_some() {
         ApiError::bad_request("unsupported_media_type", "unsupported Content-Type for this route")
+    } else if rejection.find::<warp::reject::MethodNotAllowed>().is_some() {
+        // Last: a rejection combines every route's, and the other routes of a path refuse
+        // the method; any other reason is the one the matching route gave.
+        ApiError::MethodNotAllowed
     } else {
         tracing::warn!(?rejection, "unhandled rejection");
         ApiError::Upstream

@@ -15,6 +15,7 @@ use warp::Reply;
 
 use super::auth::Caller;
 use super::error::ApiError;
+use super::links::Links;
 use super::{render, AppState};
 use crate::jobs::events::{JobEvent, Numbered};
 use crate::jobs::JobView;
@@ -31,18 +32,18 @@ impl Drop for StreamSlot {
     }
 }
 
-fn status_event(state: &AppState, view: &JobView) -> Event {
-    let mut body = render::job(&state.links, view, false);
+fn status_event(links: &Links, view: &JobView) -> Event {
+    let mut body = render::job(links, view, false);
     body["queue_position"] = json!(view.queue_position);
     Event::default().event("status").json_data(body).unwrap_or_default()
 }
 
 /// Renders one hub event; `None` for events that need the store (status, handled by caller).
-fn render_event(state: &AppState, numbered: &Numbered) -> Option<Event> {
+fn render_event(links: &Links, numbered: &Numbered) -> Option<Event> {
     let event = match &numbered.event {
         JobEvent::Status(_) => return None,
         JobEvent::Progress(p) => Event::default().event("progress").json_data(p).ok()?,
-        JobEvent::Output(asset) => Event::default().event("output").json_data(render::output(&state.links, asset)).ok()?,
+        JobEvent::Output(asset) => Event::default().event("output").json_data(render::output(links, asset)).ok()?,
         JobEvent::Preview { node_id, content_type, data } => Event::default()
             .event("preview")
             .json_data(json!({"node_id": node_id, "content_type": content_type, "data_base64": base64::engine::general_purpose::STANDARD.encode(data)}))
@@ -60,6 +61,7 @@ pub async fn stream(
     last_event_id: Option<String>,
 ) -> Result<warp::reply::Response, ApiError> {
     let jobs = state.jobs()?.clone();
+    let links = state.links.at(caller.origin.as_deref());
     let read = |jobs: Arc<crate::jobs::Jobs>, tenant: String, id: String| async move {
         jobs.get(&tenant, &id)
             .await
@@ -85,12 +87,12 @@ pub async fn stream(
             if let JobEvent::Status(_) = numbered.event {
                 continue;
             }
-            if let Some(e) = render_event(&state, numbered) {
+            if let Some(e) = render_event(&links, numbered) {
                 first.push(e);
             }
         }
     }
-    first.push(status_event(&state, &view).id(mark.to_string()));
+    first.push(status_event(&links, &view).id(mark.to_string()));
     if !resumed {
         if let Some(progress) = &view.job.progress {
             first.push(
@@ -113,11 +115,10 @@ pub async fn stream(
     }
 
     let live = tokio_stream::wrappers::BroadcastStream::new(subscription.live);
-    let state2 = state.clone();
     let tenant = caller.tenant.clone();
     let live = live
         .filter_map(move |item| {
-            let state = state2.clone();
+            let links = links.clone();
             let jobs = jobs.clone();
             let tenant = tenant.clone();
             async move {
@@ -134,9 +135,9 @@ pub async fn stream(
                             return None;
                         }
                         let terminal = view.job.status.is_terminal();
-                        Some((status_event(&state, &view).id(numbered.id.to_string()), terminal))
+                        Some((status_event(&links, &view).id(numbered.id.to_string()), terminal))
                     }
-                    _ => render_event(&state, &numbered).map(|e| (e, false)),
+                    _ => render_event(&links, &numbered).map(|e| (e, false)),
                 }
             }
         })

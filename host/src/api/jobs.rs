@@ -99,6 +99,18 @@ async fn submit(
     if state.stopped.load(Ordering::SeqCst) {
         return Err(ApiError::DeploymentStopped);
     }
+    // A key presented before is rejected whatever this body holds, even one that would fail
+    // validation. (Claiming happens atomically with the insert, in the store.)
+    if let Some(key) = key.as_deref().filter(|k| !k.is_empty()) {
+        let claimed = state
+            .store
+            .idempotency_claim(&caller.tenant, key, chrono::Utc::now())
+            .await
+            .map_err(|e| ApiError::upstream("checking an idempotency key", e))?;
+        if let Some(job_id) = claimed {
+            return Err(ApiError::IdempotencyKeyReuse { job_id });
+        }
+    }
     let body: Json = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}")))?;
     let Json::Object(mut body) = body else {
@@ -141,8 +153,9 @@ async fn submit(
     let labels: BTreeMap<String, String> = match body.remove("metadata") {
         None | Some(Json::Null) => BTreeMap::new(),
         Some(value) => serde_json::from_value(value)
-            .map_err(|_| ApiError::bad_request("invalid_metadata", "metadata must be an object of string values"))?,
+            .map_err(|_| metadata_invalid("metadata must be an object of string values"))?,
     };
+    check_labels(&labels)?;
     let Some(workflow) = body.remove("workflow") else {
         return Err(ApiError::bad_request(
             "missing_workflow",
@@ -155,10 +168,47 @@ async fn submit(
                 .view(job)
                 .await
                 .map_err(|e| ApiError::upstream("reading a new job", e))?;
-            Ok(reply(StatusCode::CREATED, &render::job(&state.links, &view, false)))
+            Ok(reply(
+                StatusCode::CREATED,
+                &render::job(&state.links.at(caller.origin.as_deref()), &view, false),
+            ))
         }
         Err(e) => Err(submit_error(e)),
     }
+}
+
+/// Most labels on one job, and the longest key and value.
+const MAX_LABELS: usize = 16;
+const MAX_LABEL_KEY: usize = 64;
+const MAX_LABEL_VALUE: usize = 256;
+
+fn metadata_invalid(message: impl Into<String>) -> ApiError {
+    ApiError::Unprocessable {
+        code: "metadata_invalid",
+        message: message.into(),
+    }
+}
+
+fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if labels.len() > MAX_LABELS {
+        return Err(metadata_invalid(format!(
+            "metadata has {} pairs; at most {MAX_LABELS} are allowed",
+            labels.len()
+        )));
+    }
+    for (key, value) in labels {
+        if key.is_empty() || key.chars().count() > MAX_LABEL_KEY {
+            return Err(metadata_invalid(format!(
+                "metadata key {key:?} must be 1 to {MAX_LABEL_KEY} characters"
+            )));
+        }
+        if value.chars().count() > MAX_LABEL_VALUE {
+            return Err(metadata_invalid(format!(
+                "the value of metadata key {key:?} is longer than {MAX_LABEL_VALUE} characters"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn submit_error(e: SubmitError) -> ApiError {
@@ -202,7 +252,7 @@ async fn get(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::r
         .ok_or(ApiError::NotFound("job".into()))?;
     Ok(reply(
         StatusCode::OK,
-        &render::job(&state.links, &view, shows_logs(&state)),
+        &render::job(&state.links.at(caller.origin.as_deref()), &view, shows_logs(&state)),
     ))
 }
 
@@ -226,7 +276,10 @@ async fn cancel(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp
         .await
         .map_err(|e| ApiError::upstream("canceling a job", e))?;
     let view = view.ok_or(ApiError::NotFound("job".into()))?;
-    Ok(reply(StatusCode::OK, &render::job(&state.links, &view, false)))
+    Ok(reply(
+        StatusCode::OK,
+        &render::job(&state.links.at(caller.origin.as_deref()), &view, false),
+    ))
 }
 
 /// Cursors are opaque to clients: `c` plus the position of the last job of a page.
@@ -281,13 +334,14 @@ async fn list(state: Arc<AppState>, caller: Caller, query: String) -> Result<war
         .list_jobs(&caller.tenant, limit, before, &labels)
         .await
         .map_err(|e| ApiError::upstream("listing jobs", e))?;
+    let links = state.links.at(caller.origin.as_deref());
     let mut items = Vec::with_capacity(page.jobs.len());
     for job in page.jobs {
         let view = jobs
             .view(job)
             .await
             .map_err(|e| ApiError::upstream("listing jobs", e))?;
-        items.push(render::list_item(&state.links, &view));
+        items.push(render::list_item(&links, &view));
     }
     Ok(reply(
         StatusCode::OK,

@@ -7,6 +7,9 @@ use chrono::{DateTime, Utc};
 /// Builds links under the mount prefix and signs content links.
 #[derive(Clone)]
 pub struct Links {
+    /// `scheme://authority` of the request being answered, when known: content links are
+    /// absolute URLs (the interface types them `uri`), resolved against the request origin.
+    origin: String,
     prefix: String,
     key: [u8; 32],
     ttl: chrono::Duration,
@@ -17,9 +20,18 @@ impl Links {
     pub fn new(prefix: &str, key: [u8; 32], ttl: std::time::Duration) -> Self {
         let prefix = prefix.trim_end_matches('/').to_string();
         Self {
+            origin: String::new(),
             prefix,
             key,
             ttl: chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::hours(1)),
+        }
+    }
+
+    /// These links for a request that reached `origin` (`scheme://authority`).
+    pub fn at(&self, origin: Option<&str>) -> Links {
+        Links {
+            origin: origin.unwrap_or_default().trim_end_matches('/').to_string(),
+            ..self.clone()
         }
     }
 
@@ -49,7 +61,8 @@ impl Links {
         let window = 600;
         let expires = (now / window + 1) * window + self.ttl.num_seconds();
         let url = format!(
-            "{}?expires={expires}&sig={}",
+            "{}{}?expires={expires}&sig={}",
+            self.origin,
             self.api(&format!("/assets/{asset}/content")),
             self.signature(asset, expires)
         );
@@ -83,6 +96,11 @@ mod tests {
             }
         }
         assert!(links.verify("a1", expires, sig));
+        let (url, _) = links.at(Some("http://h:1")).content("a1");
+        assert!(
+            url.starts_with("http://h:1/deployment/abc/api/v2/assets/a1/content?"),
+            "{url}"
+        );
         assert!(!links.verify("a2", expires, sig));
         assert!(!links.verify("a1", 1, sig));
     }

@@ -17,6 +17,7 @@ pub mod links;
 pub mod openapi;
 pub mod operator;
 pub mod render;
+pub mod v2m;
 
 pub use auth::AuthMode;
 pub use error::ApiError;
@@ -55,6 +56,8 @@ pub struct ApiConfig {
     pub max_streams: usize,
     /// Operator token for drain; none disables operator routes.
     pub admin_token: Option<String>,
+    /// Video-to-music endpoint settings.
+    pub v2m: v2m::V2mSettings,
 }
 
 /// Shared state of every handler.
@@ -73,6 +76,8 @@ pub struct AppState {
     pub streams: AtomicUsize,
     /// Set when the operator drained the deployment.
     pub stopped: AtomicBool,
+    /// The video-to-music service; none when its SoundFont could not be loaded.
+    pub v2m: Option<Arc<v2m::V2mService>>,
 }
 
 impl AppState {
@@ -103,7 +108,9 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
                 .unify(),
         )
         .boxed();
-    api.or(operator::root_routes(state))
+    api.or(v2m::routes(state.clone()))
+        .unify()
+        .or(operator::root_routes(state))
         .unify()
         .recover(error::recover)
         .unify()

@@ -42,7 +42,7 @@ pub fn api_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)>
         .and(warp::post())
         .and(with())
         .and(warp::header::optional::<String>("authorization"))
-        .and_then(|s: Arc<AppState>, auth: Option<String>| async move { respond(drain(&s, auth.as_deref())) });
+        .and_then(|s: Arc<AppState>, auth: Option<String>| async move { respond(drain(&s, auth.as_deref()).await) });
     nodes.or(openapi).unify().or(drain).unify().boxed()
 }
 
@@ -72,7 +72,7 @@ pub fn root_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)
     health.or(metrics).unify().boxed()
 }
 
-fn drain(state: &AppState, authorization: Option<&str>) -> Result<warp::reply::Response, ApiError> {
+async fn drain(state: &AppState, authorization: Option<&str>) -> Result<warp::reply::Response, ApiError> {
     let Some(expected) = &state.config.admin_token else {
         return Err(ApiError::Forbidden(
             "operator routes are disabled; start weft with --admin-token".into(),
@@ -80,7 +80,16 @@ fn drain(state: &AppState, authorization: Option<&str>) -> Result<warp::reply::R
     };
     let given = authorization.and_then(|h| h.strip_prefix("Bearer ")).unwrap_or("");
     if blake3::hash(given.as_bytes()) != blake3::hash(expected.as_bytes()) {
-        return Err(ApiError::Unauthorized);
+        // A caller the job API knows (a tenant key, the static token) is authenticated but
+        // not allowed here: 403. Anyone else: 401.
+        let known = !given.is_empty()
+            && state.config.auth != super::AuthMode::None
+            && super::auth::authenticate(state, authorization).await.is_ok();
+        return Err(if known {
+            ApiError::Forbidden("this route needs the operator token".into())
+        } else {
+            ApiError::Unauthorized
+        });
     }
     state.stopped.store(true, Ordering::SeqCst);
     tracing::warn!("deployment drained by the operator: new jobs are refused");

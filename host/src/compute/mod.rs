@@ -2,9 +2,14 @@
 //! tensors, samplers, models and audio as the product grows. Nothing here knows about
 //! wasm, jobs or HTTP.
 
+pub mod device;
 pub mod image;
 pub mod models;
+pub mod preview;
 pub mod sampling;
+pub mod text_to_image;
+pub mod tokenizer;
+pub mod vae;
 pub mod values;
 
 /// Why a compute operation failed. Each becomes a node error for the calling node.

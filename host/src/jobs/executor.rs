@@ -292,6 +292,10 @@ impl Jobs {
                         })?;
                     self.metrics.node_call(&node.class_type, began.elapsed());
                     let output = result.map_err(|f| node_error(&f.code, f.message, f.traceback))?;
+                    if cancel.is_canceled() {
+                        // Canceled while the node ran: nothing more is committed.
+                        return Ok(());
+                    }
                     let mut files = Vec::new();
                     for file in &output.files {
                         let encoded = outputs::encode(file, &mut numbering, &workflow_text)

@@ -152,7 +152,7 @@ fn safetensors(latent: &LatentBatch) -> Vec<u8> {
     })
     .to_string();
     let mut header = header.into_bytes();
-    while header.len() % 8 != 0 {
+    while !header.len().is_multiple_of(8) {
         header.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + header.len() + bytes);

@@ -87,6 +87,14 @@ pub trait Store: Send + Sync {
     /// Records a new job durably; with `idempotency_key`, claims the key in the same
     /// transaction (fails with [`StoreError::IdempotencyReuse`] if it was claimed before).
     async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>) -> Result<(), StoreError>;
+    /// Whether `tenant`'s idempotency `key` is claimed and live at `now` (claimed less than 24
+    /// hours before): `Some(job id)` if so. A fast pre-check; `insert_job` decides races.
+    async fn idempotency_claim(
+        &self,
+        tenant: &str,
+        key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Option<String>>, StoreError>;
     /// A job of `tenant`.
     async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError>;
     /// A job of any tenant (for workers and maintenance).

@@ -97,6 +97,9 @@ CREATE TABLE IF NOT EXISTS api_keys (
 );
 "#;
 
+/// How long an idempotency key stays claimed, in hours.
+pub const IDEMPOTENCY_KEY_HOURS: i64 = 24;
+
 fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
@@ -272,15 +275,23 @@ impl Store for SqliteStore {
     async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>) -> Result<(), StoreError> {
         self.write(move |c| {
             if let Some(key) = &idempotency_key {
+                // A key lives 24 hours from its first use, whether or not the sweeper has
+                // purged it yet: an older claim is replaced.
+                let live_after = time_text(job.created_at - chrono::Duration::hours(IDEMPOTENCY_KEY_HOURS));
                 let existing: Option<Option<String>> = c
-                    .prepare_cached("SELECT job_id FROM idempotency_keys WHERE tenant = ?1 AND key = ?2")?
-                    .query_row(params![job.tenant, key], |r| r.get(0))
+                    .prepare_cached(
+                        "SELECT job_id FROM idempotency_keys WHERE tenant = ?1 AND key = ?2 AND created_at >= ?3",
+                    )?
+                    .query_row(params![job.tenant, key, live_after], |r| r.get(0))
                     .optional()?;
                 if let Some(job_id) = existing {
                     return Err(StoreError::IdempotencyReuse { job_id });
                 }
-                c.prepare_cached("INSERT INTO idempotency_keys (tenant, key, job_id, created_at) VALUES (?1, ?2, ?3, ?4)")?
-                    .execute(params![job.tenant, key, job.id, time_text(job.created_at)])?;
+                c.prepare_cached(
+                    "INSERT INTO idempotency_keys (tenant, key, job_id, created_at) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (tenant, key) DO UPDATE SET job_id = excluded.job_id, created_at = excluded.created_at",
+                )?
+                .execute(params![job.tenant, key, job.id, time_text(job.created_at)])?;
             }
             c.prepare_cached(
                 "INSERT INTO jobs (id, seq, tenant, status, workflow, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs)
@@ -643,6 +654,24 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn idempotency_claim(
+        &self,
+        tenant: &str,
+        key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Option<String>>, StoreError> {
+        let (tenant, key) = (tenant.to_string(), key.to_string());
+        let live_after = time_text(now - chrono::Duration::hours(IDEMPOTENCY_KEY_HOURS));
+        self.read(move |c| {
+            Ok(c.prepare_cached(
+                "SELECT job_id FROM idempotency_keys WHERE tenant = ?1 AND key = ?2 AND created_at >= ?3",
+            )?
+            .query_row(params![tenant, key, live_after], |r| r.get(0))
+            .optional()?)
+        })
+        .await
+    }
+
     async fn tenant_for_key(&self, key_hash: &str) -> Result<Option<String>, StoreError> {
         let key_hash = key_hash.to_string();
         self.read(move |c| {
@@ -686,5 +715,71 @@ impl Store for SqliteStore {
             )
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: &str, created_at: DateTime<Utc>) -> JobRecord {
+        JobRecord {
+            id: id.into(),
+            tenant: "t".into(),
+            status: JobStatus::Queued,
+            workflow: serde_json::json!({}),
+            labels: Default::default(),
+            created_at,
+            updated_at: created_at,
+            started_at: None,
+            completed_at: None,
+            expires_at: created_at + chrono::Duration::days(7),
+            progress: None,
+            error: None,
+            logs: None,
+            seq: 0,
+        }
+    }
+
+    /// The clock is injected through the job's `created_at`, which is when a key is claimed.
+    #[tokio::test]
+    async fn idempotency_keys_expire_after_24_hours() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("weft.db")).unwrap();
+        let then = Utc::now() - chrono::Duration::hours(30);
+        store.insert_job(job("j1", then), Some("k".into())).await.unwrap();
+        let at = |h| then + chrono::Duration::hours(h);
+        assert_eq!(
+            store.idempotency_claim("t", "k", at(23)).await.unwrap(),
+            Some(Some("j1".into()))
+        );
+        assert_eq!(store.idempotency_claim("t", "k", at(25)).await.unwrap(), None);
+        assert_eq!(store.idempotency_claim("other", "k", at(1)).await.unwrap(), None);
+        // Within 24 hours of the claim: rejected, naming the job.
+        match store
+            .insert_job(job("j2", then + chrono::Duration::hours(23)), Some("k".into()))
+            .await
+        {
+            Err(StoreError::IdempotencyReuse { job_id }) => assert_eq!(job_id.as_deref(), Some("j1")),
+            other => panic!("expected reuse, got {other:?}"),
+        }
+        // After 24 hours (not yet purged): the key is free again.
+        store
+            .insert_job(job("j3", then + chrono::Duration::hours(25)), Some("k".into()))
+            .await
+            .unwrap();
+        match store.insert_job(job("j4", Utc::now()), Some("k".into())).await {
+            Err(StoreError::IdempotencyReuse { job_id }) => assert_eq!(job_id.as_deref(), Some("j3")),
+            other => panic!("expected reuse, got {other:?}"),
+        }
+        // The sweeper's purge drops keys older than the cut-off.
+        assert_eq!(
+            store
+                .purge_idempotency(Utc::now() + chrono::Duration::hours(1))
+                .await
+                .unwrap(),
+            1
+        );
+        store.insert_job(job("j5", Utc::now()), Some("k".into())).await.unwrap();
     }
 }

@@ -14,6 +14,10 @@
 //! pulling to cancel). The chunks of one stream concatenated are one valid
 //! WAV file of exactly `TrackPlan::total_frames` frames.
 //!
+//! The HTTP endpoint (`crate::api::v2m`) maps [`V2mError`] onto its own
+//! `{detail: {code, message}}` errors; the `VideoToMusic` node calls
+//! [`Engine::generate_blocking`] on the engine [`shared`] by the server.
+//!
 //! ```ignore
 //! let engine = Engine::new(V2mConfig::default())?;          // once, at startup
 //! let info = engine.probe(&path).await?;                    // -> `duration` event
@@ -27,16 +31,13 @@
 //! }
 //! ```
 
-// The host is a binary crate: not every public helper here is used by it.
-#![allow(dead_code)]
-
 pub mod analysis;
 pub mod compose;
 pub mod synth;
 pub mod wav;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 pub use analysis::{Analysis, AnalyzeOptions, DecodeMode, VideoInfo};
@@ -102,16 +103,6 @@ impl V2mError {
             V2mError::TooManyCopies { .. } => "too_many_copies",
             V2mError::SoundFont(_) => "soundfont_error",
             V2mError::GenerationFailed(_) => "generation_failed",
-        }
-    }
-
-    /// Suggested HTTP status for the error.
-    pub fn http_status(&self) -> u16 {
-        match self {
-            V2mError::MissingVideo | V2mError::TooManyCopies { .. } => 400,
-            V2mError::UnreadableVideo(_) | V2mError::VideoTooLong { .. } => 422,
-            V2mError::UploadTooLarge { .. } => 413,
-            V2mError::SoundFont(_) | V2mError::GenerationFailed(_) => 500,
         }
     }
 }
@@ -235,6 +226,72 @@ impl Engine {
     }
 }
 
+/// The engine and temporary directory [`shared`] returns, once set.
+static SHARED: OnceLock<(Engine, PathBuf)> = OnceLock::new();
+
+/// Makes `engine` and `tmp_dir` (where videos are written for ffmpeg) the ones [`shared`]
+/// returns. The server calls it at start-up; the first call wins.
+pub fn set_shared(engine: Engine, tmp_dir: PathBuf) {
+    let _ = SHARED.set((engine, tmp_dir));
+}
+
+/// The server's engine and temporary directory, or a default engine and the system's
+/// temporary directory when none was set.
+pub fn shared() -> Result<(&'static Engine, &'static Path), V2mError> {
+    if SHARED.get().is_none() {
+        let engine = Engine::new(V2mConfig::default())?;
+        let _ = SHARED.set((engine, std::env::temp_dir()));
+    }
+    let (engine, dir) = SHARED.get().expect("set above");
+    Ok((engine, dir.as_path()))
+}
+
+impl Engine {
+    /// The whole pipeline for one stream, without an async runtime: probe (with the
+    /// duration limit), analyse, compose and render `path` into interleaved stereo `f32`
+    /// samples at [`SAMPLE_RATE`]. Blocks; `canceled` is polled between chunks and stops
+    /// the render with `Ok(None)`.
+    pub fn generate_blocking(
+        &self,
+        path: &Path,
+        prompt: Option<&str>,
+        seed: u64,
+        canceled: &dyn Fn() -> bool,
+    ) -> Result<Option<Vec<f32>>, V2mError> {
+        // ffmpeg runs under tokio's process support: use a runtime of our own, on a thread
+        // of our own, since the caller may or may not be inside one.
+        let (engine, owned) = (self.clone(), path.to_path_buf());
+        let analysis = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| V2mError::GenerationFailed(format!("runtime: {e}")))?;
+            runtime.block_on(async {
+                let info = engine.probe(&owned).await?;
+                engine.analyze_probed(&owned, info).await
+            })
+        })
+        .join()
+        .map_err(|_| V2mError::GenerationFailed("the analysis panicked".into()))??;
+        let prompts: Vec<&str> = prompt.into_iter().filter(|p| !p.trim().is_empty()).collect();
+        let track = plan(&analysis, &prompts, 1, seed).remove(0);
+        let mut samples = Vec::with_capacity(track.total_frames as usize * usize::from(CHANNELS));
+        let mut first = true;
+        for chunk in self.render(&track)? {
+            if canceled() {
+                return Ok(None);
+            }
+            let pcm = if first { &chunk[wav::HEADER_LEN..] } else { &chunk[..] };
+            first = false;
+            samples.extend(
+                pcm.chunks_exact(2)
+                    .map(|b| f32::from(i16::from_le_bytes([b[0], b[1]])) / 32767.0),
+            );
+        }
+        Ok(Some(samples))
+    }
+}
+
 /// Probes a video's duration with `ffprobe` from `PATH`.
 pub async fn probe_duration(path: &Path) -> Result<f64, V2mError> {
     analysis::probe_duration(path, &AnalyzeOptions::default()).await
@@ -321,7 +378,6 @@ mod tests {
         .unwrap();
         let e = engine.probe_duration(&video).await.unwrap_err();
         assert_eq!(e.code(), "video_too_long");
-        assert_eq!(e.http_status(), 422);
         let e = engine.analyze(&video).await.unwrap_err();
         assert_eq!(e.code(), "video_too_long");
         assert_eq!(engine.check_upload_size(11).unwrap_err().code(), "upload_too_large");

@@ -1,9 +1,11 @@
 //! Loads an SD1.x original-layout checkpoint into candle-transformers' `stable_diffusion`
-//! UNet, VAE and CLIP text encoder (CPU, float32).
+//! UNet and VAE and its CLIP text transformer (float32, on the device chosen by
+//! [`crate::compute::device::select_device`]).
 //!
-//! Needs `candle-core`, `candle-nn` and `candle-transformers` 0.9 (no default features).
-//! The checkpoint is validated by [`open_sd1`] first (header cap, bounds, shapes, arch), then
-//! memory-mapped; tensors are renamed with [`ldm_to_candle`].
+//! The checkpoint is validated by [`open_sd1`] first (header cap, bounds, shapes, dtypes, arch),
+//! then memory-mapped; tensors are renamed with [`ldm_to_candle`]. Errors from validation are
+//! [`CheckpointError`](crate::compute::models::CheckpointError)s inside the returned
+//! `anyhow::Error` (use `downcast_ref`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -11,7 +13,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::stable_diffusion::{clip, unet_2d, vae};
+use candle_transformers::models::clip::text_model::{Activation, ClipTextConfig, ClipTextTransformer};
+use candle_transformers::models::stable_diffusion::{unet_2d, vae};
 
 use crate::compute::models::safetensors::DEFAULT_MAX_HEADER;
 use crate::compute::models::sd1::{ldm_to_candle, open_sd1, Component, Sd1Config};
@@ -22,9 +25,18 @@ pub struct Sd1Models {
     pub unet: unet_2d::UNet2DConditionModel,
     /// KL autoencoder.
     pub vae: vae::AutoEncoderKL,
-    /// CLIP ViT-L/14 text encoder; `None` for non-standard configs (candle's CLIP config has
-    /// private fields, so only the stock SD1 text encoder can be built).
-    pub clip: Option<clip::ClipTextTransformer>,
+    /// The same autoencoder with its posterior's variance forced to zero, so that
+    /// `encode(..).sample()` returns the posterior mean exactly (ComfyUI encodes with the
+    /// mean; candle keeps the mean private). Shares every weight with `vae`.
+    pub vae_mean: vae::AutoEncoderKL,
+    /// CLIP text transformer (ViT-L/14 text tower for SD1; smaller for test layouts).
+    pub clip: ClipTextTransformer,
+    /// The layout these networks were built from.
+    pub config: Sd1Config,
+    /// The device holding the weights.
+    pub device: Device,
+    /// Bytes of float32 weights held.
+    pub bytes: u64,
 }
 
 /// candle UNet configuration for `cfg`.
@@ -60,6 +72,21 @@ pub fn vae_config(cfg: &Sd1Config) -> vae::AutoEncoderKLConfig {
     }
 }
 
+/// candle CLIP text configuration for `cfg` (quick-GELU, as OpenAI's CLIP).
+pub fn clip_config(cfg: &Sd1Config) -> ClipTextConfig {
+    ClipTextConfig {
+        vocab_size: cfg.clip_vocab,
+        embed_dim: cfg.context_dim,
+        activation: Activation::QuickGelu,
+        intermediate_size: cfg.clip_intermediate,
+        max_position_embeddings: cfg.clip_positions,
+        pad_with: None,
+        num_hidden_layers: cfg.clip_layers,
+        num_attention_heads: cfg.clip_heads,
+        projection_dim: cfg.context_dim,
+    }
+}
+
 /// Loads the stock SD1.x networks from `path`.
 pub fn load_sd1(path: &Path, device: &Device) -> Result<Sd1Models> {
     load_sd1_with_config(path, &Sd1Config::sd1(), device)
@@ -73,6 +100,7 @@ pub fn load_sd1_with_config(path: &Path, cfg: &Sd1Config, device: &Device) -> Re
     let mm = unsafe { candle_core::safetensors::MmapedSafetensors::new(path) }
         .with_context(|| format!("memory-mapping {}", path.display()))?;
     let mut parts: HashMap<Component, HashMap<String, Tensor>> = HashMap::new();
+    let mut bytes = 0u64;
     for name in index.tensors.keys() {
         let Some((component, target)) = ldm_to_candle(name, cfg) else {
             continue;
@@ -81,8 +109,10 @@ pub fn load_sd1_with_config(path: &Path, cfg: &Sd1Config, device: &Device) -> Re
             .load(name, device)
             .with_context(|| format!("loading tensor {name}"))?
             .to_dtype(DType::F32)?;
+        bytes += t.elem_count() as u64 * 4;
         parts.entry(component).or_default().insert(target, t);
     }
+    drop(mm);
     let mut take = |c: Component| parts.remove(&c).unwrap_or_default();
     let unet_vb = VarBuilder::from_tensors(take(Component::Unet), DType::F32, device);
     let unet = unet_2d::UNet2DConditionModel::new(
@@ -93,15 +123,38 @@ pub fn load_sd1_with_config(path: &Path, cfg: &Sd1Config, device: &Device) -> Re
         unet_config(cfg),
     )
     .context("building the UNet")?;
-    let vae_vb = VarBuilder::from_tensors(take(Component::Vae), DType::F32, device);
+    let vae_tensors = take(Component::Vae);
+    let mean_tensors = zero_variance(&vae_tensors, cfg.latent_channels)?;
+    let vae_vb = VarBuilder::from_tensors(vae_tensors, DType::F32, device);
     let vae = vae::AutoEncoderKL::new(vae_vb, 3, 3, vae_config(cfg)).context("building the VAE")?;
-    let clip = if *cfg == Sd1Config::sd1() {
-        let vb = VarBuilder::from_tensors(take(Component::Clip), DType::F32, device);
-        Some(clip::ClipTextTransformer::new(vb, &clip::Config::v1_5()).context("building CLIP")?)
-    } else {
-        None
-    };
-    Ok(Sd1Models { unet, vae, clip })
+    let mean_vb = VarBuilder::from_tensors(mean_tensors, DType::F32, device);
+    let vae_mean = vae::AutoEncoderKL::new(mean_vb, 3, 3, vae_config(cfg)).context("building the VAE")?;
+    let clip_vb = VarBuilder::from_tensors(take(Component::Clip), DType::F32, device);
+    let clip = ClipTextTransformer::new(clip_vb.pp("text_model"), &clip_config(cfg)).context("building CLIP")?;
+    Ok(Sd1Models {
+        unet,
+        vae,
+        vae_mean,
+        clip,
+        config: cfg.clone(),
+        device: device.clone(),
+        bytes,
+    })
+}
+
+/// The VAE tensors with `quant_conv`'s log-variance half replaced by a constant -1e4, so the
+/// posterior's standard deviation is exactly 0 and sampling returns the mean.
+fn zero_variance(vae: &HashMap<String, Tensor>, latent: usize) -> Result<HashMap<String, Tensor>> {
+    let mut out = vae.clone();
+    let w = vae.get("quant_conv.weight").context("VAE lacks quant_conv.weight")?;
+    let b = vae.get("quant_conv.bias").context("VAE lacks quant_conv.bias")?;
+    let w_mean = w.narrow(0, 0, latent)?;
+    let w = Tensor::cat(&[&w_mean, &w_mean.zeros_like()?], 0)?;
+    let b_mean = b.narrow(0, 0, latent)?;
+    let b = Tensor::cat(&[&b_mean, &(b_mean.zeros_like()? - 1e4)?], 0)?;
+    out.insert("quant_conv.weight".into(), w);
+    out.insert("quant_conv.bias".into(), b);
+    Ok(out)
 }
 
 /// Checks the LDM -> candle name mapping of layout `cfg` against the names and shapes
@@ -184,10 +237,7 @@ pub fn verify_mapping(cfg: &Sd1Config) -> Result<Vec<String>> {
                 vae::AutoEncoderKL::new(vb, 3, 3, vae_config(cfg))?;
             }
             Component::Clip => {
-                if *cfg != Sd1Config::sd1() {
-                    continue;
-                }
-                clip::ClipTextTransformer::new(vb, &clip::Config::v1_5())?;
+                ClipTextTransformer::new(vb.pp("text_model"), &clip_config(cfg))?;
             }
         }
         let used = used.lock().expect("lock");
@@ -203,8 +253,44 @@ pub fn verify_mapping(cfg: &Sd1Config) -> Result<Vec<String>> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
     use super::*;
-    use crate::compute::models::sd1::write_random_checkpoint;
+    use crate::compute::models::safetensors::{write_f32_safetensors, CheckpointError};
+    use crate::compute::models::sd1::{checkpoint_layout, write_random_checkpoint};
+
+    fn tiny_file(dir: &tempfile::TempDir) -> Result<PathBuf> {
+        let p = dir.path().join("tiny.safetensors");
+        write_random_checkpoint(&p, &Sd1Config::tiny(), 3)?;
+        Ok(p)
+    }
+
+    fn load_err(path: &Path, cfg: &Sd1Config) -> CheckpointError {
+        match load_sd1_with_config(path, cfg, &Device::Cpu) {
+            Ok(_) => panic!("{} loaded", path.display()),
+            Err(e) => match e.downcast::<CheckpointError>() {
+                Ok(c) => c,
+                Err(e) => panic!("not a CheckpointError: {e:#}"),
+            },
+        }
+    }
+
+    /// Rewrites the JSON header of `src` with `edit` applied, into `dst`.
+    fn rewrite_header(src: &Path, dst: &Path, edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
+        let bytes = std::fs::read(src).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let mut header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        edit(&mut header);
+        let mut json = serde_json::to_vec(&header).unwrap();
+        while !json.len().is_multiple_of(8) {
+            json.push(b' ');
+        }
+        let mut out = (json.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&json);
+        out.extend_from_slice(&bytes[8 + n..]);
+        std::fs::write(dst, out).unwrap();
+    }
 
     #[test]
     fn full_sd1_mapping_matches_candle() -> Result<()> {
@@ -217,20 +303,141 @@ mod tests {
 
     #[test]
     fn tiny_checkpoint_runs() -> Result<()> {
-        let dir = std::env::temp_dir().join(format!("weft-candle-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let p = dir.join("tiny.safetensors");
+        let dir = tempfile::tempdir()?;
+        let p = tiny_file(&dir)?;
         let cfg = Sd1Config::tiny();
-        write_random_checkpoint(&p, &cfg, 3)?;
         let dev = Device::Cpu;
         let m = load_sd1_with_config(&p, &cfg, &dev)?;
         let x = Tensor::randn(0f32, 1.0, (1, 4, 8, 8), &dev)?;
-        let ctx = Tensor::randn(0f32, 1.0, (1, 77, cfg.context_dim), &dev)?;
+        let ids = Tensor::new(&[[49406u32, 320, 1125, 49407]], &dev)?;
+        let ctx = m.clip.forward_with_mask(&ids, usize::MAX)?;
+        assert_eq!(ctx.dims(), &[1, 4, cfg.context_dim]);
         let eps = m.unet.forward(&x, 999.0, &ctx)?;
         assert_eq!(eps.dims(), &[1, 4, 8, 8]);
         let img = m.vae.decode(&x)?;
         assert_eq!(img.dims(), &[1, 3, 16, 16]);
-        let _ = m.vae.encode(&img)?;
+        // The mean encoder is deterministic; the sampling one is not.
+        let a = m.vae_mean.encode(&img)?.sample()?.flatten_all()?.to_vec1::<f32>()?;
+        let b = m.vae_mean.encode(&img)?.sample()?.flatten_all()?.to_vec1::<f32>()?;
+        assert_eq!(a, b);
+        assert_eq!(a.len(), 4 * 8 * 8);
+        Ok(())
+    }
+
+    #[test]
+    fn truncated_file() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let p = tiny_file(&dir)?;
+        let bytes = std::fs::read(&p)?;
+        let t = dir.path().join("truncated.safetensors");
+        for cut in [bytes.len() - 1, bytes.len() / 2, 20, 5, 0] {
+            std::fs::write(&t, &bytes[..cut])?;
+            let e = load_err(&t, &Sd1Config::tiny());
+            assert!(
+                matches!(e, CheckpointError::Truncated { .. } | CheckpointError::Malformed { .. }),
+                "{cut}: {e}"
+            );
+            assert!(
+                e.to_string().contains("truncated") || e.to_string().contains("malformed"),
+                "{e}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn oversized_header() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let p = dir.path().join("huge-header.safetensors");
+        // Claims a 200 MiB header; the cap is 100 MiB. The file itself stays tiny.
+        let mut bytes = (200u64 * 1024 * 1024).to_le_bytes().to_vec();
+        bytes.extend_from_slice(b"{}");
+        std::fs::write(&p, &bytes)?;
+        let e = load_err(&p, &Sd1Config::tiny());
+        assert!(matches!(e, CheckpointError::Malformed { .. }), "{e}");
+        // An absurd length (u64::MAX) is rejected the same way, without allocating.
+        std::fs::write(&p, u64::MAX.to_le_bytes())?;
+        let e = load_err(&p, &Sd1Config::tiny());
+        assert!(
+            matches!(e, CheckpointError::Malformed { .. } | CheckpointError::Truncated { .. }),
+            "{e}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn wrong_dtype() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let p = tiny_file(&dir)?;
+        let bad = dir.path().join("int.safetensors");
+        let victim = "model.diffusion_model.out.2.bias";
+        rewrite_header(&p, &bad, |h| {
+            // Same byte length (4 bytes per element), integer type.
+            h[victim]["dtype"] = "I32".into();
+        });
+        let e = load_err(&bad, &Sd1Config::tiny());
+        assert!(matches!(e, CheckpointError::MissingKeys { count: 1, .. }), "{e}");
+        assert!(e.to_string().contains("I32"), "{e}");
+        // A dtype whose size does not match the stored bytes is malformed.
+        rewrite_header(&p, &bad, |h| h[victim]["dtype"] = "F16".into());
+        assert!(matches!(
+            load_err(&bad, &Sd1Config::tiny()),
+            CheckpointError::Malformed { .. }
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn missing_keys() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let cfg = Sd1Config::tiny();
+        let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = checkpoint_layout(&cfg)
+            .into_iter()
+            .filter(|(n, _)| !n.starts_with("first_stage_model.decoder."))
+            .map(|(n, s)| {
+                let len = s.iter().product();
+                (n, s, vec![0.0; len])
+            })
+            .collect();
+        let p = dir.path().join("no-decoder.safetensors");
+        write_f32_safetensors(&p, &tensors, &BTreeMap::new())?;
+        let e = load_err(&p, &cfg);
+        let CheckpointError::MissingKeys {
+            count, ref examples, ..
+        } = e
+        else {
+            panic!("{e}");
+        };
+        assert!(count > 10, "{e}");
+        assert!(examples.contains("first_stage_model.decoder."), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn wrong_architecture() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let cases: [(&str, Vec<usize>); 3] = [
+            (
+                "conditioner.embedders.0.transformer.text_model.final_layer_norm.weight",
+                vec![768],
+            ),
+            ("cond_stage_model.model.ln_final.weight", vec![1024]),
+            ("lora_unet_down_blocks_0_attentions_0.alpha", vec![1]),
+        ];
+        for (i, (name, shape)) in cases.into_iter().enumerate() {
+            let p = dir.path().join(format!("other{i}.safetensors"));
+            let len = shape.iter().product();
+            write_f32_safetensors(&p, &[(name.to_string(), shape, vec![1.0; len])], &BTreeMap::new())?;
+            let e = load_err(&p, &Sd1Config::sd1());
+            assert!(matches!(e, CheckpointError::WrongArch { .. }), "{name}: {e}");
+            assert!(e.to_string().contains("not an SD1.x checkpoint"), "{e}");
+        }
+        // The tiny layout is not mistaken for a full SD1 checkpoint either.
+        let p = tiny_file(&dir)?;
+        assert!(matches!(
+            load_err(&p, &Sd1Config::sd1()),
+            CheckpointError::WrongArch { .. }
+        ));
         Ok(())
     }
 }

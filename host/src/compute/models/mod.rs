@@ -2,9 +2,13 @@
 //! layout, architecture detection, and the name mapping onto candle-transformers'
 //! `stable_diffusion` UNet / VAE / CLIP. See `DESIGN.md` next to this file.
 
+pub mod cache;
+pub mod candle_sd1;
 pub mod safetensors;
 pub mod sd1;
 
+pub use cache::ModelCache;
+pub use candle_sd1::{load_sd1, load_sd1_with_config, Sd1Models};
 pub use safetensors::{CheckpointError, Dtype, SafetensorsIndex, TensorInfo, DEFAULT_MAX_HEADER};
 pub use sd1::{
     checkpoint_layout, detect_arch, ldm_to_candle, open_sd1, write_random_checkpoint, Arch, Component, Sd1Config,

@@ -50,8 +50,8 @@ pub enum CheckpointError {
         /// What was detected.
         detail: String,
     },
-    /// Required tensors are absent or have the wrong shape.
-    #[error("{path}: {count} required tensors missing or mis-shaped, e.g. {examples}")]
+    /// Required tensors are absent, have the wrong shape, or are not stored as floats.
+    #[error("{path}: {count} required tensors missing, mis-shaped or not float, e.g. {examples}")]
     MissingKeys {
         /// File.
         path: PathBuf,

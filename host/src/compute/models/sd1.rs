@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::safetensors::{CheckpointError, SafetensorsIndex};
+use super::safetensors::{CheckpointError, Dtype, SafetensorsIndex};
 
 /// UNet prefix in original checkpoints.
 pub const UNET_PREFIX: &str = "model.diffusion_model.";
@@ -43,6 +43,8 @@ pub struct Sd1Config {
     pub clip_layers: usize,
     /// CLIP MLP width (3072).
     pub clip_intermediate: usize,
+    /// CLIP attention heads (12); must divide `context_dim`.
+    pub clip_heads: usize,
 }
 
 impl Sd1Config {
@@ -62,11 +64,13 @@ impl Sd1Config {
             clip_positions: 77,
             clip_layers: 12,
             clip_intermediate: 3072,
+            clip_heads: 12,
         }
     }
 
     /// A tiny model with the same structure (for tests): 32-channel UNet with two levels,
-    /// 32-channel VAE, 2-layer 32-wide CLIP with a 1000-token vocabulary.
+    /// 32-channel VAE, 2-layer 32-wide CLIP with CLIP's full 49408-token vocabulary (so the
+    /// real tokenizer's ids can drive it).
     pub fn tiny() -> Self {
         Sd1Config {
             model_channels: 32,
@@ -78,10 +82,11 @@ impl Sd1Config {
             vae_channels: 32,
             vae_mult: vec![1, 2],
             vae_res_blocks: 1,
-            clip_vocab: 1000,
+            clip_vocab: 49408,
             clip_positions: 77,
             clip_layers: 2,
             clip_intermediate: 64,
+            clip_heads: 2,
         }
     }
 }
@@ -546,6 +551,9 @@ pub fn open_sd1(path: &Path, cfg: &Sd1Config, max_header: u64) -> Result<Safeten
             }
             Some(t) if t.shape != want_shape => {
                 problems.insert(name, format!("shape {:?}, expected {want_shape:?}", t.shape));
+            }
+            Some(t) if !matches!(t.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) => {
+                problems.insert(name, format!("dtype {}, expected F32, F16 or BF16", t.dtype.name()));
             }
             Some(_) => {}
         }

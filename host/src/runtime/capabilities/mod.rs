@@ -8,6 +8,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use super::invoke::CallContext;
 use super::limits::CallLimiter;
 
+mod audio;
 mod images;
 mod progress;
 mod resources;
@@ -67,6 +68,7 @@ pub const ALL: &[(&str, LinkFn)] = &[
     ("images", |l| {
         super::bindings::weft::node::images::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
     }),
+    ("music", |l| super::bindings::weft::node::music::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)),
 ];
 
 /// WASI preview 2, which every Rust or Python guest imports. What it can reach is decided

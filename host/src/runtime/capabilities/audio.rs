@@ -1,0 +1,82 @@
+//! `weft:node/music`: video-to-music for the `VideoToMusic` node, rendered by the host's
+//! [`crate::v2m`] engine. The guest only ever holds the resulting `audio` handle.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use wasmtime::component::Resource;
+
+use super::CallState;
+use crate::compute::values::AudioClip;
+use crate::runtime::bindings::weft::node::music::Host;
+use crate::runtime::bindings::wit::{AssetRef, NodeError};
+use crate::runtime::value::{self, AudioRes};
+use crate::v2m::{self, V2mError};
+
+fn node_error(e: V2mError) -> NodeError {
+    NodeError {
+        code: e.code().to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// The video's bytes on disk for ffmpeg, removed when dropped.
+struct TempVideo(PathBuf);
+
+impl Drop for TempVideo {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl Host for CallState {
+    fn video_to_music(
+        &mut self,
+        video: AssetRef,
+        prompt: String,
+        seed: u64,
+    ) -> wasmtime::Result<Result<Resource<AudioRes>, NodeError>> {
+        let reference = value::AssetRef {
+            id: video.id,
+            hash: video.hash,
+            file_path: video.file_path,
+        };
+        let bytes = match self.call.assets.read(&reference) {
+            Ok(bytes) => bytes,
+            Err(message) => {
+                return Ok(Err(NodeError {
+                    code: "missing_asset".into(),
+                    message,
+                }))
+            }
+        };
+        let (engine, tmp_dir) = match v2m::shared() {
+            Ok(shared) => shared,
+            Err(e) => return Ok(Err(node_error(e))),
+        };
+        let temp = TempVideo(tmp_dir.join(format!("{}.node-video", uuid::Uuid::new_v4().simple())));
+        if let Err(e) = std::fs::write(&temp.0, &bytes) {
+            return Ok(Err(node_error(V2mError::GenerationFailed(format!(
+                "writing the video for analysis: {e}"
+            )))));
+        }
+        drop(bytes);
+        let cancel = self.call.cancel.clone();
+        let samples = match engine.generate_blocking(&temp.0, Some(&prompt), seed, &|| cancel.is_canceled()) {
+            Ok(Some(samples)) => samples,
+            Ok(None) => {
+                return Ok(Err(NodeError {
+                    code: "canceled".into(),
+                    message: "the job was canceled".into(),
+                }))
+            }
+            Err(e) => return Ok(Err(node_error(e))),
+        };
+        let clip = AudioClip {
+            sample_rate: v2m::SAMPLE_RATE,
+            channels: u32::from(v2m::CHANNELS),
+            samples,
+        };
+        Ok(Ok(self.table.push(AudioRes(Arc::new(clip)))?))
+    }
+}
