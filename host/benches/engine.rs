@@ -105,7 +105,7 @@ impl Drop for Server {
 fn start(dir: tempfile::TempDir) -> (Server, Duration) {
     let t = Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--workers", "2", "--data-dir"])
+        .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
         .arg(dir.path())
         .env("WEFT_LOG", "warn")
         .stdout(Stdio::piped())

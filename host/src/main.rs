@@ -166,8 +166,8 @@ struct ServeArgs {
     /// Extra plugins: every *.wasm in this directory, with its optional <name>.toml manifest.
     #[arg(long, env = "WEFT_PLUGINS_DIR")]
     plugins_dir: Option<PathBuf>,
-    /// Jobs that run at once.
-    #[arg(long, env = "WEFT_WORKERS", default_value_t = 2)]
+    /// Jobs that run at once. More than the cores: a job waits on storage as well as computing.
+    #[arg(long, env = "WEFT_WORKERS", default_value_t = 4)]
     workers: usize,
     /// Jobs that may wait; beyond it submissions get 429 queue_full.
     #[arg(long, env = "WEFT_QUEUE_DEPTH", default_value_t = 10_000)]

@@ -164,10 +164,13 @@ async fn submit(
     };
     match jobs.submit(&caller.tenant, workflow, labels, key).await {
         Ok(job) => {
-            let view = jobs
-                .view(job)
-                .await
-                .map_err(|e| ApiError::upstream("reading a new job", e))?;
+            // A new job has no outputs yet: no store read on the submit path.
+            let queue_position = Some(jobs.queue().position(&job.tenant, &job.id).unwrap_or(0));
+            let view = crate::jobs::JobView {
+                job,
+                outputs: Vec::new(),
+                queue_position,
+            };
             Ok(reply(
                 StatusCode::CREATED,
                 &render::job(&state.links.at(caller.origin.as_deref()), &view, false),

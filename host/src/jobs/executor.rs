@@ -233,6 +233,7 @@ impl Jobs {
         tracker.update(true, |p| p.nodes_total = plan.nodes.len() as u32);
         let workflow_text = job.workflow.to_string();
         let mut numbering = Numbering::default();
+        let mut committed: i64 = 0;
         let mut results: Vec<Vec<Value>> = Vec::with_capacity(plan.nodes.len());
         for node in &plan.nodes {
             if cancel.is_canceled() {
@@ -256,7 +257,7 @@ impl Jobs {
             let entry = match cached {
                 Some(entry) => {
                     for file in &entry.files {
-                        self.commit(job, &node.id, file.clone())
+                        self.commit(job, &node.id, file.clone(), &mut committed)
                             .await
                             .map_err(|m| node_error("output_commit_failed", m, None))?;
                     }
@@ -312,7 +313,7 @@ impl Jobs {
                                 blob,
                                 size,
                             };
-                            self.commit(job, &node.id, cached.clone())
+                            self.commit(job, &node.id, cached.clone(), &mut committed)
                                 .await
                                 .map_err(|m| node_error("output_commit_failed", m, None))?;
                             files.push(cached);
@@ -339,12 +340,11 @@ impl Jobs {
     }
 
     /// Records `file` as an output asset of `job` and announces it.
-    async fn commit(&self, job: &JobRecord, node_id: &str, file: CachedFile) -> Result<(), String> {
+    async fn commit(&self, job: &JobRecord, node_id: &str, file: CachedFile, index: &mut i64) -> Result<(), String> {
         let _guard = self.blob_lock.lock().await;
         if !self.blobs.exists(&file.blob) {
             return Err(format!("blob {} is missing", file.blob));
         }
-        let index = self.store.job_outputs(&job.id).await.map_err(|e| e.to_string())?.len() as i64;
         let asset = AssetRecord {
             id: uuid::Uuid::new_v4().to_string(),
             tenant: job.tenant.clone(),
@@ -363,7 +363,7 @@ impl Jobs {
             tags: Vec::new(),
             created_at: Utc::now(),
             expires_at: None,
-            output_index: Some(index),
+            output_index: Some(*index),
         };
         self.store
             .insert_asset(asset.clone())

@@ -52,7 +52,7 @@ pub struct JobsConfig {
 impl Default for JobsConfig {
     fn default() -> Self {
         Self {
-            workers: 2,
+            workers: 4,
             queue_depth: 10_000,
             retention: Duration::from_secs(7 * 24 * 3600),
             expired_grace: Duration::from_secs(3600),

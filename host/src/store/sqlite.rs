@@ -1,8 +1,12 @@
-//! The embedded store: SQLite in WAL mode with `synchronous = FULL`, so a commit is on
-//! disk before it returns and a 201 means durably recorded. One writer thread takes every
-//! write, and under load commits many of them in one transaction (group commit): durable
-//! submissions are not limited to one fsync each. Readers use their own connections, which
-//! WAL lets run beside the writer.
+//! The embedded store: SQLite in WAL mode. One writer thread takes every write, and under
+//! load commits many of them in one transaction (group commit), so durable submissions are
+//! not limited to one fsync each. A transaction holding a write that must survive power
+//! loss (a submission, an upload, a key, credits) commits with `synchronous = FULL`: the WAL
+//! is fsynced before the caller hears back, so a 201 means durably recorded. Transactions of
+//! only state updates that follow (start, outputs, finish) commit with `NORMAL`: they survive
+//! a process crash, and the next FULL commit makes them durable too; after a power cut the
+//! worst case is a job that ran again. Readers use their own connections, which WAL lets run
+//! beside the writer.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -25,6 +29,17 @@ type WriteOp = Box<dyn FnOnce(&Connection) -> Output + Send>;
 struct WriteRequest {
     op: WriteOp,
     reply: oneshot::Sender<Output>,
+    /// Whether the caller must not hear back before the write survives power loss.
+    durable: bool,
+}
+
+/// How a write must be committed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// fsynced before the caller hears back.
+    Durable,
+    /// Survives a process crash; made durable by the next durable commit.
+    Relaxed,
 }
 
 /// The SQLite store.
@@ -104,7 +119,7 @@ fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    // FULL: the WAL is fsynced at every commit, so an acknowledged write survives power loss.
+    // FULL: the WAL is fsynced at every commit. The writer relaxes it per transaction.
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     Ok(conn)
@@ -129,12 +144,13 @@ impl SqliteStore {
 
     async fn write<R: Send + 'static>(
         &self,
+        durability: Durability,
         op: impl FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
     ) -> Result<R, StoreError> {
         let (reply, rx) = oneshot::channel();
         let op: WriteOp = Box::new(move |c| op(c).map(|r| Box::new(r) as Box<dyn Any + Send>));
         self.writer
-            .send(WriteRequest { op, reply })
+            .send(WriteRequest { op, reply, durable: durability == Durability::Durable })
             .map_err(|_| StoreError::Backend("the store writer has stopped".into()))?;
         let out = rx
             .await
@@ -166,12 +182,20 @@ impl SqliteStore {
 /// Takes write requests, folds the queued ones into one transaction, commits, then answers
 /// each. A failing request is rolled back to its savepoint without touching the others.
 fn writer_loop(conn: Connection, rx: mpsc::Receiver<WriteRequest>) {
+    let mut full = true;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_GROUP {
             match rx.try_recv() {
                 Ok(req) => batch.push(req),
                 Err(_) => break,
+            }
+        }
+        let durable = batch.iter().any(|r| r.durable);
+        if durable != full {
+            let mode = if durable { "FULL" } else { "NORMAL" };
+            if conn.pragma_update(None, "synchronous", mode).is_ok() {
+                full = durable;
             }
         }
         if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
@@ -273,7 +297,7 @@ fn job_where(conn: &Connection, clause: &str, args: impl rusqlite::Params) -> Re
 #[async_trait]
 impl Store for SqliteStore {
     async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>) -> Result<(), StoreError> {
-        self.write(move |c| {
+        self.write(Durability::Durable, move |c| {
             if let Some(key) = &idempotency_key {
                 // A key lives 24 hours from its first use, whether or not the sweeper has
                 // purged it yet: an older claim is replaced.
@@ -389,7 +413,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<JobRecord>, StoreError> {
         let id = id.to_string();
         let from: Vec<&'static str> = from.iter().map(|s| s.as_str()).collect();
-        self.write(move |c| {
+        self.write(Durability::Relaxed, move |c| {
             let Some(job) = job_where(c, "id = ?1", params![id])? else {
                 return Ok(None);
             };
@@ -467,7 +491,7 @@ impl Store for SqliteStore {
 
     async fn delete_job(&self, id: &str) -> Result<(), StoreError> {
         let id = id.to_string();
-        self.write(move |c| {
+        self.write(Durability::Durable, move |c| {
             c.execute("DELETE FROM assets WHERE job_id = ?1", params![id])?;
             c.execute("DELETE FROM job_labels WHERE job_id = ?1", params![id])?;
             c.execute("DELETE FROM jobs WHERE id = ?1", params![id])?;
@@ -489,7 +513,9 @@ impl Store for SqliteStore {
     }
 
     async fn insert_asset(&self, asset: AssetRecord) -> Result<(), StoreError> {
-        self.write(move |c| {
+        // An upload is acknowledged to its caller; an output can be made again by a re-run.
+        let durability = if asset.job_id.is_some() { Durability::Relaxed } else { Durability::Durable };
+        self.write(durability, move |c| {
             c.prepare_cached(
                 "INSERT INTO assets (id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
@@ -562,7 +588,7 @@ impl Store for SqliteStore {
 
     async fn delete_asset(&self, tenant: &str, id: &str) -> Result<Deleted, StoreError> {
         let (tenant, id) = (tenant.to_string(), id.to_string());
-        self.write(move |c| {
+        self.write(Durability::Durable, move |c| {
             let found: Option<(Option<String>, String)> = c
                 .prepare_cached("SELECT job_id, blob FROM assets WHERE id = ?1 AND tenant = ?2")?
                 .query_row(params![id, tenant], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -580,7 +606,7 @@ impl Store for SqliteStore {
     }
 
     async fn delete_expired_assets(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
-        self.write(move |c| {
+        self.write(Durability::Durable, move |c| {
             let cut = time_text(now);
             let blobs = c
                 .prepare_cached(
@@ -599,7 +625,7 @@ impl Store for SqliteStore {
 
     async fn delete_job_outputs(&self, job_id: &str) -> Result<(), StoreError> {
         let job_id = job_id.to_string();
-        self.write(move |c| {
+        self.write(Durability::Relaxed, move |c| {
             c.execute("DELETE FROM assets WHERE job_id = ?1", params![job_id])?;
             Ok(())
         })
@@ -621,7 +647,7 @@ impl Store for SqliteStore {
     }
 
     async fn purge_idempotency(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
-        self.write(move |c| {
+        self.write(Durability::Durable, move |c| {
             Ok(c.execute(
                 "DELETE FROM idempotency_keys WHERE created_at < ?1",
                 params![time_text(before)],
@@ -632,7 +658,7 @@ impl Store for SqliteStore {
 
     async fn ensure_tenant(&self, name: &str, credits: i64) -> Result<(), StoreError> {
         let name = name.to_string();
-        self.write(move |c| {
+        self.write(Durability::Durable, move |c| {
             c.execute(
                 "INSERT INTO tenants (name, credits, created_at) VALUES (?1, ?2, ?3) ON CONFLICT (name) DO NOTHING",
                 params![name, credits, time_text(Utc::now())],
@@ -644,7 +670,7 @@ impl Store for SqliteStore {
 
     async fn add_api_key(&self, tenant: &str, key_hash: &str) -> Result<(), StoreError> {
         let (tenant, key_hash) = (tenant.to_string(), key_hash.to_string());
-        self.write(move |c| {
+        self.write(Durability::Durable, move |c| {
             c.execute(
                 "INSERT INTO api_keys (key_hash, tenant, created_at) VALUES (?1, ?2, ?3)",
                 params![key_hash, tenant, time_text(Utc::now())],
@@ -699,7 +725,7 @@ impl Store for SqliteStore {
 
     async fn add_credits(&self, tenant: &str, delta: i64) -> Result<i64, StoreError> {
         let tenant = tenant.to_string();
-        self.write(move |c| {
+        self.write(Durability::Durable, move |c| {
             c.execute(
                 "INSERT INTO tenants (name, credits, created_at) VALUES (?1, 0, ?2) ON CONFLICT (name) DO NOTHING",
                 params![tenant, time_text(Utc::now())],
