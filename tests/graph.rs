@@ -26,25 +26,34 @@ fn save(text_from: &str) -> Value {
 #[test]
 fn an_unknown_class_is_reported_with_the_nearest_known_name() {
     let server = Server::start();
-    let (status, body) = submit_err(&server, json!({
-        "1": {"class_type": "StringConcatnate", "inputs": {}},
-        "2": save("1"),
-    }));
+    let (status, body) = submit_err(
+        &server,
+        json!({
+            "1": {"class_type": "StringConcatnate", "inputs": {}},
+            "2": save("1"),
+        }),
+    );
     assert_eq!(status, 422);
     assert_eq!(error_code(&body), "invalid_workflow");
     assert_eq!(reasons(&body, "1"), ["unknown_class"]);
     let entry = &body["error"]["details"]["node_errors"]["1"][0];
     assert_eq!(entry["field"], "class_type");
-    assert!(entry["message"].as_str().unwrap().contains("StringConcatenate"), "{entry}");
+    assert!(
+        entry["message"].as_str().unwrap().contains("StringConcatenate"),
+        "{entry}"
+    );
 }
 
 #[test]
 fn a_missing_required_input_is_missing_input() {
     let server = Server::start();
-    let (status, body) = submit_err(&server, json!({
-        "1": {"class_type": "StringConcatenate", "inputs": {"string_a": "a", "delimiter": ""}},
-        "2": save("1"),
-    }));
+    let (status, body) = submit_err(
+        &server,
+        json!({
+            "1": {"class_type": "StringConcatenate", "inputs": {"string_a": "a", "delimiter": ""}},
+            "2": save("1"),
+        }),
+    );
     assert_eq!(status, 422);
     assert_eq!(reasons(&body, "1"), ["missing_input"]);
     assert_eq!(body["error"]["details"]["node_errors"]["1"][0]["field"], "string_b");
@@ -53,36 +62,47 @@ fn a_missing_required_input_is_missing_input() {
 #[test]
 fn links_to_absent_nodes_or_outputs_are_bad_linked_input() {
     let server = Server::start();
-    let (_, body) = submit_err(&server, json!({
-        "1": {"class_type": "PrimitiveString", "inputs": {"value": "x"}},
-        "2": {"class_type": "StringConcatenate", "inputs": {"string_a": ["9", 0], "string_b": ["1", 3], "delimiter": ""}},
-        "3": save("2"),
-    }));
+    let (_, body) = submit_err(
+        &server,
+        json!({
+            "1": {"class_type": "PrimitiveString", "inputs": {"value": "x"}},
+            "2": {"class_type": "StringConcatenate", "inputs": {"string_a": ["9", 0], "string_b": ["1", 3], "delimiter": ""}},
+            "3": save("2"),
+        }),
+    );
     assert_eq!(reasons(&body, "2"), ["bad_linked_input", "bad_linked_input"]);
 }
 
 #[test]
 fn a_linked_output_of_the_wrong_type_is_return_type_mismatch() {
     let server = Server::start();
-    let (_, body) = submit_err(&server, json!({
-        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
-        "2": {"class_type": "StringLength", "inputs": {"string": ["1", 0]}},
-        "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 0]}},
-    }));
+    let (_, body) = submit_err(
+        &server,
+        json!({
+            "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
+            "2": {"class_type": "StringLength", "inputs": {"string": ["1", 0]}},
+            "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 0]}},
+        }),
+    );
     assert_eq!(reasons(&body, "2"), ["return_type_mismatch"]);
-    let message = body["error"]["details"]["node_errors"]["2"][0]["message"].as_str().unwrap();
+    let message = body["error"]["details"]["node_errors"]["2"][0]["message"]
+        .as_str()
+        .unwrap();
     assert!(message.contains("STRING") && message.contains("IMAGE"), "{message}");
 }
 
 #[test]
 fn a_literal_of_the_wrong_type_is_invalid_input_type() {
     let server = Server::start();
-    let (_, body) = submit_err(&server, json!({
-        "1": {"class_type": "PrimitiveInt", "inputs": {"value": "seven"}},
-        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}},
-        "3": {"class_type": "ImageInvert", "inputs": {"image": "not a link"}},
-        "4": {"class_type": "SaveImage", "inputs": {"images": ["3", 0], "filename_prefix": "x"}},
-    }));
+    let (_, body) = submit_err(
+        &server,
+        json!({
+            "1": {"class_type": "PrimitiveInt", "inputs": {"value": "seven"}},
+            "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}},
+            "3": {"class_type": "ImageInvert", "inputs": {"image": "not a link"}},
+            "4": {"class_type": "SaveImage", "inputs": {"images": ["3", 0], "filename_prefix": "x"}},
+        }),
+    );
     assert_eq!(reasons(&body, "1"), ["invalid_input_type"]);
     assert_eq!(reasons(&body, "3"), ["invalid_input_type"]);
 }
@@ -90,33 +110,45 @@ fn a_literal_of_the_wrong_type_is_invalid_input_type() {
 #[test]
 fn values_outside_min_and_max_are_reported() {
     let server = Server::start();
-    let (_, body) = submit_err(&server, json!({
-        "1": {"class_type": "EmptyImage", "inputs": {"width": 0, "height": 99999999, "batch_size": 1, "color": 0}},
-        "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "x"}},
-    }));
+    let (_, body) = submit_err(
+        &server,
+        json!({
+            "1": {"class_type": "EmptyImage", "inputs": {"width": 0, "height": 99999999, "batch_size": 1, "color": 0}},
+            "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "x"}},
+        }),
+    );
     assert_eq!(reasons(&body, "1"), ["value_smaller_than_min", "value_bigger_than_max"]);
 }
 
 #[test]
 fn a_combo_value_not_in_its_list_is_value_not_in_list() {
     let server = Server::start();
-    let (_, body) = submit_err(&server, json!({
-        "1": {"class_type": "CaseConverter", "inputs": {"string": "x", "mode": "SHOUTING"}},
-        "2": save("1"),
-    }));
+    let (_, body) = submit_err(
+        &server,
+        json!({
+            "1": {"class_type": "CaseConverter", "inputs": {"string": "x", "mode": "SHOUTING"}},
+            "2": save("1"),
+        }),
+    );
     assert_eq!(reasons(&body, "1"), ["value_not_in_list"]);
-    assert!(body["error"]["details"]["node_errors"]["1"][0]["message"].as_str().unwrap().contains("UPPERCASE"));
+    assert!(body["error"]["details"]["node_errors"]["1"][0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("UPPERCASE"));
 }
 
 #[test]
 fn a_cycle_names_every_node_on_it() {
     let server = Server::start();
-    let (_, body) = submit_err(&server, json!({
-        "1": {"class_type": "StringConcatenate", "inputs": {"string_a": ["3", 0], "string_b": "b", "delimiter": ""}},
-        "2": {"class_type": "StringConcatenate", "inputs": {"string_a": ["1", 0], "string_b": "b", "delimiter": ""}},
-        "3": {"class_type": "StringConcatenate", "inputs": {"string_a": ["2", 0], "string_b": "b", "delimiter": ""}},
-        "4": save("3"),
-    }));
+    let (_, body) = submit_err(
+        &server,
+        json!({
+            "1": {"class_type": "StringConcatenate", "inputs": {"string_a": ["3", 0], "string_b": "b", "delimiter": ""}},
+            "2": {"class_type": "StringConcatenate", "inputs": {"string_a": ["1", 0], "string_b": "b", "delimiter": ""}},
+            "3": {"class_type": "StringConcatenate", "inputs": {"string_a": ["2", 0], "string_b": "b", "delimiter": ""}},
+            "4": save("3"),
+        }),
+    );
     for id in ["1", "2", "3"] {
         assert_eq!(reasons(&body, id), ["dependency_cycle"], "{body}");
     }
@@ -126,7 +158,10 @@ fn a_cycle_names_every_node_on_it() {
 #[test]
 fn a_workflow_without_an_output_node_is_rejected() {
     let server = Server::start();
-    let (status, body) = submit_err(&server, json!({"1": {"class_type": "PrimitiveString", "inputs": {"value": "x"}}}));
+    let (status, body) = submit_err(
+        &server,
+        json!({"1": {"class_type": "PrimitiveString", "inputs": {"value": "x"}}}),
+    );
     assert_eq!(status, 422);
     assert_eq!(error_code(&body), "invalid_workflow");
     assert_eq!(body["error"]["details"]["errors"][0]["reason"], "prompt_no_outputs");
@@ -145,13 +180,16 @@ fn a_workflow_that_is_not_an_object_is_invalid() {
 #[test]
 fn every_error_is_reported_in_one_answer() {
     let server = Server::start();
-    let (_, body) = submit_err(&server, json!({
-        "1": {"class_type": "Nope", "inputs": {}},
-        "2": {"class_type": "CaseConverter", "inputs": {"string": 5, "mode": "bad"}},
-        "3": {"class_type": "EmptyImage", "inputs": {"width": -1, "height": 8, "batch_size": 1}},
-        "4": save("2"),
-        "5": {"class_type": "SaveImage", "inputs": {"images": ["3", 0], "filename_prefix": "x"}},
-    }));
+    let (_, body) = submit_err(
+        &server,
+        json!({
+            "1": {"class_type": "Nope", "inputs": {}},
+            "2": {"class_type": "CaseConverter", "inputs": {"string": 5, "mode": "bad"}},
+            "3": {"class_type": "EmptyImage", "inputs": {"width": -1, "height": 8, "batch_size": 1}},
+            "4": save("2"),
+            "5": {"class_type": "SaveImage", "inputs": {"images": ["3", 0], "filename_prefix": "x"}},
+        }),
+    );
     assert_eq!(reasons(&body, "1"), ["unknown_class"]);
     assert_eq!(reasons(&body, "2"), ["invalid_input_type", "value_not_in_list"]);
     assert_eq!(reasons(&body, "3"), ["value_smaller_than_min", "missing_input"]);
@@ -217,7 +255,10 @@ fn a_node_failure_fails_the_job_and_keeps_earlier_outputs() {
 fn large_values_pass_between_nodes_as_host_handles() {
     // 4096x4096x3 float pixels are 192 MiB: more than the guest memory cap, so the job can
     // only succeed if the image never enters the guests that pass it on.
-    let server = Server::with(Options { args: vec!["--node-memory-mib".into(), "32".into()], ..Default::default() });
+    let server = Server::with(Options {
+        args: vec!["--node-memory-mib".into(), "32".into()],
+        ..Default::default()
+    });
     let job = server.run(json!({
         "1": {"class_type": "EmptyImage", "inputs": {"width": 4096, "height": 4096, "batch_size": 1, "color": 0}},
         "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
@@ -229,7 +270,9 @@ fn large_values_pass_between_nodes_as_host_handles() {
 
 fn metric(server: &Server, name: &str) -> f64 {
     let text = server.get("/metrics").text().unwrap();
-    text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).map_or(0.0, |v| v.trim().parse().unwrap())
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
 }
 
 fn chain(text: &str) -> Value {
@@ -247,9 +290,16 @@ fn a_repeated_job_runs_nothing_again_and_its_outputs_have_the_same_hashes() {
     let first = server.run(chain("same"));
     let hits = metric(&server, "weft_node_cache_hits_total");
     let second = server.run(chain("same"));
-    assert_eq!(metric(&server, "weft_node_cache_hits_total") - hits, 4.0, "every node came from the cache");
+    assert_eq!(
+        metric(&server, "weft_node_cache_hits_total") - hits,
+        4.0,
+        "every node came from the cache"
+    );
     assert_eq!(first["outputs"][0]["hash"], second["outputs"][0]["hash"]);
-    assert_ne!(first["outputs"][0]["id"], second["outputs"][0]["id"], "each job has its own output asset");
+    assert_ne!(
+        first["outputs"][0]["id"], second["outputs"][0]["id"],
+        "each job has its own output asset"
+    );
     assert_eq!(second["progress"]["nodes_done"], 4, "cached nodes count as done");
     assert_eq!(second["progress"]["value"], 1.0);
 }
@@ -262,7 +312,11 @@ fn a_changed_input_reruns_only_that_node_and_what_depends_on_it() {
     changed["3"]["inputs"]["string_b"] = json!("?");
     let hits = metric(&server, "weft_node_cache_hits_total");
     let job = server.run(changed);
-    assert_eq!(metric(&server, "weft_node_cache_hits_total") - hits, 2.0, "nodes 1 and 2 are cached, 3 and 4 re-run");
+    assert_eq!(
+        metric(&server, "weft_node_cache_hits_total") - hits,
+        2.0,
+        "nodes 1 and 2 are cached, 3 and 4 re-run"
+    );
     assert_eq!(server.download(job["outputs"][0]["url"].as_str().unwrap()), b"ONE?");
 }
 
@@ -276,7 +330,11 @@ fn a_non_deterministic_node_is_never_cached() {
     server.run(workflow.clone());
     let hits = metric(&server, "weft_node_cache_hits_total");
     server.run(workflow);
-    assert_eq!(metric(&server, "weft_node_cache_hits_total") - hits, 0.0, "LogText and its dependants run every time");
+    assert_eq!(
+        metric(&server, "weft_node_cache_hits_total") - hits,
+        0.0,
+        "LogText and its dependants run every time"
+    );
 }
 
 #[test]
@@ -288,7 +346,12 @@ fn the_cache_never_serves_one_tenant_to_another() {
             .arg(data.path())
             .output()
             .unwrap();
-        String::from_utf8(out.stdout).unwrap().lines().last().unwrap().to_string()
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap()
+            .to_string()
     };
     let (a, b) = (key("alpha"), key("beta"));
     let opts = |token: String| Options {
@@ -302,8 +365,16 @@ fn the_cache_never_serves_one_tenant_to_another() {
     let hits = metric(&server, "weft_node_cache_hits_total");
     server.set_token(Some(&b));
     server.run(chain("shared"));
-    assert_eq!(metric(&server, "weft_node_cache_hits_total") - hits, 0.0, "tenant beta computes its own results");
+    assert_eq!(
+        metric(&server, "weft_node_cache_hits_total") - hits,
+        0.0,
+        "tenant beta computes its own results"
+    );
     server.set_token(Some(&a));
     server.run(chain("shared"));
-    assert_eq!(metric(&server, "weft_node_cache_hits_total") - hits, 4.0, "tenant alpha still hits its own entries");
+    assert_eq!(
+        metric(&server, "weft_node_cache_hits_total") - hits,
+        4.0,
+        "tenant alpha still hits its own entries"
+    );
 }

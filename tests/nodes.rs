@@ -12,7 +12,10 @@ fn check_text_cases(server: &Server, cases: &[(&str, Value, &str)]) {
     let mut workflow = Map::new();
     for (i, (class, inputs, _)) in cases.iter().enumerate() {
         workflow.insert(format!("c{i}"), json!({"class_type": class, "inputs": inputs}));
-        workflow.insert(format!("p{i}"), json!({"class_type": "PreviewAny", "inputs": {"source": [format!("c{i}"), 0]}}));
+        workflow.insert(
+            format!("p{i}"),
+            json!({"class_type": "PreviewAny", "inputs": {"source": [format!("c{i}"), 0]}}),
+        );
     }
     let job = server.run(Value::Object(workflow));
     assert_eq!(job["status"], "succeeded", "{job}");
@@ -39,20 +42,60 @@ fn primitive_and_string_nodes_follow_comfyui() {
             ("PrimitiveInt", json!({"value": 42}), "42"),
             ("PrimitiveFloat", json!({"value": 1.5}), "1.5"),
             ("PrimitiveBoolean", json!({"value": true}), "true"),
-            ("StringConcatenate", json!({"string_a": "a", "string_b": "b", "delimiter": "-"}), "a-b"),
-            ("StringSubstring", json!({"string": "hello world", "start": 0, "end": 5}), "hello"),
-            ("StringSubstring", json!({"string": "hello world", "start": -5, "end": 11}), "world"),
+            (
+                "StringConcatenate",
+                json!({"string_a": "a", "string_b": "b", "delimiter": "-"}),
+                "a-b",
+            ),
+            (
+                "StringSubstring",
+                json!({"string": "hello world", "start": 0, "end": 5}),
+                "hello",
+            ),
+            (
+                "StringSubstring",
+                json!({"string": "hello world", "start": -5, "end": 11}),
+                "world",
+            ),
             ("StringLength", json!({"string": "hello"}), "5"),
-            ("CaseConverter", json!({"string": "hello world", "mode": "UPPERCASE"}), "HELLO WORLD"),
-            ("CaseConverter", json!({"string": "HELLO world", "mode": "lowercase"}), "hello world"),
-            ("CaseConverter", json!({"string": "hello world", "mode": "Capitalize"}), "Hello world"),
-            ("CaseConverter", json!({"string": "hello world", "mode": "Title Case"}), "Hello World"),
+            (
+                "CaseConverter",
+                json!({"string": "hello world", "mode": "UPPERCASE"}),
+                "HELLO WORLD",
+            ),
+            (
+                "CaseConverter",
+                json!({"string": "HELLO world", "mode": "lowercase"}),
+                "hello world",
+            ),
+            (
+                "CaseConverter",
+                json!({"string": "hello world", "mode": "Capitalize"}),
+                "Hello world",
+            ),
+            (
+                "CaseConverter",
+                json!({"string": "hello world", "mode": "Title Case"}),
+                "Hello World",
+            ),
             ("StringTrim", json!({"string": "  x  ", "mode": "Both"}), "x"),
             ("StringTrim", json!({"string": "  x  ", "mode": "Left"}), "x  "),
             ("StringTrim", json!({"string": "  x  ", "mode": "Right"}), "  x"),
-            ("StringReplace", json!({"string": "aXbX", "find": "X", "replace": "-"}), "a-b-"),
-            ("StringContains", json!({"string": "Hello", "substring": "hell", "case_sensitive": false}), "true"),
-            ("StringContains", json!({"string": "Hello", "substring": "hell", "case_sensitive": true}), "false"),
+            (
+                "StringReplace",
+                json!({"string": "aXbX", "find": "X", "replace": "-"}),
+                "a-b-",
+            ),
+            (
+                "StringContains",
+                json!({"string": "Hello", "substring": "hell", "case_sensitive": false}),
+                "true",
+            ),
+            (
+                "StringContains",
+                json!({"string": "Hello", "substring": "hell", "case_sensitive": true}),
+                "false",
+            ),
             (
                 "StringCompare",
                 json!({"string_a": "abc", "string_b": "ab", "mode": "Starts With", "case_sensitive": true}),
@@ -95,7 +138,10 @@ fn an_invalid_regex_is_a_node_error() {
     assert_eq!(job["status"], "failed");
     assert_eq!(job["error"]["code"], "node_execution_error");
     assert_eq!(job["error"]["class_type"], "RegexMatch");
-    assert!(job["error"]["message"].as_str().unwrap().contains("invalid_regex"), "{job}");
+    assert!(
+        job["error"]["message"].as_str().unwrap().contains("invalid_regex"),
+        "{job}"
+    );
 }
 
 #[test]
@@ -114,7 +160,9 @@ fn save_text_commits_a_text_output_named_after_its_prefix() {
 }
 
 fn decode_png(bytes: &[u8]) -> image::RgbaImage {
-    image::load_from_memory_with_format(bytes, image::ImageFormat::Png).unwrap().to_rgba8()
+    image::load_from_memory_with_format(bytes, image::ImageFormat::Png)
+        .unwrap()
+        .to_rgba8()
 }
 
 #[test]
@@ -138,7 +186,10 @@ fn empty_image_invert_and_save_image_produce_pngs() {
         assert_eq!(img.dimensions(), (8, 4));
         assert_eq!(img.get_pixel(3, 2).0, [0, 255, 255, 255]);
         let text = String::from_utf8_lossy(&png);
-        assert!(text.contains("prompt"), "the workflow is in a PNG text chunk, as ComfyUI writes it");
+        assert!(
+            text.contains("prompt"),
+            "the workflow is in a PNG text chunk, as ComfyUI writes it"
+        );
     }
 }
 
@@ -146,8 +197,14 @@ fn empty_image_invert_and_save_image_produce_pngs() {
 fn image_scale_resizes_with_each_method_and_crop() {
     let server = Server::start();
     let mut workflow = Map::new();
-    workflow.insert("src".into(), json!({"class_type": "EmptyImage", "inputs": {"width": 16, "height": 8, "batch_size": 1, "color": 0x336699}}));
-    for (i, method) in ["nearest-exact", "bilinear", "area", "bicubic", "lanczos"].iter().enumerate() {
+    workflow.insert(
+        "src".into(),
+        json!({"class_type": "EmptyImage", "inputs": {"width": 16, "height": 8, "batch_size": 1, "color": 0x336699}}),
+    );
+    for (i, method) in ["nearest-exact", "bilinear", "area", "bicubic", "lanczos"]
+        .iter()
+        .enumerate()
+    {
         for (j, crop) in ["disabled", "center"].iter().enumerate() {
             let id = format!("s{i}{j}");
             workflow.insert(id.clone(), json!({"class_type": "ImageScale", "inputs": {"image": ["src", 0], "upscale_method": method, "width": 6, "height": 6, "crop": crop}}));
@@ -162,7 +219,11 @@ fn image_scale_resizes_with_each_method_and_crop() {
         let img = decode_png(&server.download(output["url"].as_str().unwrap()));
         assert_eq!(img.dimensions(), (6, 6), "{}", output["name"]);
         let p = img.get_pixel(2, 2).0;
-        assert!((p[0] as i32 - 0x33).abs() <= 1 && (p[2] as i32 - 0x99).abs() <= 1, "{} keeps the colour: {p:?}", output["name"]);
+        assert!(
+            (p[0] as i32 - 0x33).abs() <= 1 && (p[2] as i32 - 0x99).abs() <= 1,
+            "{} keeps the colour: {p:?}",
+            output["name"]
+        );
     }
 }
 
@@ -174,7 +235,8 @@ fn load_image_reads_an_uploaded_asset_with_its_alpha_as_mask() {
         *p = image::Rgba([10, 20, 30, if x < 2 { 0 } else { 255 }]);
     }
     let mut png = Vec::new();
-    img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png).unwrap();
+    img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+        .unwrap();
     let asset = server.upload("input.png", png);
     let reference = json!({"__type": "core/ASSET", "info": {"id": asset["id"]}});
     let job = server.run(json!({
@@ -183,12 +245,25 @@ fn load_image_reads_an_uploaded_asset_with_its_alpha_as_mask() {
         "3": {"class_type": "PreviewAny", "inputs": {"source": ["1", 1]}}
     }));
     assert_eq!(job["status"], "succeeded", "{job}");
-    let saved = job["outputs"].as_array().unwrap().iter().find(|o| o["node_id"] == "2").unwrap();
+    let saved = job["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["node_id"] == "2")
+        .unwrap();
     let out = decode_png(&server.download(saved["url"].as_str().unwrap()));
     assert_eq!(out.dimensions(), (5, 3));
     assert_eq!(out.get_pixel(4, 1).0, [10, 20, 30, 255]);
-    let mask = job["outputs"].as_array().unwrap().iter().find(|o| o["node_id"] == "3").unwrap();
-    assert_eq!(String::from_utf8(server.download(mask["url"].as_str().unwrap())).unwrap(), "MASK 1x5x3");
+    let mask = job["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["node_id"] == "3")
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(server.download(mask["url"].as_str().unwrap())).unwrap(),
+        "MASK 1x5x3"
+    );
 }
 
 #[test]
@@ -207,27 +282,60 @@ fn the_catalogue_has_comfyui_object_info_shape() {
     assert!(empty["input"]["required"]["width"][1]["max"].is_number());
     assert!(empty["input"]["required"]["width"][1]["step"].is_number());
     let scale = &nodes["ImageScale"];
-    assert_eq!(scale["input"]["required"]["upscale_method"][0], json!(["nearest-exact", "bilinear", "area", "bicubic", "lanczos"]));
-    assert_eq!(scale["input_order"]["required"], json!(["image", "upscale_method", "width", "height", "crop"]));
+    assert_eq!(
+        scale["input"]["required"]["upscale_method"][0],
+        json!(["nearest-exact", "bilinear", "area", "bicubic", "lanczos"])
+    );
+    assert_eq!(
+        scale["input_order"]["required"],
+        json!(["image", "upscale_method", "width", "height", "crop"])
+    );
     let save = &nodes["SaveImage"];
     assert_eq!(save["output_node"], true);
     assert_eq!(save["category"], "image");
     for class in [
-        "PrimitiveString", "PrimitiveInt", "PrimitiveFloat", "PrimitiveBoolean", "StringConcatenate", "StringSubstring",
-        "StringLength", "CaseConverter", "StringTrim", "StringReplace", "StringContains", "StringCompare", "RegexMatch",
-        "RegexExtract", "SaveText", "LogText", "EmptyImage", "ImageInvert", "ImageScale", "LoadImage", "SaveImage",
+        "PrimitiveString",
+        "PrimitiveInt",
+        "PrimitiveFloat",
+        "PrimitiveBoolean",
+        "StringConcatenate",
+        "StringSubstring",
+        "StringLength",
+        "CaseConverter",
+        "StringTrim",
+        "StringReplace",
+        "StringContains",
+        "StringCompare",
+        "RegexMatch",
+        "RegexExtract",
+        "SaveText",
+        "LogText",
+        "EmptyImage",
+        "ImageInvert",
+        "ImageScale",
+        "LoadImage",
+        "SaveImage",
     ] {
         assert!(nodes[class].is_object(), "{class} is in the catalogue");
-        assert!(nodes[class]["description"].is_string() && nodes[class]["display_name"].is_string(), "{class}");
+        assert!(
+            nodes[class]["description"].is_string() && nodes[class]["display_name"].is_string(),
+            "{class}"
+        );
     }
 }
 
 #[test]
 fn weft_nodes_prints_the_catalogue() {
-    let out = std::process::Command::new(support::weft_bin()).arg("nodes").output().unwrap();
+    let out = std::process::Command::new(support::weft_bin())
+        .arg("nodes")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("StringConcatenate") && text.contains("SaveImage"), "{text}");
+    assert!(
+        text.contains("StringConcatenate") && text.contains("SaveImage"),
+        "{text}"
+    );
 }
 
 /// The Python example plugin, built by scripts/build-wasm.sh with componentize-py.
@@ -250,7 +358,10 @@ fn python_plugin_dir() -> tempfile::TempDir {
 #[test]
 fn a_plugin_written_in_python_runs_as_a_node() {
     let plugins = python_plugin_dir();
-    let server = Server::with(Options { plugins_dir: Some(plugins.path().to_path_buf()), ..Default::default() });
+    let server = Server::with(Options {
+        plugins_dir: Some(plugins.path().to_path_buf()),
+        ..Default::default()
+    });
     check_text_cases(
         &server,
         &[

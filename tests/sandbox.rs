@@ -19,13 +19,25 @@ fn hostile_server(extra: &[&str]) -> (Server, tempfile::TempDir) {
         "weft_test_huge_output",
         "weft_test_counter",
     ]);
-    let mut args: Vec<String> =
-        ["--node-timeout-ms", "1500", "--node-memory-mib", "64", "--surface", "serverless", "--job-cost", "0"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+    let mut args: Vec<String> = [
+        "--node-timeout-ms",
+        "1500",
+        "--node-memory-mib",
+        "64",
+        "--surface",
+        "serverless",
+        "--job-cost",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
-    let server = Server::with(Options { args, plugins_dir: Some(plugins.path().to_path_buf()), ..Default::default() });
+    let server = Server::with(Options {
+        args,
+        plugins_dir: Some(plugins.path().to_path_buf()),
+        ..Default::default()
+    });
     (server, plugins)
 }
 
@@ -59,7 +71,10 @@ fn an_infinite_loop_is_stopped_at_the_node_time_limit() {
     let (server, _p) = hostile_server(&[]);
     let job = server.run(single("HostileLoop", json!({})));
     assert_failed_with(&job, "node_timeout", "HostileLoop");
-    assert!(job["error"]["traceback"].as_str().is_some_and(|t| !t.is_empty()), "a trap carries its wasm backtrace: {job}");
+    assert!(
+        job["error"]["traceback"].as_str().is_some_and(|t| !t.is_empty()),
+        "a trap carries its wasm backtrace: {job}"
+    );
     assert_host_alive(&server);
 }
 
@@ -81,7 +96,10 @@ fn a_stdout_flood_keeps_the_log_bounded_and_keeps_the_tail() {
     assert_eq!(logs["truncated"], true, "{logs}");
     let text = logs["text"].as_str().unwrap();
     assert!(text.len() <= 64 * 1024, "the log is bounded: {} bytes", text.len());
-    assert!(text.trim_end().ends_with("FLOOD-END-MARKER"), "the log keeps the newest bytes");
+    assert!(
+        text.trim_end().ends_with("FLOOD-END-MARKER"),
+        "the log keeps the newest bytes"
+    );
     assert_host_alive(&server);
 }
 
@@ -102,7 +120,10 @@ fn files_sockets_and_environment_are_denied() {
     let message = job["error"]["message"].as_str().unwrap();
     assert!(message.contains("sandbox_held"), "{message}");
     for attempt in ["/etc/passwd", "tcp", "env"] {
-        assert!(message.to_lowercase().contains(attempt), "the message reports the {attempt} attempt: {message}");
+        assert!(
+            message.to_lowercase().contains(attempt),
+            "the message reports the {attempt} attempt: {message}"
+        );
     }
     assert_host_alive(&server);
 }
@@ -112,7 +133,10 @@ fn a_guest_panic_is_a_clean_node_error() {
     let (server, _p) = hostile_server(&[]);
     let job = server.run(single("HostilePanic", json!({})));
     assert_failed_with(&job, "node_panic", "HostilePanic");
-    assert!(job["error"]["message"].as_str().unwrap().contains("hostile panic"), "{job}");
+    assert!(
+        job["error"]["message"].as_str().unwrap().contains("hostile panic"),
+        "{job}"
+    );
     assert_host_alive(&server);
 }
 
@@ -122,12 +146,26 @@ fn an_absurdly_large_output_is_refused() {
     let job = server.run(single("HostileHugeOutput", json!({"mib": 512})));
     assert_eq!(job["status"], "failed", "{job}");
     let code = job["error"]["code"].as_str().unwrap();
-    assert!(matches!(code, "node_memory_limit" | "node_output_too_large" | "node_hostcall_limit"), "{job}");
+    assert!(
+        matches!(
+            code,
+            "node_memory_limit" | "node_output_too_large" | "node_hostcall_limit"
+        ),
+        "{job}"
+    );
     // Under the memory cap but over the output cap.
-    let (server, _p) = hostile_server(&["--node-memory-mib", "256", "--hostcall-mib", "8", "--node-timeout-ms", "60000"]);
+    let (server, _p) = hostile_server(&[
+        "--node-memory-mib",
+        "256",
+        "--hostcall-mib",
+        "8",
+        "--node-timeout-ms",
+        "60000",
+    ]);
     let job = server.run(single("HostileHugeOutput", json!({"mib": 32})));
     assert_failed_with(&job, "node_output_too_large", "HostileHugeOutput");
-    let job = server.run(json!({"1": {"class_type": "HostileHugeFile", "inputs": {"mib": 32, "filename_prefix": "x"}}}));
+    let job =
+        server.run(json!({"1": {"class_type": "HostileHugeFile", "inputs": {"mib": 32, "filename_prefix": "x"}}}));
     assert_failed_with(&job, "node_output_too_large", "HostileHugeFile");
     assert_eq!(job["outputs"], json!([]), "nothing was committed: {job}");
     assert_host_alive(&server);
@@ -150,8 +188,14 @@ fn cancel_interrupts_a_node_that_never_checks() {
     let job = server.submit(single("SlowCounter", json!({"seconds": 300.0})));
     let id = job["id"].as_str().unwrap();
     wait_running(&server, id);
-    let canceled: Value = server.post(&format!("/api/v2/jobs/{id}/cancel"), &json!({})).json().unwrap();
-    assert!(matches!(canceled["status"].as_str(), Some("canceling") | Some("canceled")), "{canceled}");
+    let canceled: Value = server
+        .post(&format!("/api/v2/jobs/{id}/cancel"), &json!({}))
+        .json()
+        .unwrap();
+    assert!(
+        matches!(canceled["status"].as_str(), Some("canceling") | Some("canceled")),
+        "{canceled}"
+    );
     let done = server.wait(id);
     assert_eq!(done["status"], "canceled", "{done}");
     assert_host_alive(&server);
@@ -169,7 +213,15 @@ fn cancel_reaches_a_node_that_checks() {
 
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches(" kB").trim().parse().unwrap()
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches(" kB")
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 fn open_fds(pid: u32) -> usize {
@@ -197,7 +249,10 @@ fn failing_calls_leave_memory_and_file_descriptors_flat() {
     round(25);
     let (rss_after, fds_after) = (rss_kib(server.pid()), open_fds(server.pid()));
     assert!(fds_after <= fds + 4, "file descriptors grew from {fds} to {fds_after}");
-    assert!(rss_after < rss + 64 * 1024, "resident memory grew from {rss} KiB to {rss_after} KiB over 100 failing calls");
+    assert!(
+        rss_after < rss + 64 * 1024,
+        "resident memory grew from {rss} KiB to {rss_after} KiB over 100 failing calls"
+    );
 }
 
 #[test]
@@ -213,7 +268,10 @@ fn two_plugins_defining_one_class_is_a_startup_error_naming_both() {
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("HostilePanic") && stderr.contains("first") && stderr.contains("second"), "{stderr}");
+    assert!(
+        stderr.contains("HostilePanic") && stderr.contains("first") && stderr.contains("second"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -243,5 +301,8 @@ fn a_plugin_gets_only_capabilities_its_manifest_asks_for_and_the_operator_grants
     let text = String::from_utf8(preview).unwrap();
     assert!(text.starts_with("LEAKED:") && text.contains("PATH"), "{text}");
     assert!(!text.contains("read /etc/passwd: LEAKED"), "files stay closed: {text}");
-    assert!(!text.contains("tcp connect 127.0.0.1:9: LEAKED"), "the network stays closed: {text}");
+    assert!(
+        !text.contains("tcp connect 127.0.0.1:9: LEAKED"),
+        "the network stays closed: {text}"
+    );
 }

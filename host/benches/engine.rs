@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use weft::runtime::{AssetReader, AssetRef, CallContext, CancelToken, ProgressSink, Runtime, RuntimeConfig, TailLog, Value as V};
+use weft::runtime::{
+    AssetReader, AssetRef, CallContext, CancelToken, ProgressSink, Runtime, RuntimeConfig, TailLog, Value as V,
+};
 
 struct Nothing;
 impl ProgressSink for Nothing {
@@ -29,14 +31,22 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 fn per_node_overhead() {
-    let runtime = Runtime::load(RuntimeConfig { concurrent_calls: 4, ..Default::default() }).expect("loading plugins");
+    let runtime = Runtime::load(RuntimeConfig {
+        concurrent_calls: 4,
+        ..Default::default()
+    })
+    .expect("loading plugins");
     let ctx = CallContext {
         log: TailLog::new(64 << 10),
         cancel: CancelToken::new(),
         progress: Arc::new(Nothing),
         assets: Arc::new(Nothing),
     };
-    let call = || runtime.call("PrimitiveString", vec![("value".into(), V::Text("x".into()))], &ctx).unwrap();
+    let call = || {
+        runtime
+            .call("PrimitiveString", vec![("value".into(), V::Text("x".into()))], &ctx)
+            .unwrap()
+    };
     for _ in 0..500 {
         call();
     }
@@ -63,11 +73,17 @@ fn per_node_overhead() {
 /// A chain of `n - 1` StringConcatenate nodes ending in SaveText.
 fn chain(n: usize) -> Value {
     let mut w = serde_json::Map::new();
-    w.insert("0".into(), json!({"class_type": "PrimitiveString", "inputs": {"value": "x"}}));
+    w.insert(
+        "0".into(),
+        json!({"class_type": "PrimitiveString", "inputs": {"value": "x"}}),
+    );
     for i in 1..n - 1 {
         w.insert(i.to_string(), json!({"class_type": "StringConcatenate", "inputs": {"string_a": [(i - 1).to_string(), 0], "string_b": "y", "delimiter": ""}}));
     }
-    w.insert((n - 1).to_string(), json!({"class_type": "SaveText", "inputs": {"text": [(n - 2).to_string(), 0], "filename_prefix": "b"}}));
+    w.insert(
+        (n - 1).to_string(),
+        json!({"class_type": "SaveText", "inputs": {"text": [(n - 2).to_string(), 0], "filename_prefix": "b"}}),
+    );
     Value::Object(w)
 }
 
@@ -120,7 +136,13 @@ fn start(dir: tempfile::TempDir) -> (Server, Duration) {
     };
     std::thread::spawn(move || for _ in lines {});
     let http = reqwest::blocking::Client::new();
-    while http.get(format!("{base}/healthz")).send().map(|r| r.status().as_u16()).ok() != Some(200) {
+    while http
+        .get(format!("{base}/healthz"))
+        .send()
+        .map(|r| r.status().as_u16())
+        .ok()
+        != Some(200)
+    {
         std::thread::sleep(Duration::from_millis(2));
     }
     (Server { child, base, _dir: dir }, t.elapsed())
@@ -128,18 +150,32 @@ fn start(dir: tempfile::TempDir) -> (Server, Duration) {
 
 fn rss_mib(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches("kB").trim().parse().unwrap();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
     kib / 1024.0
 }
 
 fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 fn end_to_end(name: &str, server: &Server, workflow: Value, seconds: f64) {
     let threads = 4;
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let metrics_before = reqwest::blocking::get(format!("{}/metrics", server.base)).unwrap().text().unwrap();
+    let metrics_before = reqwest::blocking::get(format!("{}/metrics", server.base))
+        .unwrap()
+        .text()
+        .unwrap();
     let started = Instant::now();
     let handles: Vec<_> = (0..threads)
         .map(|t| {
@@ -158,7 +194,13 @@ fn end_to_end(name: &str, server: &Server, workflow: Value, seconds: f64) {
                     }
                     i += 1;
                     let t0 = Instant::now();
-                    let job: Value = http.post(format!("{base}/api/v2/jobs")).json(&json!({"workflow": workflow})).send().unwrap().json().unwrap();
+                    let job: Value = http
+                        .post(format!("{base}/api/v2/jobs"))
+                        .json(&json!({"workflow": workflow}))
+                        .send()
+                        .unwrap()
+                        .json()
+                        .unwrap();
                     let url = format!("{base}{}", job["urls"]["self"].as_str().unwrap());
                     loop {
                         let j: Value = http.get(&url).send().unwrap().json().unwrap();
@@ -186,8 +228,12 @@ fn end_to_end(name: &str, server: &Server, workflow: Value, seconds: f64) {
     }
     let elapsed = started.elapsed().as_secs_f64();
     all.sort();
-    let metrics = reqwest::blocking::get(format!("{}/metrics", server.base)).unwrap().text().unwrap();
-    let jobs = metric_sum(&metrics, "weft_job_duration_seconds_count") - metric_sum(&metrics_before, "weft_job_duration_seconds_count");
+    let metrics = reqwest::blocking::get(format!("{}/metrics", server.base))
+        .unwrap()
+        .text()
+        .unwrap();
+    let jobs = metric_sum(&metrics, "weft_job_duration_seconds_count")
+        - metric_sum(&metrics_before, "weft_job_duration_seconds_count");
     let per_job = |name: &str| (metric_sum(&metrics, name) - metric_sum(&metrics_before, name)) / jobs.max(1.0) * 1e6;
     println!(
         "{name}: {:.0} jobs/s from {threads} client threads (submit to succeeded, polling), latency median {:.2} ms, p99 {:.2} ms, {} jobs, {wrong} not succeeded",
@@ -214,10 +260,18 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path()).unwrap();
     // Re-use the compiled-code cache of the first start for a warm start.
-    let _ = Command::new("cp").arg("-r").arg(first._dir.path().join("cache")).arg(dir.path()).status();
+    let _ = Command::new("cp")
+        .arg("-r")
+        .arg(first._dir.path().join("cache"))
+        .arg(dir.path())
+        .status();
     drop(first);
     let (server, warm) = start(dir);
-    println!("start-up to ready: {:.0} ms cold (compiling plugins), {:.0} ms warm (cached)", cold.as_secs_f64() * 1e3, warm.as_secs_f64() * 1e3);
+    println!(
+        "start-up to ready: {:.0} ms cold (compiling plugins), {:.0} ms warm (cached)",
+        cold.as_secs_f64() * 1e3,
+        warm.as_secs_f64() * 1e3
+    );
     std::thread::sleep(Duration::from_millis(500));
     println!("idle RSS after start-up: {:.1} MiB", rss_mib(server.child.id()));
     end_to_end(

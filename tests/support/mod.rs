@@ -64,11 +64,18 @@ impl Server {
             }
         };
         let mut cmd = Command::new(weft_bin());
-        cmd.arg("serve").arg("--addr").arg("127.0.0.1:0").arg("--data-dir").arg(&data_dir);
+        cmd.arg("serve")
+            .arg("--addr")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(&data_dir);
         if let Some(p) = &options.plugins_dir {
             cmd.arg("--plugins-dir").arg(p);
         }
-        cmd.args(&options.args).stdout(Stdio::piped()).stderr(Stdio::inherit()).env("WEFT_LOG", "warn");
+        cmd.args(&options.args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .env("WEFT_LOG", "warn");
         let mut child = cmd.spawn().expect("starting weft");
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
@@ -92,7 +99,10 @@ impl Server {
             base,
             data_dir,
             _temp: temp,
-            http: reqwest::blocking::Client::builder().timeout(Duration::from_secs(120)).build().unwrap(),
+            http: reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()
+                .unwrap(),
             token: std::sync::Mutex::new(options.token),
         };
         server.wait_ready();
@@ -189,9 +199,16 @@ impl Server {
     /// Uploads `bytes` as an asset named `name`, returning the asset record.
     pub fn upload(&self, name: &str, bytes: Vec<u8>) -> Value {
         let form = reqwest::blocking::multipart::Form::new()
-            .part("file", reqwest::blocking::multipart::Part::bytes(bytes).file_name(name.to_string()))
+            .part(
+                "file",
+                reqwest::blocking::multipart::Part::bytes(bytes).file_name(name.to_string()),
+            )
             .text("file_path", name.to_string());
-        let r = self.request(reqwest::Method::POST, "/api/v2/assets").multipart(form).send().unwrap();
+        let r = self
+            .request(reqwest::Method::POST, "/api/v2/assets")
+            .multipart(form)
+            .send()
+            .unwrap();
         let status = r.status().as_u16();
         let body: Value = r.json().unwrap();
         assert!(status == 201 || status == 200, "upload failed: {status} {body}");
@@ -226,7 +243,11 @@ impl Drop for Server {
 /// Builds the hostile test plugins (a no-op when up to date) and returns the directory of
 /// their components.
 pub fn test_plugins_dir() -> PathBuf {
-    let status = Command::new(root().join("scripts/build-wasm.sh")).arg("test").stdout(Stdio::null()).status().unwrap();
+    let status = Command::new(root().join("scripts/build-wasm.sh"))
+        .arg("test")
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
     assert!(status.success(), "building the test plugins failed");
     root().join("target/wasm/wasm32-wasip2/release")
 }

@@ -1,7 +1,7 @@
 //! Planning: which nodes run (the output nodes and their ancestors), in what order, and the
 //! cache key of each.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use super::validate::{as_link, RawNode};
 use crate::runtime::{NodeDef, Value};
@@ -58,7 +58,7 @@ fn links<'a>(node: &'a RawNode) -> impl Iterator<Item = &'a str> + 'a {
 }
 
 /// `outputs` and everything they depend on.
-pub(super) fn ancestors<'a>(outputs: &[&'a str], nodes: &BTreeMap<&'a str, RawNode<'a>>) -> BTreeSet<&'a str> {
+pub(super) fn ancestors<'a>(outputs: &[&'a str], nodes: &HashMap<&'a str, RawNode<'a>>) -> BTreeSet<&'a str> {
     let mut seen = BTreeSet::new();
     let mut stack: Vec<&str> = outputs.to_vec();
     while let Some(id) = stack.pop() {
@@ -74,14 +74,14 @@ pub(super) fn ancestors<'a>(outputs: &[&'a str], nodes: &BTreeMap<&'a str, RawNo
 
 /// The cycles among `needed`, each as the node ids on it (Tarjan's strongly connected
 /// components with more than one node, or a node linking to itself).
-pub(super) fn cycles(needed: &BTreeSet<&str>, nodes: &BTreeMap<&str, RawNode>) -> Vec<Vec<String>> {
+pub(super) fn cycles(needed: &BTreeSet<&str>, nodes: &HashMap<&str, RawNode>) -> Vec<Vec<String>> {
     struct Tarjan<'a, 'b> {
-        nodes: &'b BTreeMap<&'a str, RawNode<'a>>,
+        nodes: &'b HashMap<&'a str, RawNode<'a>>,
         needed: &'b BTreeSet<&'a str>,
-        index: BTreeMap<&'a str, usize>,
-        low: BTreeMap<&'a str, usize>,
+        index: HashMap<&'a str, usize>,
+        low: HashMap<&'a str, usize>,
         stack: Vec<&'a str>,
-        on_stack: BTreeSet<&'a str>,
+        on_stack: HashSet<&'a str>,
         next: usize,
         found: Vec<Vec<String>>,
     }
@@ -140,10 +140,10 @@ pub(super) fn cycles(needed: &BTreeSet<&str>, nodes: &BTreeMap<&str, RawNode>) -
     let mut t = Tarjan {
         nodes,
         needed,
-        index: BTreeMap::new(),
-        low: BTreeMap::new(),
+        index: HashMap::new(),
+        low: HashMap::new(),
         stack: Vec::new(),
-        on_stack: BTreeSet::new(),
+        on_stack: HashSet::new(),
         next: 0,
         found: Vec::new(),
     };
@@ -158,13 +158,13 @@ pub(super) fn cycles(needed: &BTreeSet<&str>, nodes: &BTreeMap<&str, RawNode>) -
 /// Orders the (acyclic, validated) `needed` nodes and computes their cache keys.
 pub(super) fn build(
     needed: &BTreeSet<&str>,
-    nodes: &BTreeMap<&str, RawNode>,
-    defs: &BTreeMap<&str, &NodeDef>,
-    mut literals: BTreeMap<(String, String), Value>,
+    nodes: &HashMap<&str, RawNode>,
+    defs: &HashMap<&str, &NodeDef>,
+    mut literals: HashMap<(String, String), Value>,
 ) -> Plan {
     // Depth-first post-order gives dependencies first; iterative for deep chains.
     let mut order: Vec<&str> = Vec::with_capacity(needed.len());
-    let mut placed: BTreeSet<&str> = BTreeSet::new();
+    let mut placed: HashSet<&str> = HashSet::with_capacity(needed.len());
     for &root in needed {
         let mut stack = vec![(root, false)];
         while let Some((id, expanded)) = stack.pop() {
@@ -186,7 +186,7 @@ pub(super) fn build(
             }
         }
     }
-    let position: BTreeMap<&str, usize> = order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+    let position: HashMap<&str, usize> = order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
     let mut planned: Vec<PlannedNode> = Vec::with_capacity(order.len());
     for id in order {
         let def = defs[id];

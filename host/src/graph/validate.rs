@@ -1,7 +1,7 @@
 //! Validation of API-format workflows: structure, classes, links and their types, literal
 //! types, ranges, combos, cycles and output nodes. It collects every error it finds.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::Value as Json;
 
@@ -43,8 +43,8 @@ pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> 
     }
 
     let mut node_errors: BTreeMap<String, Vec<FieldError>> = BTreeMap::new();
-    let mut nodes: BTreeMap<&str, RawNode> = BTreeMap::new();
-    let mut defs: BTreeMap<&str, &NodeDef> = BTreeMap::new();
+    let mut nodes: HashMap<&str, RawNode> = HashMap::with_capacity(object.len());
+    let mut defs: HashMap<&str, &NodeDef> = HashMap::with_capacity(object.len());
     for (id, node) in object {
         let Some(node) = node.as_object() else {
             push(
@@ -122,7 +122,7 @@ pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> 
 
     // Inputs are checked on the nodes the outputs need, as ComfyUI does.
     let needed = plan::ancestors(&outputs, &nodes);
-    let mut literals: BTreeMap<(String, String), Value> = BTreeMap::new();
+    let mut literals: HashMap<(String, String), Value> = HashMap::new();
     for id in &needed {
         let (Some(node), Some(def)) = (nodes.get(id), defs.get(id)) else {
             continue;
@@ -242,8 +242,8 @@ fn is_handle_type(type_name: &str) -> bool {
 fn check_input(
     spec: &InputSpec,
     raw: &Json,
-    nodes: &BTreeMap<&str, RawNode>,
-    defs: &BTreeMap<&str, &NodeDef>,
+    nodes: &HashMap<&str, RawNode>,
+    defs: &HashMap<&str, &NodeDef>,
 ) -> Result<Option<Value>, FieldError> {
     let name = spec.name.as_str();
     if let Some((source, index)) = as_link(raw) {

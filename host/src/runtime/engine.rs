@@ -27,11 +27,7 @@ pub fn build(limits: &Limits, concurrent_calls: u32) -> anyhow::Result<Engine> {
         .table_elements(limits.table_elements)
         .max_memory_size(limits.memory_bytes)
         .max_component_instance_size(1 << 20)
-        .max_core_instance_size(1 << 20)
-        // Keep the first pages of a slot's memory and tables mapped between calls: a fresh
-        // call then reuses warm pages instead of faulting them in again.
-        .linear_memory_keep_resident(2 << 20)
-        .table_keep_resident(64 << 10);
+        .max_core_instance_size(1 << 20);
     let mut config = Config::new();
     config
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))

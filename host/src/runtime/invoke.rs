@@ -313,7 +313,8 @@ fn classify(error: wasmtime::Error, state: &CallState, new_log: &str) -> NodeFai
                 state.hostcall_limit
             ),
         )
-    } else if trap == Some(Trap::StackOverflow) || (trap == Some(Trap::MemoryOutOfBounds) && runaway_recursion(&error)) {
+    } else if trap == Some(Trap::StackOverflow) || (trap == Some(Trap::MemoryOutOfBounds) && runaway_recursion(&error))
+    {
         NodeFailure::new(
             "node_stack_overflow",
             "the node overflowed its stack (too deep recursion)",
@@ -333,7 +334,9 @@ fn classify(error: wasmtime::Error, state: &CallState, new_log: &str) -> NodeFai
 /// that keep their stack in linear memory (Rust, C) overflow it into an out-of-bounds
 /// access before wasm's own stack runs out, so this is how their stack overflow looks.
 fn runaway_recursion(error: &wasmtime::Error) -> bool {
-    let Some(backtrace) = error.downcast_ref::<wasmtime::WasmBacktrace>() else { return false };
+    let Some(backtrace) = error.downcast_ref::<wasmtime::WasmBacktrace>() else {
+        return false;
+    };
     let frames = backtrace.frames();
     frames.len() >= 16 && frames[1..16].iter().all(|f| f.func_index() == frames[1].func_index())
 }

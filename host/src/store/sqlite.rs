@@ -150,7 +150,11 @@ impl SqliteStore {
         let (reply, rx) = oneshot::channel();
         let op: WriteOp = Box::new(move |c| op(c).map(|r| Box::new(r) as Box<dyn Any + Send>));
         self.writer
-            .send(WriteRequest { op, reply, durable: durability == Durability::Durable })
+            .send(WriteRequest {
+                op,
+                reply,
+                durable: durability == Durability::Durable,
+            })
             .map_err(|_| StoreError::Backend("the store writer has stopped".into()))?;
         let out = rx
             .await
@@ -514,7 +518,11 @@ impl Store for SqliteStore {
 
     async fn insert_asset(&self, asset: AssetRecord) -> Result<(), StoreError> {
         // An upload is acknowledged to its caller; an output can be made again by a re-run.
-        let durability = if asset.job_id.is_some() { Durability::Relaxed } else { Durability::Durable };
+        let durability = if asset.job_id.is_some() {
+            Durability::Relaxed
+        } else {
+            Durability::Durable
+        };
         self.write(durability, move |c| {
             c.prepare_cached(
                 "INSERT INTO assets (id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index)

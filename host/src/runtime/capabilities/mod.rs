@@ -68,7 +68,9 @@ pub const ALL: &[(&str, LinkFn)] = &[
     ("images", |l| {
         super::bindings::weft::node::images::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
     }),
-    ("music", |l| super::bindings::weft::node::music::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)),
+    ("music", |l| {
+        super::bindings::weft::node::music::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
+    }),
 ];
 
 /// WASI preview 2, which every Rust or Python guest imports. What it can reach is decided
