@@ -99,20 +99,7 @@ fn wrong_expected_hash_is_409_hash_mismatch() {
 #[test]
 fn from_hash_makes_an_asset_or_answers_blob_not_found() {
     let dir = tempfile::tempdir().unwrap();
-    let key = |tenant: &str| {
-        let out = std::process::Command::new(support::weft_bin())
-            .args(["keys", "create", "--tenant", tenant, "--data-dir"])
-            .arg(dir.path())
-            .output()
-            .unwrap();
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .last()
-            .unwrap()
-            .trim()
-            .to_string()
-    };
+    let key = |tenant: &str| support::new_key(dir.path(), tenant);
     let (a, b) = (key("a"), key("b"));
     let server = Server::with(Options {
         args: vec!["--auth".into(), "keys".into()],

@@ -7,23 +7,13 @@ use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{Options, Server};
+use support::Server;
 
 fn slow_workflow(seconds: f64) -> Value {
     json!({
         "1": {"class_type": "SlowCounter", "inputs": {"seconds": seconds}},
         "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}
     })
-}
-
-fn slow_server(args: &[&str]) -> (Server, tempfile::TempDir) {
-    let plugins = support::plugins_with(&["weft_test_counter"]);
-    let server = Server::with(Options {
-        args: args.iter().map(|s| s.to_string()).collect(),
-        plugins_dir: Some(plugins.path().to_path_buf()),
-        ..Default::default()
-    });
-    (server, plugins)
 }
 
 /// One SSE frame: event name, id, data (parsed), or a comment.
@@ -129,7 +119,7 @@ fn cancel(server: &Server, id: &str) -> Value {
 
 #[test]
 fn snapshot_on_connect_carries_status_and_latest_progress() {
-    let (server, _p) = slow_server(&[]);
+    let (server, _p) = support::slow_server(&[]);
     let job = server.submit(slow_workflow(300.0));
     let id = job["id"].as_str().unwrap();
     wait_running_with_progress(&server, id);
@@ -150,7 +140,7 @@ fn snapshot_on_connect_carries_status_and_latest_progress() {
 
 #[test]
 fn every_transition_is_a_status_event_and_the_stream_ends_after_the_terminal_one() {
-    let (server, _p) = slow_server(&["--workers", "1"]);
+    let (server, _p) = support::slow_server(&["--workers", "1"]);
     let blocker = server.submit(slow_workflow(300.0));
     let bid = blocker["id"].as_str().unwrap().to_string();
     wait_running_with_progress(&server, &bid);
@@ -202,7 +192,7 @@ fn every_transition_is_a_status_event_and_the_stream_ends_after_the_terminal_one
 
 #[test]
 fn last_event_id_resumes_after_that_event() {
-    let (server, _p) = slow_server(&[]);
+    let (server, _p) = support::slow_server(&[]);
     let job = server.submit(slow_workflow(300.0));
     let id = job["id"].as_str().unwrap().to_string();
     wait_running_with_progress(&server, &id);
@@ -229,7 +219,7 @@ fn last_event_id_resumes_after_that_event() {
 
 #[test]
 fn max_streams_gives_429_too_many_streams() {
-    let (server, _p) = slow_server(&["--max-streams", "1"]);
+    let (server, _p) = support::slow_server(&["--max-streams", "1"]);
     let job = server.submit(slow_workflow(300.0));
     let id = job["id"].as_str().unwrap().to_string();
     let mut open = Sse::open(&server, &id, None);
@@ -252,7 +242,7 @@ fn max_streams_gives_429_too_many_streams() {
 fn an_idle_stream_gets_a_keep_alive_comment() {
     // The interval is 15 s; a queued job behind a blocker emits nothing, so the next frame
     // after the snapshot must be the keep-alive comment.
-    let (server, _p) = slow_server(&["--workers", "1"]);
+    let (server, _p) = support::slow_server(&["--workers", "1"]);
     let blocker = server.submit(slow_workflow(300.0));
     let bid = blocker["id"].as_str().unwrap().to_string();
     wait_running_with_progress(&server, &bid);

@@ -340,19 +340,7 @@ fn a_non_deterministic_node_is_never_cached() {
 #[test]
 fn the_cache_never_serves_one_tenant_to_another() {
     let data = tempfile::tempdir().unwrap();
-    let key = |tenant: &str| {
-        let out = std::process::Command::new(support::weft_bin())
-            .args(["keys", "create", "--tenant", tenant, "--data-dir"])
-            .arg(data.path())
-            .output()
-            .unwrap();
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .last()
-            .unwrap()
-            .to_string()
-    };
+    let key = |tenant: &str| support::new_key(data.path(), tenant);
     let (a, b) = (key("alpha"), key("beta"));
     let opts = |token: String| Options {
         data_dir: Some(data.path().to_path_buf()),

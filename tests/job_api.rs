@@ -69,16 +69,6 @@ fn assert_envelope(body: &Value, code: &str) {
     );
 }
 
-fn slow_server(args: &[&str]) -> (Server, tempfile::TempDir) {
-    let plugins = support::plugins_with(&["weft_test_counter"]);
-    let server = Server::with(Options {
-        args: args.iter().map(|s| s.to_string()).collect(),
-        plugins_dir: Some(plugins.path().to_path_buf()),
-        ..Default::default()
-    });
-    (server, plugins)
-}
-
 fn server_with(args: &[&str]) -> Server {
     Server::with(Options {
         args: args.iter().map(|s| s.to_string()).collect(),
@@ -129,18 +119,6 @@ fn weft(args: &[&str]) -> String {
         .unwrap();
     assert!(out.status.success(), "weft {args:?} failed");
     String::from_utf8(out.stdout).unwrap()
-}
-
-fn new_key(data_dir: &std::path::Path, tenant: &str) -> String {
-    let out = weft(&[
-        "keys",
-        "create",
-        "--data-dir",
-        data_dir.to_str().unwrap(),
-        "--tenant",
-        tenant,
-    ]);
-    out.lines().last().unwrap().trim().to_string()
 }
 
 // ---------------------------------------------------------------- submit
@@ -372,7 +350,7 @@ fn idempotency_key_is_released_after_validation_failure() {
 
 #[test]
 fn idempotency_key_is_released_after_queue_full() {
-    let (server, _p) = slow_server(&["--workers", "1", "--queue-depth", "1"]);
+    let (server, _p) = support::slow_server(&["--workers", "1", "--queue-depth", "1"]);
     let running = server.submit(slow_workflow(300.0));
     wait_status(&server, running["id"].as_str().unwrap(), "running");
     let queued = server.submit(slow_workflow(300.0));
@@ -442,7 +420,7 @@ fn concurrent_duplicates_yield_exactly_one_201() {
 
 #[test]
 fn cancel_is_defined_in_every_state() {
-    let (server, _p) = slow_server(&["--workers", "1"]);
+    let (server, _p) = support::slow_server(&["--workers", "1"]);
     let running = server.submit(slow_workflow(300.0));
     let rid = running["id"].as_str().unwrap().to_string();
     wait_status(&server, &rid, "running");
@@ -577,7 +555,7 @@ fn list_rejects_an_unknown_cursor_with_invalid_cursor() {
 
 #[test]
 fn queue_full_is_429_with_an_integer_retry_after() {
-    let (server, _p) = slow_server(&["--workers", "1", "--queue-depth", "2"]);
+    let (server, _p) = support::slow_server(&["--workers", "1", "--queue-depth", "2"]);
     let running = server.submit(slow_workflow(300.0));
     wait_status(&server, running["id"].as_str().unwrap(), "running");
     server.submit(slow_workflow(300.0));
@@ -590,7 +568,7 @@ fn queue_full_is_429_with_an_integer_retry_after() {
 
 #[test]
 fn queue_position_is_true_for_queued_jobs() {
-    let (server, _p) = slow_server(&["--workers", "1"]);
+    let (server, _p) = support::slow_server(&["--workers", "1"]);
     let running = server.submit(slow_workflow(300.0));
     let rid = running["id"].as_str().unwrap().to_string();
     wait_status(&server, &rid, "running");
@@ -613,8 +591,8 @@ fn queue_position_is_true_for_queued_jobs() {
 fn scheduling_is_fair_across_tenants() {
     let plugins = support::plugins_with(&["weft_test_counter"]);
     let dir = tempfile::tempdir().unwrap();
-    let key_a = new_key(dir.path(), "a");
-    let key_b = new_key(dir.path(), "b");
+    let key_a = support::new_key(dir.path(), "a");
+    let key_b = support::new_key(dir.path(), "b");
     let server = Server::with(Options {
         args: vec!["--auth".into(), "keys".into(), "--workers".into(), "1".into()],
         data_dir: Some(dir.path().to_path_buf()),
@@ -917,8 +895,8 @@ fn static_token_auth_gives_401_unauthorized_without_the_token() {
 #[test]
 fn api_keys_scope_every_resource_to_its_tenant() {
     let dir = tempfile::tempdir().unwrap();
-    let key_a = new_key(dir.path(), "alpha");
-    let key_b = new_key(dir.path(), "beta");
+    let key_a = support::new_key(dir.path(), "alpha");
+    let key_b = support::new_key(dir.path(), "beta");
     assert!(key_a != key_b);
     let server = Server::with(Options {
         args: vec!["--auth".into(), "keys".into(), "--admin-token".into(), "ADM".into()],

@@ -267,3 +267,33 @@ pub fn plugins_with(names: &[&str]) -> tempfile::TempDir {
 pub fn error_code(body: &Value) -> &str {
     body["error"]["code"].as_str().unwrap_or("")
 }
+
+/// Creates an API key for `tenant` in `data_dir` with `weft keys create`, returning the key
+/// (printed on the command's last line).
+pub fn new_key(data_dir: &Path, tenant: &str) -> String {
+    let out = Command::new(weft_bin())
+        .args(["keys", "create", "--tenant", tenant, "--data-dir"])
+        .arg(data_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "weft keys create failed");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// A server with the counter test plugin (`SlowCounter`, `PoliteCounter`) and `args`; keep
+/// the returned directory alive as long as the server.
+pub fn slow_server(args: &[&str]) -> (Server, tempfile::TempDir) {
+    let plugins = plugins_with(&["weft_test_counter"]);
+    let server = Server::with(Options {
+        args: args.iter().map(|s| s.to_string()).collect(),
+        plugins_dir: Some(plugins.path().to_path_buf()),
+        ..Default::default()
+    });
+    (server, plugins)
+}

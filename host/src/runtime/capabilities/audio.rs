@@ -10,7 +10,7 @@ use super::CallState;
 use crate::compute::values::AudioClip;
 use crate::runtime::bindings::weft::node::music::Host;
 use crate::runtime::bindings::wit::{AssetRef, NodeError};
-use crate::runtime::value::{self, AudioRes};
+use crate::runtime::value::AudioRes;
 use crate::v2m::{self, V2mError};
 
 fn node_error(e: V2mError) -> NodeError {
@@ -36,19 +36,9 @@ impl Host for CallState {
         prompt: String,
         seed: u64,
     ) -> wasmtime::Result<Result<Resource<AudioRes>, NodeError>> {
-        let reference = value::AssetRef {
-            id: video.id,
-            hash: video.hash,
-            file_path: video.file_path,
-        };
-        let bytes = match self.call.assets.read(&reference) {
+        let bytes = match self.read_asset(video) {
             Ok(bytes) => bytes,
-            Err(message) => {
-                return Ok(Err(NodeError {
-                    code: "missing_asset".into(),
-                    message,
-                }))
-            }
+            Err(e) => return Ok(Err(e)),
         };
         let (engine, tmp_dir) = match v2m::shared() {
             Ok(shared) => shared,

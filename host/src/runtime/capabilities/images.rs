@@ -8,7 +8,7 @@ use super::CallState;
 use crate::compute::{self, ComputeError};
 use crate::runtime::bindings::weft::node::images::Host;
 use crate::runtime::bindings::wit::{AssetRef, NodeError};
-use crate::runtime::value::{self, ImageRes, MaskRes};
+use crate::runtime::value::{ImageRes, MaskRes};
 
 fn node_error(e: ComputeError) -> NodeError {
     NodeError {
@@ -79,19 +79,9 @@ impl Host for CallState {
         &mut self,
         asset: AssetRef,
     ) -> wasmtime::Result<Result<(Resource<ImageRes>, Resource<MaskRes>), NodeError>> {
-        let reference = value::AssetRef {
-            id: asset.id,
-            hash: asset.hash,
-            file_path: asset.file_path,
-        };
-        let bytes = match self.call.assets.read(&reference) {
+        let bytes = match self.read_asset(asset) {
             Ok(bytes) => bytes,
-            Err(message) => {
-                return Ok(Err(NodeError {
-                    code: "missing_asset".into(),
-                    message,
-                }))
-            }
+            Err(e) => return Ok(Err(e)),
         };
         match compute::image::decode(&bytes) {
             Ok((image, mask)) => {

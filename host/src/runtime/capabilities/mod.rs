@@ -44,6 +44,27 @@ impl CallState {
     }
 }
 
+impl CallState {
+    /// The bytes of an asset the workflow referenced, or the node error for a missing one.
+    pub fn read_asset(
+        &self,
+        asset: crate::runtime::bindings::wit::AssetRef,
+    ) -> Result<Vec<u8>, crate::runtime::bindings::wit::NodeError> {
+        let reference = crate::runtime::value::AssetRef {
+            id: asset.id,
+            hash: asset.hash,
+            file_path: asset.file_path,
+        };
+        self.call
+            .assets
+            .read(&reference)
+            .map_err(|message| crate::runtime::bindings::wit::NodeError {
+                code: "missing_asset".into(),
+                message,
+            })
+    }
+}
+
 impl WasiView for CallState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView {
