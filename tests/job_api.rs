@@ -1081,3 +1081,23 @@ fn config_comes_from_env_and_toml_and_flags_override() {
     assert_eq!(capacity(&server), "weft_queue_capacity 3");
     std::env::remove_var("WEFT_QUEUE_DEPTH");
 }
+
+#[test]
+fn metrics_not_yet_available_are_null_then_integers() {
+    let (server, _p) = support::slow_server(&["--workers", "1"]);
+    let busy = server.submit(slow_workflow(30.0));
+    let waiting = server.submit(slow_workflow(0.0));
+    let id = waiting["id"].as_str().unwrap();
+    let queued: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
+    assert_eq!(queued["status"], "queued", "{}", short(&queued));
+    assert!(queued["metrics"]["queue_ms"].is_null(), "{}", short(&queued));
+    assert!(queued["metrics"]["execution_ms"].is_null(), "{}", short(&queued));
+    server.post(
+        &format!("/api/v2/jobs/{}/cancel", busy["id"].as_str().unwrap()),
+        &json!({}),
+    );
+    let done = server.wait(id);
+    assert_eq!(done["status"], "succeeded", "{}", short(&done));
+    assert!(done["metrics"]["queue_ms"].is_u64(), "{}", short(&done));
+    assert!(done["metrics"]["execution_ms"].is_u64(), "{}", short(&done));
+}
