@@ -179,7 +179,10 @@ impl Jobs {
                         logs: update.logs,
                         ..Default::default()
                     };
-                    let _ = self.store.update_job(&id, &[current.status], keep).await;
+                    let _ = self
+                        .store
+                        .update_job(&id, &[(current.status, current.status)], keep)
+                        .await;
                     if current.status == JobStatus::Canceling {
                         let _ = self
                             .transition(&id, Trigger::CancelComplete, JobUpdate::default())

@@ -307,48 +307,26 @@ impl Jobs {
     /// Cancels `tenant`'s job `id`: queued goes straight to canceled, running to canceling
     /// (then canceled when its node stops), and anything else is returned unchanged.
     pub async fn cancel(&self, tenant: &str, id: &str) -> Result<Option<JobView>, StoreError> {
-        for _ in 0..8 {
-            let Some(job) = self.store.job(tenant, id).await? else {
-                return Ok(None);
-            };
-            let updated = match job.status {
-                JobStatus::Queued => {
-                    let update = JobUpdate {
-                        status: state::check(JobStatus::Queued, Trigger::CancelRequest),
-                        completed_at: Some(Utc::now()),
-                        ..Default::default()
-                    };
-                    let updated = self.store.update_job(id, &[JobStatus::Queued], update).await?;
-                    if updated.is_some() {
+        let Some(job) = self.store.job(tenant, id).await? else {
+            return Ok(None);
+        };
+        let job = match self
+            .transition(id, Trigger::CancelRequest, JobUpdate::default())
+            .await?
+        {
+            Some(moved) => {
+                match moved.status {
+                    JobStatus::Canceled => {
                         self.queue.remove(tenant, id);
                     }
-                    updated
+                    _ => self.interrupt(id),
                 }
-                JobStatus::Running => {
-                    let update = JobUpdate {
-                        status: state::check(JobStatus::Running, Trigger::CancelRequest),
-                        ..Default::default()
-                    };
-                    let updated = self.store.update_job(id, &[JobStatus::Running], update).await?;
-                    if updated.is_some() {
-                        if let Some(r) = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
-                            r.cancel.cancel();
-                        }
-                    }
-                    updated
-                }
-                _ => return self.view(job).await.map(Some),
-            };
-            if let Some(job) = updated {
-                self.metrics.transition(job.status);
-                self.hub.publish(id, JobEvent::Status(Box::new(job.clone())));
-                return self.view(job).await.map(Some);
+                moved
             }
-            // The job moved between the read and the update: read it again.
-        }
-        Err(StoreError::Backend(
-            "the job kept changing while it was being canceled".into(),
-        ))
+            // Canceling already, or terminal: unchanged (read again, it may have just moved).
+            None => self.store.job(tenant, id).await?.unwrap_or(job),
+        };
+        self.view(job).await.map(Some)
     }
 
     /// Moves job `id` by `trigger` if its current status allows it, publishing the change.
@@ -356,20 +334,9 @@ impl Jobs {
         &self,
         id: &str,
         trigger: Trigger,
-        mut update: JobUpdate,
+        update: JobUpdate,
     ) -> Result<Option<JobRecord>, StoreError> {
-        let from = state::sources(trigger);
-        let Some(current) = self.store.job_by_id(id).await? else {
-            return Ok(None);
-        };
-        let Some(to) = state::check(current.status, trigger) else {
-            return Ok(None);
-        };
-        update.status = Some(to);
-        if to.is_terminal() && update.completed_at.is_none() {
-            update.completed_at = Some(Utc::now());
-        }
-        let updated = self.store.update_job(id, &from, update).await?;
+        let updated = self.store.update_job(id, &state::moves(trigger), update).await?;
         if let Some(job) = &updated {
             self.metrics.transition(job.status);
             self.hub.publish(id, JobEvent::Status(Box::new(job.clone())));
@@ -377,7 +344,7 @@ impl Jobs {
         Ok(updated)
     }
 
-    /// Stops a running job's node (used by retention).
+    /// Stops a running job's node (cancel and retention).
     pub(crate) fn interrupt(&self, id: &str) {
         if let Some(r) = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
             r.cancel.cancel();

@@ -45,12 +45,12 @@ pub fn check(from: JobStatus, trigger: Trigger) -> Option<JobStatus> {
         .map(|(_, _, to)| *to)
 }
 
-/// Every status from which `trigger` is allowed.
-pub fn sources(trigger: Trigger) -> Vec<JobStatus> {
+/// The moves (from, to) that `trigger` allows.
+pub fn moves(trigger: Trigger) -> Vec<(JobStatus, JobStatus)> {
     TRANSITIONS
         .iter()
         .filter(|(_, t, _)| *t == trigger)
-        .map(|(f, _, _)| *f)
+        .map(|(f, _, to)| (*f, *to))
         .collect()
 }
 

@@ -43,11 +43,9 @@ impl From<rusqlite::Error> for StoreError {
     }
 }
 
-/// A change to a job, applied only if its current status is one of `from`.
+/// A change to a job's fields, applied with a status move (see [`Store::update_job`]).
 #[derive(Debug, Clone, Default)]
 pub struct JobUpdate {
-    /// New status.
-    pub status: Option<JobStatus>,
     /// Set `started_at`.
     pub started_at: Option<DateTime<Utc>>,
     /// Set `completed_at`.
@@ -109,12 +107,13 @@ pub trait Store: Send + Sync {
     ) -> Result<JobPage, StoreError>;
     /// Whether `seq` is the position of one of `tenant`'s jobs (for cursor checks).
     async fn job_seq_exists(&self, tenant: &str, seq: i64) -> Result<bool, StoreError>;
-    /// Applies `update` if the job's status is in `from`; returns the updated job, or
-    /// `None` when the status did not match.
+    /// Applies `update` and the move of `moves` (from, to) that starts at the job's current
+    /// status, in one write; a move to a terminal status also sets `completed_at`. Returns
+    /// the updated job, or `None` when no move starts at the current status.
     async fn update_job(
         &self,
         id: &str,
-        from: &[JobStatus],
+        moves: &[(JobStatus, JobStatus)],
         update: JobUpdate,
     ) -> Result<Option<JobRecord>, StoreError>;
     /// Every job in one of `statuses`, oldest first.

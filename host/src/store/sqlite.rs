@@ -412,23 +412,21 @@ impl Store for SqliteStore {
     async fn update_job(
         &self,
         id: &str,
-        from: &[JobStatus],
+        moves: &[(JobStatus, JobStatus)],
         update: JobUpdate,
     ) -> Result<Option<JobRecord>, StoreError> {
         let id = id.to_string();
-        let from: Vec<&'static str> = from.iter().map(|s| s.as_str()).collect();
+        let moves = moves.to_vec();
         self.write(Durability::Relaxed, move |c| {
             let Some(job) = job_where(c, "id = ?1", params![id])? else {
                 return Ok(None);
             };
-            if !from.contains(&job.status.as_str()) {
+            let Some(&(_, to)) = moves.iter().find(|(from, _)| *from == job.status) else {
                 return Ok(None);
-            }
+            };
             let now = Utc::now();
             let mut next = job;
-            if let Some(s) = update.status {
-                next.status = s;
-            }
+            next.status = to;
             if let Some(t) = update.started_at {
                 next.started_at = Some(t);
             }
@@ -443,6 +441,9 @@ impl Store for SqliteStore {
             }
             if let Some(l) = update.logs {
                 next.logs = Some(l);
+            }
+            if to.is_terminal() && next.completed_at.is_none() {
+                next.completed_at = Some(now);
             }
             next.updated_at = now;
             c.prepare_cached(
