@@ -6,6 +6,7 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -412,6 +413,97 @@ fn video_urls_need_an_allowed_host_and_a_public_address() {
     assert_eq!(events[0]["type"], "duration");
     assert_eq!(events.last().unwrap()["type"], "complete");
     assert!(tmp_files(&server).is_empty());
+}
+
+/// Serves `body` over TLS on a loopback port, with a fresh self-signed certificate for
+/// `localhost` and 127.0.0.1; returns the port and the certificate's PEM.
+fn serve_file_tls(body: Vec<u8>) -> (u16, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let pem = cert.pem();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+    let config = Arc::new(config);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let (config, body) = (config.clone(), body.clone());
+            std::thread::spawn(move || {
+                let connection = rustls::ServerConnection::new(config).unwrap();
+                let mut tls = rustls::StreamOwned::new(connection, stream);
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match tls.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return, // the client refused the certificate, or went away
+                    }
+                }
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: video/mp4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = tls.write_all(reply.as_bytes());
+                let _ = tls.write_all(&body);
+                let _ = tls.flush();
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+            });
+        }
+    });
+    (port, pem)
+}
+
+#[test]
+fn https_video_urls_are_fetched_with_a_verified_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let video = std::fs::read(make_video(dir.path(), "clip.mp4", 1.0, "64x36")).unwrap();
+    let (port, pem) = serve_file_tls(video);
+    let url = format!("https://localhost:{port}/clip.mp4");
+    let allow = |extra: &[String]| {
+        let mut args: Vec<String> = ["--v2m-allow-url-host", "localhost", "--v2m-allow-private-urls"]
+            .map(String::from)
+            .to_vec();
+        args.extend_from_slice(extra);
+        Server::with(Options {
+            args,
+            ..Options::default()
+        })
+    };
+
+    // A certificate no trusted root signed: the fetch fails, before any stream starts.
+    let server = allow(&[]);
+    let response = post(&server, Form::new().text("video", url.clone()), Some("t"));
+    assert_eq!(response.status().as_u16(), 415);
+    let body: Value = response.json().unwrap();
+    assert_eq!(body["detail"]["code"], "unsupported_video", "{body}");
+    let message = body["detail"]["message"].as_str().unwrap();
+    assert!(message.contains("TLS"), "{message}");
+    assert!(tmp_files(&server).is_empty());
+    drop(server);
+
+    // Trusted by the operator's CA file: fetched and scored.
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, pem).unwrap();
+    let server = allow(&["--v2m-url-ca-file".into(), ca.display().to_string()]);
+    let events = events(post(&server, Form::new().text("video", url), Some("t")));
+    assert_eq!(events[0]["type"], "duration");
+    assert_eq!(events.last().unwrap()["type"], "complete");
+    assert!(tmp_files(&server).is_empty());
+
+    // Other schemes are refused outright.
+    let form = Form::new().text("video", format!("ftp://localhost:{port}/clip.mp4"));
+    assert_detail(post(&server, form, Some("t")), 400, "invalid_request");
 }
 
 #[test]

@@ -251,6 +251,10 @@ struct ServeArgs {
     /// Let video-to-music URLs reach loopback, private and link-local addresses.
     #[arg(long, env = "WEFT_V2M_ALLOW_PRIVATE_URLS")]
     v2m_allow_private_urls: bool,
+    /// PEM file of extra certificates to trust for https video URLs (on top of the built-in
+    /// Mozilla roots).
+    #[arg(long, env = "WEFT_V2M_URL_CA_FILE")]
+    v2m_url_ca_file: Option<PathBuf>,
 }
 
 /// Prepends the settings of `--config FILE` as flags, so real flags and env vars win.
@@ -363,6 +367,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
                 max_copies: args.v2m_max_copies.max(1),
                 allow_url_hosts: args.v2m_allow_url_hosts,
                 allow_private_urls: args.v2m_allow_private_urls,
+                url_ca_file: args.v2m_url_ca_file,
             },
         },
         jobs: JobsConfig {

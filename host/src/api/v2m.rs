@@ -2,8 +2,8 @@
 //!
 //! The request is `multipart/form-data` with a `0.video` file part (streamed to a temporary
 //! file under `<data>/v2m-tmp`, size-checked while it arrives, never buffered whole) or a
-//! `video` reference (an asset id of the caller's, or an `http://` URL on a host the operator
-//! allowed), plus optional `prompt`, `copies` and `seed` parts. A bearer token is always
+//! `video` reference (an asset id of the caller's, or an `http://` or `https://` URL on a host
+//! the operator allowed), plus optional `prompt`, `copies` and `seed` parts. A bearer token is always
 //! required. Failures before the stream starts answer `{"detail": {"code", "message"}}`
 //! ([`DetailError`]); after that they are `{"type":"error"}` events.
 //!
@@ -26,6 +26,7 @@ use futures::{Stream, StreamExt};
 use serde_json::{json, Value as Json};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, Semaphore};
+use tokio_rustls::TlsConnector;
 use warp::filters::BoxedFilter;
 use warp::http::{header, HeaderValue, StatusCode};
 use warp::{Filter, Reply};
@@ -59,6 +60,8 @@ pub struct V2mSettings {
     pub allow_url_hosts: Vec<String>,
     /// Accept URLs that resolve to loopback, private or link-local addresses.
     pub allow_private_urls: bool,
+    /// PEM certificates trusted for `https://` video URLs on top of the built-in roots.
+    pub url_ca_file: Option<PathBuf>,
 }
 
 impl Default for V2mSettings {
@@ -70,6 +73,7 @@ impl Default for V2mSettings {
             max_copies: 4,
             allow_url_hosts: Vec::new(),
             allow_private_urls: false,
+            url_ca_file: None,
         }
     }
 }
@@ -80,6 +84,7 @@ pub struct V2mService {
     settings: V2mSettings,
     tmp_dir: PathBuf,
     renders: Arc<Semaphore>,
+    tls: TlsConnector,
 }
 
 impl V2mService {
@@ -107,6 +112,7 @@ impl V2mService {
             settings: settings.clone(),
             tmp_dir,
             renders: Arc::new(Semaphore::new(cpus)),
+            tls: tls_connector(settings.url_ca_file.as_deref())?,
         })
     }
 
@@ -114,6 +120,32 @@ impl V2mService {
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
+}
+
+/// TLS for `https://` video URLs: Mozilla's root certificates (built in, so no OS store is
+/// needed) plus those in `ca_file`.
+fn tls_connector(ca_file: Option<&Path>) -> Result<TlsConnector, V2mError> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut roots = rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        let bad = |e: String| V2mError::GenerationFailed(format!("the URL CA file {}: {e}", path.display()));
+        let mut added = 0;
+        for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(e.to_string()))? {
+            roots
+                .add(cert.map_err(|e| bad(e.to_string()))?)
+                .map_err(|e| bad(e.to_string()))?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(bad("no certificates in it".into()));
+        }
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| V2mError::GenerationFailed(format!("TLS set-up: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(TlsConnector::from(Arc::new(config)))
 }
 
 /// An error answered before the stream starts, as `{"detail": {"code", "message"}}`.
@@ -491,15 +523,14 @@ fn default_seed(content_key: &str, prompt: Option<&str>) -> u64 {
     u64::from_le_bytes(bytes.as_bytes()[..8].try_into().expect("8 bytes"))
 }
 
-/// An asset id of the caller's, or an allowed `http://` URL.
+/// An asset id of the caller's, or an allowed `http(s)://` URL.
 async fn resolve_reference(
     state: &AppState,
     svc: &V2mService,
     caller: &Caller,
     reference: &str,
 ) -> Result<(TempVideo, String), DetailError> {
-    let lower = reference.to_ascii_lowercase();
-    if lower.starts_with("http://") || lower.starts_with("https://") {
+    if reference.contains("://") {
         return fetch_url(svc, reference).await;
     }
     let asset = state.store.asset(&caller.tenant, reference).await.map_err(|e| {
@@ -564,10 +595,10 @@ fn is_internal(ip: IpAddr) -> bool {
     }
 }
 
-/// Downloads an allowed `http://` URL into a temporary file. The host must be on the
-/// operator's list; its name is resolved here and every address checked, the connection
-/// goes to a checked address (so a second lookup cannot change it), and redirects are not
-/// followed.
+/// Downloads an allowed `http://` or `https://` URL into a temporary file. The host must be
+/// on the operator's list; its name is resolved here and every address checked, the
+/// connection goes to a checked address (so a second lookup cannot change it), TLS verifies
+/// the certificate against the URL's host name, and redirects are not followed.
 async fn fetch_url(svc: &V2mService, text: &str) -> Result<(TempVideo, String), DetailError> {
     let refuse = |m: String| DetailError::InvalidRequest(m);
     let url = url::Url::parse(text).map_err(|_| refuse("`video` is not a valid URL".into()))?;
@@ -584,13 +615,19 @@ async fn fetch_url(svc: &V2mService, text: &str) -> Result<(TempVideo, String), 
     if !allowed {
         return Err(refuse(format!("this server does not fetch videos from host {host:?}")));
     }
-    if url.scheme() != "http" {
-        return Err(refuse("only http:// video URLs are supported by this server".into()));
-    }
+    let tls = match url.scheme() {
+        "http" => false,
+        "https" => true,
+        other => {
+            return Err(refuse(format!(
+                "video URLs must be http:// or https://, not {other}://"
+            )))
+        }
+    };
     if !url.username().is_empty() || url.password().is_some() {
         return Err(refuse("video URLs may not carry credentials".into()));
     }
-    let port = url.port_or_known_default().unwrap_or(80);
+    let port = url.port_or_known_default().unwrap_or(if tls { 443 } else { 80 });
     let addresses: Vec<SocketAddr> = match url.host() {
         Some(url::Host::Ipv4(ip)) => vec![SocketAddr::new(IpAddr::V4(ip), port)],
         Some(url::Host::Ipv6(ip)) => vec![SocketAddr::new(IpAddr::V6(ip), port)],
@@ -612,16 +649,6 @@ async fn fetch_url(svc: &V2mService, text: &str) -> Result<(TempVideo, String), 
         }
     }
     let unreadable = |m: String| DetailError::UnsupportedVideo(format!("fetching the video URL failed: {m}"));
-    let stream = tokio::time::timeout(URL_CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&addresses[..]))
-        .await
-        .map_err(|_| unreadable("connection timed out".into()))?
-        .map_err(|e| unreadable(e.to_string()))?;
-    let (mut sender, connection) = warp::hyper::client::conn::handshake(stream)
-        .await
-        .map_err(|e| unreadable(e.to_string()))?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
     let authority = match url.port() {
         Some(p) => format!("{}:{p}", url.host_str().unwrap_or_default()),
         None => url.host_str().unwrap_or_default().to_string(),
@@ -635,10 +662,22 @@ async fn fetch_url(svc: &V2mService, text: &str) -> Result<(TempVideo, String), 
         .header(header::USER_AGENT, "weft-v2m")
         .body(warp::hyper::Body::empty())
         .map_err(|e| refuse(format!("bad video URL: {e}")))?;
-    let response = tokio::time::timeout(URL_CONNECT_TIMEOUT, sender.send_request(request))
+    let stream = tokio::time::timeout(URL_CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&addresses[..]))
         .await
-        .map_err(|_| unreadable("no response".into()))?
+        .map_err(|_| unreadable("connection timed out".into()))?
         .map_err(|e| unreadable(e.to_string()))?;
+    let response = if tls {
+        let name = rustls::pki_types::ServerName::try_from(host.clone())
+            .map_err(|_| refuse(format!("{host:?} is not a name TLS can verify")))?;
+        let stream = tokio::time::timeout(URL_CONNECT_TIMEOUT, svc.tls.connect(name, stream))
+            .await
+            .map_err(|_| unreadable("the TLS handshake timed out".into()))?
+            .map_err(|e| unreadable(format!("TLS: {e}")))?;
+        get_over(stream, request).await
+    } else {
+        get_over(stream, request).await
+    }
+    .map_err(unreadable)?;
     if !response.status().is_success() {
         return Err(unreadable(format!("the server answered HTTP {}", response.status())));
     }
@@ -656,6 +695,26 @@ async fn fetch_url(svc: &V2mService, text: &str) -> Result<(TempVideo, String), 
         .map(|r| r.map_err(|e| DetailError::UnsupportedVideo(format!("fetching the video URL failed: {e}"))));
     let (temp, hash, _) = stream_to_temp(&svc.tmp_dir, chunks, max, false).await?;
     Ok((temp, hash.to_hex().to_string()))
+}
+
+/// Sends `request` as HTTP/1.1 over `stream` and waits for the response headers.
+async fn get_over<S>(
+    stream: S,
+    request: warp::hyper::Request<warp::hyper::Body>,
+) -> Result<warp::hyper::Response<warp::hyper::Body>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, connection) = warp::hyper::client::conn::handshake(stream)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    tokio::time::timeout(URL_CONNECT_TIMEOUT, sender.send_request(request))
+        .await
+        .map_err(|_| "no response".to_string())?
+        .map_err(|e| e.to_string())
 }
 
 fn line(event: &Json) -> Bytes {
