@@ -13,9 +13,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor as CTensor};
 use candle_nn::{VarBuilder, VarMap};
-use candle_transformers::models::stable_diffusion::unet_2d::UNet2DConditionModel;
-use weft::compute::models::candle_sd1::unet_config;
-use weft::compute::models::Sd1Config;
+use weft::compute::models::{Sd1Config, Sd1Unet};
 use weft::compute::sampling::{sample, ModelSampling, SamplerKind, Scheduler, StepControl, Tensor, ZeroNoise};
 use weft::compute::text_to_image::GuidedUnet;
 
@@ -37,7 +35,7 @@ fn cpu_seconds() -> f64 {
 fn bench_candle(name: &str, cfg: &Sd1Config, steps: usize, device: &Device) -> anyhow::Result<(f64, f64)> {
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, device);
-    let unet = UNet2DConditionModel::new(vb, cfg.latent_channels, cfg.latent_channels, false, unet_config(cfg))?;
+    let unet = Sd1Unet::new(vb, cfg)?;
     let params: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
     let cond = CTensor::randn(0f32, 1.0, (1, 77, cfg.context_dim), device)?;
     let uncond = CTensor::randn(0f32, 1.0, (1, 77, cfg.context_dim), device)?;

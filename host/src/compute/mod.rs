@@ -2,6 +2,7 @@
 //! tensors, samplers, models and audio as the product grows. Nothing here knows about
 //! wasm, jobs or HTTP.
 
+pub mod attention;
 pub mod device;
 pub mod image;
 pub mod models;

@@ -6,10 +6,9 @@
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor as CTensor};
-use candle_transformers::models::stable_diffusion::unet_2d::UNet2DConditionModel;
 
 use super::image::ImageBatch;
-use super::models::Sd1Models;
+use super::models::{Sd1Models, Sd1Unet};
 use super::sampling::{
     cfg, ksampler_sigmas, sample, seeded_noise, ModelSampling, SamplerKind, Scheduler, StepControl, StepInfo, Tensor,
     TorchNoise,
@@ -71,7 +70,7 @@ pub fn vae_scale(models: &Sd1Models) -> u32 {
 /// A denoiser over SD1's UNet with classifier-free guidance, for [`sample`]: EPS prediction,
 /// `c_in = 1 / sqrt(sigma^2 + 1)`, timestep = nearest sigma of the SD1 table.
 pub struct GuidedUnet<'a> {
-    unet: &'a UNet2DConditionModel,
+    unet: &'a Sd1Unet,
     ms: ModelSampling,
     /// `[2, 77, d]`: uncond then cond (or `[1, 77, d]` when `scale == 1`).
     context: CTensor,
@@ -80,7 +79,7 @@ pub struct GuidedUnet<'a> {
 
 impl<'a> GuidedUnet<'a> {
     /// Guidance of `cond` against `uncond` (both `[1, 77, d]`, on the UNet's device) at `scale`.
-    pub fn new(unet: &'a UNet2DConditionModel, cond: &CTensor, uncond: &CTensor, scale: f32) -> Result<Self> {
+    pub fn new(unet: &'a Sd1Unet, cond: &CTensor, uncond: &CTensor, scale: f32) -> Result<Self> {
         let context = if scale == 1.0 {
             cond.clone()
         } else {

@@ -14,15 +14,16 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::clip::text_model::{Activation, ClipTextConfig, ClipTextTransformer};
-use candle_transformers::models::stable_diffusion::{unet_2d, vae};
+use candle_transformers::models::stable_diffusion::vae;
 
 use crate::compute::models::safetensors::DEFAULT_MAX_HEADER;
 use crate::compute::models::sd1::{ldm_to_candle, open_sd1, Component, Sd1Config};
+use crate::compute::models::unet::Sd1Unet;
 
 /// The three SD1 networks.
 pub struct Sd1Models {
     /// Denoising UNet (EPS prediction).
-    pub unet: unet_2d::UNet2DConditionModel,
+    pub unet: Sd1Unet,
     /// KL autoencoder.
     pub vae: vae::AutoEncoderKL,
     /// The same autoencoder with its posterior's variance forced to zero, so that
@@ -37,27 +38,6 @@ pub struct Sd1Models {
     pub device: Device,
     /// Bytes of float32 weights held.
     pub bytes: u64,
-}
-
-/// candle UNet configuration for `cfg`.
-pub fn unet_config(cfg: &Sd1Config) -> unet_2d::UNet2DConditionModelConfig {
-    let blocks = cfg
-        .channel_mult
-        .iter()
-        .zip(&cfg.attention)
-        .map(|(&m, &attn)| unet_2d::BlockConfig {
-            out_channels: m * cfg.model_channels,
-            use_cross_attn: attn.then_some(1),
-            attention_head_dim: 8,
-        })
-        .collect();
-    unet_2d::UNet2DConditionModelConfig {
-        blocks,
-        layers_per_block: cfg.num_res_blocks,
-        cross_attention_dim: cfg.context_dim,
-        use_linear_projection: false,
-        ..Default::default()
-    }
 }
 
 /// candle VAE configuration for `cfg`.
@@ -115,14 +95,7 @@ pub fn load_sd1_with_config(path: &Path, cfg: &Sd1Config, device: &Device) -> Re
     drop(mm);
     let mut take = |c: Component| parts.remove(&c).unwrap_or_default();
     let unet_vb = VarBuilder::from_tensors(take(Component::Unet), DType::F32, device);
-    let unet = unet_2d::UNet2DConditionModel::new(
-        unet_vb,
-        cfg.latent_channels,
-        cfg.latent_channels,
-        false,
-        unet_config(cfg),
-    )
-    .context("building the UNet")?;
+    let unet = Sd1Unet::new(unet_vb, cfg).context("building the UNet")?;
     let vae_tensors = take(Component::Vae);
     let mean_tensors = zero_variance(&vae_tensors, cfg.latent_channels)?;
     let vae_vb = VarBuilder::from_tensors(vae_tensors, DType::F32, device);
@@ -225,13 +198,7 @@ pub fn verify_mapping(cfg: &Sd1Config) -> Result<Vec<String>> {
         );
         match c {
             Component::Unet => {
-                unet_2d::UNet2DConditionModel::new(
-                    vb,
-                    cfg.latent_channels,
-                    cfg.latent_channels,
-                    false,
-                    unet_config(cfg),
-                )?;
+                Sd1Unet::new(vb, cfg)?;
             }
             Component::Vae => {
                 vae::AutoEncoderKL::new(vb, 3, 3, vae_config(cfg))?;

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod candle_sd1;
 pub mod safetensors;
 pub mod sd1;
+pub mod unet;
 
 pub use cache::ModelCache;
 pub use candle_sd1::{load_sd1, load_sd1_with_config, Sd1Models};
@@ -13,3 +14,4 @@ pub use safetensors::{CheckpointError, Dtype, SafetensorsIndex, TensorInfo, DEFA
 pub use sd1::{
     checkpoint_layout, detect_arch, ldm_to_candle, open_sd1, write_random_checkpoint, Arch, Component, Sd1Config,
 };
+pub use unet::Sd1Unet;
