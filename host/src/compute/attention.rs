@@ -266,6 +266,35 @@ mod tests {
         assert!(worst < 1e-6, "worst relative error {worst}");
     }
 
+    /// Every variant this CPU can run gives the portable variant's numerators and sum.
+    #[test]
+    fn softmax_variants_agree() {
+        let row: Vec<f32> = (0..1003).map(|i| ((i * 7919) % 1000) as f32 * 0.013 - 6.0).collect();
+        let mut want = row.clone();
+        let want_sum = softmax_numerators_portable(&mut want);
+        type Variant = fn(&mut [f32]) -> f32;
+        let mut variants: Vec<(&str, Variant)> = vec![("dispatched", softmax_numerators)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                // SAFETY: the features were just detected.
+                variants.push(("avx2", |r| unsafe { softmax_numerators_avx2(r) }));
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the feature was just detected.
+                variants.push(("avx512", |r| unsafe { softmax_numerators_avx512(r) }));
+            }
+        }
+        for (name, variant) in variants {
+            let mut got = row.clone();
+            let sum = variant(&mut got);
+            assert!((sum - want_sum).abs() <= 1e-5 * want_sum, "{name}: {sum} vs {want_sum}");
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() <= 1e-6 * w.max(1e-30), "{name}: {g} vs {w}");
+            }
+        }
+    }
+
     #[test]
     fn fused_attention_equals_matmul_softmax_matmul() {
         let dev = Device::Cpu;
