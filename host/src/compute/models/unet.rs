@@ -42,6 +42,40 @@ struct Level {
     resample: Option<Conv2d>,
 }
 
+impl Level {
+    /// One residual block per entry of `inputs` (its input channels) to `cout` channels, each
+    /// followed by a transformer when `attn`; `resample` names the resampling convolution
+    /// and its stride.
+    fn new(
+        vb: VarBuilder,
+        inputs: &[usize],
+        cout: usize,
+        attn: bool,
+        context: usize,
+        time_dim: usize,
+        resample: Option<(&str, usize)>,
+    ) -> Result<Self> {
+        let mut level = Level {
+            resnets: Vec::with_capacity(inputs.len()),
+            transformers: Vec::new(),
+            resample: None,
+        };
+        for (j, &cin) in inputs.iter().enumerate() {
+            level
+                .resnets
+                .push(ResBlock::new(vb.pp(format!("resnets.{j}")), cin, cout, time_dim)?);
+            if attn {
+                let t = Transformer::new(vb.pp(format!("attentions.{j}")), cout, context)?;
+                level.transformers.push(t);
+            }
+        }
+        if let Some((name, stride)) = resample {
+            level.resample = Some(conv3x3(vb.pp(name), cout, cout, stride)?);
+        }
+        Ok(level)
+    }
+}
+
 fn conv3x3(vb: VarBuilder, cin: usize, cout: usize, stride: usize) -> Result<Conv2d> {
     let cfg = Conv2dConfig {
         padding: 1,
@@ -67,25 +101,19 @@ impl Sd1Unet {
         let mut down = Vec::with_capacity(levels);
         let mut cin = base;
         for (i, (&cout, &attn)) in channels.iter().zip(&cfg.attention).enumerate() {
-            let vb = vb.pp(format!("down_blocks.{i}"));
-            let mut level = Level {
-                resnets: Vec::new(),
-                transformers: Vec::new(),
-                resample: None,
-            };
-            for j in 0..cfg.num_res_blocks {
-                let from = if j == 0 { cin } else { cout };
-                level
-                    .resnets
-                    .push(ResBlock::new(vb.pp(format!("resnets.{j}")), from, cout, time_dim)?);
-                if attn {
-                    let t = Transformer::new(vb.pp(format!("attentions.{j}")), cout, context)?;
-                    level.transformers.push(t);
-                }
-            }
-            if i + 1 < levels {
-                level.resample = Some(conv3x3(vb.pp("downsamplers.0.conv"), cout, cout, 2)?);
-            }
+            let inputs: Vec<usize> = (0..cfg.num_res_blocks)
+                .map(|j| if j == 0 { cin } else { cout })
+                .collect();
+            let downsample = (i + 1 < levels).then_some(("downsamplers.0.conv", 2));
+            let level = Level::new(
+                vb.pp(format!("down_blocks.{i}")),
+                &inputs,
+                cout,
+                attn,
+                context,
+                time_dim,
+                downsample,
+            )?;
             down.push(level);
             cin = cout;
         }
@@ -110,29 +138,23 @@ impl Sd1Unet {
             } else {
                 channels[level_index - 1]
             };
-            let vb = vb.pp(format!("up_blocks.{i}"));
-            let mut level = Level {
-                resnets: Vec::new(),
-                transformers: Vec::new(),
-                resample: None,
-            };
-            for j in 0..=cfg.num_res_blocks {
-                let from = if j == 0 { prev } else { cout };
-                let skip = if j == cfg.num_res_blocks { skip_last } else { cout };
-                level.resnets.push(ResBlock::new(
-                    vb.pp(format!("resnets.{j}")),
-                    from + skip,
-                    cout,
-                    time_dim,
-                )?);
-                if cfg.attention[level_index] {
-                    let t = Transformer::new(vb.pp(format!("attentions.{j}")), cout, context)?;
-                    level.transformers.push(t);
-                }
-            }
-            if i + 1 < levels {
-                level.resample = Some(conv3x3(vb.pp("upsamplers.0.conv"), cout, cout, 1)?);
-            }
+            let inputs: Vec<usize> = (0..=cfg.num_res_blocks)
+                .map(|j| {
+                    let from = if j == 0 { prev } else { cout };
+                    from + if j == cfg.num_res_blocks { skip_last } else { cout }
+                })
+                .collect();
+            let upsample = (i + 1 < levels).then_some(("upsamplers.0.conv", 1));
+            let attn = cfg.attention[level_index];
+            let level = Level::new(
+                vb.pp(format!("up_blocks.{i}")),
+                &inputs,
+                cout,
+                attn,
+                context,
+                time_dim,
+                upsample,
+            )?;
             up.push(level);
             prev = cout;
         }
