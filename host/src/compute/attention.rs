@@ -11,6 +11,8 @@ use std::cell::RefCell;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::simd::{self, exp, Kernel};
+
 /// Query rows per task: a 64 × 4096 score block is 1 MiB, which stays in cache.
 const ROWS: usize = 64;
 
@@ -162,92 +164,54 @@ fn attend_block(
 
 /// Replaces `row` by `exp(row - max(row))` and returns the sum.
 fn softmax_numerators(row: &mut [f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has the features the function is compiled for.
-        return unsafe { softmax_numerators_avx512(row) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has the features the function is compiled for.
-        return unsafe { softmax_numerators_avx2(row) };
-    }
-    softmax_numerators_portable(row)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn softmax_numerators_avx512(row: &mut [f32]) -> f32 {
-    softmax_numerators_portable(row)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn softmax_numerators_avx2(row: &mut [f32]) -> f32 {
-    softmax_numerators_portable(row)
+    simd::run(SoftmaxNumerators(row))
 }
 
 /// Lanes the loops below keep apart so that the compiler vectorises them.
 const LANES: usize = 16;
 
-#[inline(always)]
-fn softmax_numerators_portable(row: &mut [f32]) -> f32 {
-    let mut maxes = [f32::NEG_INFINITY; LANES];
-    let mut chunks = row.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (mx, &x) in maxes.iter_mut().zip(chunk) {
-            *mx = if x > *mx { x } else { *mx };
-        }
-    }
-    let max = chunks
-        .remainder()
-        .iter()
-        .chain(&maxes)
-        .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
-    let mut sums = [0f32; LANES];
-    let mut chunks = row.chunks_exact_mut(LANES);
-    for chunk in &mut chunks {
-        for (sum, x) in sums.iter_mut().zip(chunk.iter_mut()) {
-            *x = exp(*x - max);
-            *sum += *x;
-        }
-    }
-    let mut sum: f32 = sums.iter().sum();
-    for x in chunks.into_remainder() {
-        *x = exp(*x - max);
-        sum += *x;
-    }
-    sum
-}
+/// [`softmax_numerators`] as a [`Kernel`].
+struct SoftmaxNumerators<'a>(&'a mut [f32]);
 
-/// `e^x` to about 2 ulp for `x ≤ 0` (Cephes' range reduction and degree-7 polynomial,
-/// evaluated in Estrin's scheme so that its dependency chain is short), written branch-free
-/// so that loops over it vectorise. Inputs below -87 give ~1e-38.
-#[inline(always)]
-fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    let x = x.clamp(-87.0, 88.0);
-    let n = x.mul_add(LOG2E, 0.5).floor();
-    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
-    // e^r = 1 + r + r²·(p5 + p4·r + p3·r² + p2·r³ + p1·r⁴ + p0·r⁵)
-    let r2 = r * r;
-    let r4 = r2 * r2;
-    let low = r.mul_add(1.666_666_5e-1, 0.5);
-    let mid = r.mul_add(8.333_452e-3, 4.166_579_6e-2);
-    let high = r.mul_add(1.987_569_1e-4, 1.398_199_9e-3);
-    let p = r4.mul_add(high, r2.mul_add(mid, low));
-    let e = r2.mul_add(p, r) + 1.0;
-    // SAFETY: the clamp above keeps `n` finite and within [-126, 127], so it fits an i32 (a
-    // plain `as` cast would add saturation checks that stop the loop from vectorising).
-    let n = unsafe { n.to_int_unchecked::<i32>() };
-    e * f32::from_bits(((n + 127) as u32) << 23)
+impl Kernel for SoftmaxNumerators<'_> {
+    type Output = f32;
+
+    #[inline(always)]
+    fn run(self) -> f32 {
+        let row = self.0;
+        let mut maxes = [f32::NEG_INFINITY; LANES];
+        let mut chunks = row.chunks_exact(LANES);
+        for chunk in &mut chunks {
+            for (mx, &x) in maxes.iter_mut().zip(chunk) {
+                *mx = if x > *mx { x } else { *mx };
+            }
+        }
+        let max = chunks
+            .remainder()
+            .iter()
+            .chain(&maxes)
+            .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+        let mut sums = [0f32; LANES];
+        let mut chunks = row.chunks_exact_mut(LANES);
+        for chunk in &mut chunks {
+            for (sum, x) in sums.iter_mut().zip(chunk.iter_mut()) {
+                *x = exp(*x - max);
+                *sum += *x;
+            }
+        }
+        let mut sum: f32 = sums.iter().sum();
+        for x in chunks.into_remainder() {
+            *x = exp(*x - max);
+            sum += *x;
+        }
+        sum
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compute::simd::Isa;
     use candle_core::Device;
 
     fn reference(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Tensor {
@@ -255,42 +219,21 @@ mod tests {
         candle_nn::ops::softmax_last_dim(&scores).unwrap().matmul(v).unwrap()
     }
 
-    #[test]
-    fn exp_matches_the_standard_library() {
-        let mut worst = 0f32;
-        for i in 0..=200_000 {
-            let x = -87.0 + 87.0 * i as f32 / 200_000.0;
-            let (got, want) = (exp(x), x.exp());
-            worst = worst.max(((got - want) / want).abs());
-        }
-        assert!(worst < 1e-6, "worst relative error {worst}");
-    }
-
-    /// Every variant this CPU can run gives the portable variant's numerators and sum.
+    /// Every instruction set this CPU has gives the portable loop's numerators and sum.
     #[test]
     fn softmax_variants_agree() {
         let row: Vec<f32> = (0..1003).map(|i| ((i * 7919) % 1000) as f32 * 0.013 - 6.0).collect();
         let mut want = row.clone();
-        let want_sum = softmax_numerators_portable(&mut want);
-        type Variant = fn(&mut [f32]) -> f32;
-        let mut variants: Vec<(&str, Variant)> = vec![("dispatched", softmax_numerators)];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                // SAFETY: the features were just detected.
-                variants.push(("avx2", |r| unsafe { softmax_numerators_avx2(r) }));
-            }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: the feature was just detected.
-                variants.push(("avx512", |r| unsafe { softmax_numerators_avx512(r) }));
-            }
-        }
-        for (name, variant) in variants {
+        let want_sum = simd::run_on(Isa::Portable, SoftmaxNumerators(&mut want));
+        for isa in Isa::available() {
             let mut got = row.clone();
-            let sum = variant(&mut got);
-            assert!((sum - want_sum).abs() <= 1e-5 * want_sum, "{name}: {sum} vs {want_sum}");
+            let sum = simd::run_on(isa, SoftmaxNumerators(&mut got));
+            assert!(
+                (sum - want_sum).abs() <= 1e-5 * want_sum,
+                "{isa:?}: {sum} vs {want_sum}"
+            );
             for (g, w) in got.iter().zip(&want) {
-                assert!((g - w).abs() <= 1e-6 * w.max(1e-30), "{name}: {g} vs {w}");
+                assert!((g - w).abs() <= 1e-6 * w.max(1e-30), "{isa:?}: {g} vs {w}");
             }
         }
     }

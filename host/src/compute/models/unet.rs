@@ -1,20 +1,19 @@
 //! The SD1.x denoising UNet, written for weft's CPU path.
 //!
 //! Same architecture and parameter names as diffusers' `UNet2DConditionModel` (the names
-//! [`super::ldm_to_candle`] maps checkpoints onto), with two differences from
-//! candle-transformers' version: attention goes through [`crate::compute::attention`] (fused
+//! [`super::ldm_to_candle`] maps checkpoints onto). Unlike candle-transformers' version,
+//! attention goes through [`crate::compute::attention`] (fused
 //! on the CPU, so the 1 GiB score matrix of 4096-token self-attention is never allocated),
-//! and the feed-forward GEGLU uses the exact, erf-based GELU as PyTorch does (candle's uses
-//! the tanh approximation).
+//! group norm + SiLU is one fused operation ([`crate::compute::norm`]), and the feed-forward
+//! GEGLU uses the exact, erf-based GELU as PyTorch does (candle's uses the tanh
+//! approximation).
 
 use candle_core::{Module, Result, Tensor, D};
-use candle_nn::{
-    conv2d, group_norm, layer_norm, linear, linear_no_bias, Conv2d, Conv2dConfig, GroupNorm, LayerNorm, Linear,
-    VarBuilder,
-};
+use candle_nn::{conv2d, layer_norm, linear, linear_no_bias, Conv2d, Conv2dConfig, LayerNorm, Linear, VarBuilder};
 
 use super::Sd1Config;
 use crate::compute::attention::attention;
+use crate::compute::norm::GroupNorm;
 
 /// Attention heads in every transformer block of SD1 (their width is channels / 8).
 const HEADS: usize = 8;
@@ -167,7 +166,7 @@ impl Sd1Unet {
             down,
             mid,
             up,
-            norm_out: group_norm(GROUPS, base, 1e-5, vb.pp("conv_norm_out"))?,
+            norm_out: GroupNorm::new(vb.pp("conv_norm_out"), GROUPS, base, 1e-5, true)?,
             conv_out: conv3x3(vb.pp("conv_out"), base, cfg.latent_channels, 1)?,
         })
     }
@@ -221,8 +220,7 @@ impl Sd1Unet {
                 h = conv.forward(&h.upsample_nearest2d(th, tw)?)?;
             }
         }
-        let h = candle_nn::ops::silu(&self.norm_out.forward(&h)?)?;
-        self.conv_out.forward(&h)
+        self.conv_out.forward(&self.norm_out.forward(&h)?)
     }
 }
 
@@ -254,10 +252,10 @@ struct ResBlock {
 impl ResBlock {
     fn new(vb: VarBuilder, cin: usize, cout: usize, time_dim: usize) -> Result<Self> {
         Ok(ResBlock {
-            norm1: group_norm(GROUPS, cin, 1e-5, vb.pp("norm1"))?,
+            norm1: GroupNorm::new(vb.pp("norm1"), GROUPS, cin, 1e-5, true)?,
             conv1: conv3x3(vb.pp("conv1"), cin, cout, 1)?,
             time_proj: linear(time_dim, cout, vb.pp("time_emb_proj"))?,
-            norm2: group_norm(GROUPS, cout, 1e-5, vb.pp("norm2"))?,
+            norm2: GroupNorm::new(vb.pp("norm2"), GROUPS, cout, 1e-5, true)?,
             conv2: conv3x3(vb.pp("conv2"), cout, cout, 1)?,
             shortcut: if cin == cout {
                 None
@@ -269,10 +267,10 @@ impl ResBlock {
 
     /// `emb` is `silu(time embedding)`, `[b, time_dim]`.
     fn forward(&self, x: &Tensor, emb: &Tensor) -> Result<Tensor> {
-        let h = self.conv1.forward(&candle_nn::ops::silu(&self.norm1.forward(x)?)?)?;
+        let h = self.conv1.forward(&self.norm1.forward(x)?)?;
         let t = self.time_proj.forward(emb)?.unsqueeze(2)?.unsqueeze(3)?;
         let h = h.broadcast_add(&t)?;
-        let h = self.conv2.forward(&candle_nn::ops::silu(&self.norm2.forward(&h)?)?)?;
+        let h = self.conv2.forward(&self.norm2.forward(&h)?)?;
         match &self.shortcut {
             Some(conv) => conv.forward(x)? + h,
             None => x + h,
@@ -300,7 +298,7 @@ impl Transformer {
     fn new(vb: VarBuilder, channels: usize, context_dim: usize) -> Result<Self> {
         let block = vb.pp("transformer_blocks.0");
         Ok(Transformer {
-            norm: group_norm(GROUPS, channels, 1e-6, vb.pp("norm"))?,
+            norm: GroupNorm::new(vb.pp("norm"), GROUPS, channels, 1e-6, false)?,
             proj_in: conv1x1(vb.pp("proj_in"), channels, channels)?,
             norm1: layer_norm(channels, 1e-5, block.pp("norm1"))?,
             attn1: Attention::new(block.pp("attn1"), channels, channels)?,
