@@ -3,6 +3,7 @@
 //! wasm, jobs or HTTP.
 
 pub mod attention;
+pub mod conv;
 pub mod device;
 pub mod image;
 pub mod models;

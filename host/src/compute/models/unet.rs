@@ -4,15 +4,17 @@
 //! [`super::ldm_to_candle`] maps checkpoints onto). Unlike candle-transformers' version,
 //! attention goes through [`crate::compute::attention`] (fused
 //! on the CPU, so the 1 GiB score matrix of 4096-token self-attention is never allocated),
-//! group norm + SiLU is one fused operation ([`crate::compute::norm`]), and the feed-forward
+//! group norm + SiLU is one fused operation ([`crate::compute::norm`]), convolutions write
+//! NCHW straight from one matrix product ([`crate::compute::conv`]), and the feed-forward
 //! GEGLU uses the exact, erf-based GELU as PyTorch does (candle's uses the tanh
 //! approximation).
 
 use candle_core::{Module, Result, Tensor, D};
-use candle_nn::{conv2d, layer_norm, linear, linear_no_bias, Conv2d, Conv2dConfig, LayerNorm, Linear, VarBuilder};
+use candle_nn::{layer_norm, linear, linear_no_bias, LayerNorm, Linear, VarBuilder};
 
 use super::Sd1Config;
 use crate::compute::attention::attention;
+use crate::compute::conv::Conv2d;
 use crate::compute::norm::GroupNorm;
 
 /// Attention heads in every transformer block of SD1 (their width is channels / 8).
@@ -76,16 +78,11 @@ impl Level {
 }
 
 fn conv3x3(vb: VarBuilder, cin: usize, cout: usize, stride: usize) -> Result<Conv2d> {
-    let cfg = Conv2dConfig {
-        padding: 1,
-        stride,
-        ..Default::default()
-    };
-    conv2d(cin, cout, 3, cfg, vb)
+    Conv2d::new(vb, cin, cout, 3, stride, 1)
 }
 
 fn conv1x1(vb: VarBuilder, cin: usize, cout: usize) -> Result<Conv2d> {
-    conv2d(cin, cout, 1, Conv2dConfig::default(), vb)
+    Conv2d::new(vb, cin, cout, 1, 1, 0)
 }
 
 impl Sd1Unet {
