@@ -9,12 +9,13 @@
 //! GEGLU uses the exact, erf-based GELU as PyTorch does (candle's uses the tanh
 //! approximation).
 
-use candle_core::{Module, Result, Tensor, D};
+use candle_core::{Module, Result, Tensor};
 use candle_nn::{layer_norm, linear, linear_no_bias, LayerNorm, Linear, VarBuilder};
 
 use super::Sd1Config;
 use crate::compute::attention::attention;
 use crate::compute::conv::Conv2d;
+use crate::compute::geglu::geglu;
 use crate::compute::norm::GroupNorm;
 
 /// Attention heads in every transformer block of SD1 (their width is channels / 8).
@@ -315,8 +316,7 @@ impl Transformer {
         t = (self.attn1.forward(&self.norm1.forward(&t)?, None)? + &t)?;
         t = (self.attn2.forward(&self.norm2.forward(&t)?, Some(context))? + &t)?;
         let projected = self.ff_in.forward(&self.norm3.forward(&t)?)?;
-        let halves = projected.chunk(2, D::Minus1)?;
-        let ff = self.ff_out.forward(&(&halves[0] * halves[1].gelu_erf()?)?)?;
+        let ff = self.ff_out.forward(&geglu(&projected)?)?;
         t = (ff + &t)?;
         let spatial = t.transpose(1, 2)?.reshape((b, c, h, w))?;
         self.proj_out.forward(&spatial)? + x
