@@ -11,6 +11,7 @@ use std::cell::RefCell;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::matmul::{matmul, View};
 use super::simd::{self, exp, Kernel};
 
 /// Query rows per task: a 64 × 4096 score block is 1 MiB, which stays in cache.
@@ -81,7 +82,16 @@ impl CustomOp3 for FusedAttention {
                 let qb = &q[head * n * d + block * ROWS * d..][..rows * d];
                 SCORES.with_borrow_mut(|scores| {
                     scores.resize(ROWS * m, 0.0);
-                    attend_block(qb, kh, vh, o, &mut scores[..rows * m], rows, m, d, self.scale);
+                    let block = Block {
+                        qb,
+                        kh,
+                        vh,
+                        rows,
+                        m,
+                        d,
+                        scale: self.scale,
+                    };
+                    attend_block(block, o, &mut scores[..rows * m]);
                 });
             });
         });
@@ -89,74 +99,42 @@ impl CustomOp3 for FusedAttention {
     }
 }
 
-/// One block: `o[rows×d] = softmax(qb[rows×d] · khᵀ · scale) · vh[m×d]`, with `scores` as the
-/// `rows×m` scratch.
-#[allow(clippy::too_many_arguments)]
-fn attend_block(
-    qb: &[f32],
-    kh: &[f32],
-    vh: &[f32],
-    o: &mut [f32],
-    scores: &mut [f32],
+/// One block of query rows of one head and that head's keys and values.
+struct Block<'a> {
+    qb: &'a [f32],
+    kh: &'a [f32],
+    vh: &'a [f32],
     rows: usize,
     m: usize,
     d: usize,
     scale: f32,
-) {
-    let (m_i, d_i) = (m as isize, d as isize);
-    // SAFETY: every pointer covers the extent its strides and sizes describe: scores is
-    // rows×m row-major, qb rows×d row-major, kh m×d row-major read as its transpose d×m.
-    unsafe {
-        gemm::gemm(
-            rows,
-            m,
-            d,
-            scores.as_mut_ptr(),
-            1,
-            m_i,
-            false,
-            qb.as_ptr(),
-            1,
-            d_i,
-            kh.as_ptr(),
-            d_i,
-            1,
-            0.0,
-            scale,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
+}
+
+/// `o[rows×d] = softmax(qb[rows×d] · khᵀ · scale) · vh[m×d]`, with `scores` as the `rows×m`
+/// scratch.
+fn attend_block(b: Block<'_>, o: &mut [f32], scores: &mut [f32]) {
+    let Block {
+        qb,
+        kh,
+        vh,
+        rows,
+        m,
+        d,
+        scale,
+    } = b;
+    matmul(
+        scores,
+        View::rows(qb, rows, d),
+        View::rows(kh, m, d).t(),
+        scale,
+        false,
+        false,
+    );
     let mut inverse_sums = [0f32; ROWS];
     for (row, inverse) in scores.chunks_exact_mut(m).zip(inverse_sums.iter_mut()) {
         *inverse = 1.0 / softmax_numerators(row);
     }
-    // SAFETY: o is rows×d row-major, scores rows×m row-major, vh m×d row-major.
-    unsafe {
-        gemm::gemm(
-            rows,
-            d,
-            m,
-            o.as_mut_ptr(),
-            1,
-            d_i,
-            false,
-            scores.as_ptr(),
-            1,
-            m_i,
-            vh.as_ptr(),
-            1,
-            d_i,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
+    matmul(o, View::rows(scores, rows, m), View::rows(vh, m, d), 1.0, false, false);
     for (row, inverse) in o.chunks_exact_mut(d).zip(inverse_sums) {
         row.iter_mut().for_each(|x| *x *= inverse);
     }

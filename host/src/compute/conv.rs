@@ -11,6 +11,8 @@ use candle_core::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, T
 use candle_nn::{Conv2dConfig, VarBuilder};
 use rayon::prelude::*;
 
+use super::matmul::{matmul, View};
+
 /// A square-kernel convolution with bias: `[b, cin, h, w] → [b, cout, h', w']`.
 #[derive(Debug, Clone)]
 pub struct Conv2d {
@@ -119,31 +121,7 @@ impl CustomOp3 for MatmulConv {
             for (row, &b) in y.chunks_exact_mut(p).zip(bias) {
                 row.fill(b);
             }
-            let threads = rayon::current_num_threads();
-            // SAFETY: y is cout×p row-major, weight cout×k row-major, col k×p row-major.
-            unsafe {
-                gemm::gemm(
-                    cout,
-                    p,
-                    k,
-                    y.as_mut_ptr(),
-                    1,
-                    p as isize,
-                    true,
-                    weight.as_ptr(),
-                    1,
-                    k as isize,
-                    col.as_ptr(),
-                    1,
-                    p as isize,
-                    1.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::Rayon(threads),
-                );
-            }
+            matmul(y, View::rows(weight, cout, k), View::rows(col, k, p), 1.0, true, true);
         }
         Ok((CpuStorage::F32(out), Shape::from((b, cout, ho, wo))))
     }

@@ -7,6 +7,8 @@ pub mod conv;
 pub mod device;
 pub mod geglu;
 pub mod image;
+pub mod linear;
+mod matmul;
 pub mod models;
 pub mod norm;
 pub mod preview;

@@ -10,12 +10,13 @@
 //! approximation).
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{layer_norm, linear, linear_no_bias, LayerNorm, Linear, VarBuilder};
+use candle_nn::{layer_norm, linear_no_bias, LayerNorm, VarBuilder};
 
 use super::Sd1Config;
 use crate::compute::attention::attention;
 use crate::compute::conv::Conv2d;
 use crate::compute::geglu::geglu;
+use crate::compute::linear::Linear;
 use crate::compute::norm::GroupNorm;
 
 /// Attention heads in every transformer block of SD1 (their width is channels / 8).
@@ -158,8 +159,8 @@ impl Sd1Unet {
 
         Ok(Sd1Unet {
             base_channels: base,
-            time_linear_1: linear(base, time_dim, vb.pp("time_embedding.linear_1"))?,
-            time_linear_2: linear(time_dim, time_dim, vb.pp("time_embedding.linear_2"))?,
+            time_linear_1: Linear::new(vb.pp("time_embedding.linear_1"), base, time_dim)?,
+            time_linear_2: Linear::new(vb.pp("time_embedding.linear_2"), time_dim, time_dim)?,
             conv_in: conv3x3(vb.pp("conv_in"), cfg.latent_channels, base, 1)?,
             down,
             mid,
@@ -252,7 +253,7 @@ impl ResBlock {
         Ok(ResBlock {
             norm1: GroupNorm::new(vb.pp("norm1"), GROUPS, cin, 1e-5, true)?,
             conv1: conv3x3(vb.pp("conv1"), cin, cout, 1)?,
-            time_proj: linear(time_dim, cout, vb.pp("time_emb_proj"))?,
+            time_proj: Linear::new(vb.pp("time_emb_proj"), time_dim, cout)?,
             norm2: GroupNorm::new(vb.pp("norm2"), GROUPS, cout, 1e-5, true)?,
             conv2: conv3x3(vb.pp("conv2"), cout, cout, 1)?,
             shortcut: if cin == cout {
@@ -303,8 +304,8 @@ impl Transformer {
             norm2: layer_norm(channels, 1e-5, block.pp("norm2"))?,
             attn2: Attention::new(block.pp("attn2"), channels, context_dim)?,
             norm3: layer_norm(channels, 1e-5, block.pp("norm3"))?,
-            ff_in: linear(channels, 8 * channels, block.pp("ff.net.0.proj"))?,
-            ff_out: linear(4 * channels, channels, block.pp("ff.net.2"))?,
+            ff_in: Linear::new(block.pp("ff.net.0.proj"), channels, 8 * channels)?,
+            ff_out: Linear::new(block.pp("ff.net.2"), 4 * channels, channels)?,
             proj_out: conv1x1(vb.pp("proj_out"), channels, channels)?,
         })
     }
@@ -325,9 +326,9 @@ impl Transformer {
 
 /// Multi-head attention with [`HEADS`] heads; keys and values from the context when given.
 struct Attention {
-    to_q: Linear,
-    to_k: Linear,
-    to_v: Linear,
+    to_q: candle_nn::Linear,
+    to_k: candle_nn::Linear,
+    to_v: candle_nn::Linear,
     to_out: Linear,
 }
 
@@ -337,7 +338,7 @@ impl Attention {
             to_q: linear_no_bias(dim, dim, vb.pp("to_q"))?,
             to_k: linear_no_bias(context_dim, dim, vb.pp("to_k"))?,
             to_v: linear_no_bias(context_dim, dim, vb.pp("to_v"))?,
-            to_out: linear(dim, dim, vb.pp("to_out.0"))?,
+            to_out: Linear::new(vb.pp("to_out.0"), dim, dim)?,
         })
     }
 
