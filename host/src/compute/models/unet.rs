@@ -1,13 +1,13 @@
 //! The SD1.x denoising UNet, written for weft's CPU path.
 //!
 //! Same architecture and parameter names as diffusers' `UNet2DConditionModel` (the names
-//! [`super::ldm_to_candle`] maps checkpoints onto). Unlike candle-transformers' version,
-//! attention goes through [`crate::compute::attention`] (fused
-//! on the CPU, so the 1 GiB score matrix of 4096-token self-attention is never allocated),
-//! group norm + SiLU is one fused operation ([`crate::compute::norm`]), convolutions write
-//! NCHW straight from one matrix product ([`crate::compute::conv`]), and the feed-forward
-//! GEGLU uses the exact, erf-based GELU as PyTorch does (candle's uses the tanh
-//! approximation).
+//! [`super::ldm_to_candle`] maps checkpoints onto). Unlike candle-transformers' version, its
+//! layers are weft's CPU kernels: fused attention ([`crate::compute::attention`]: the 1 GiB
+//! score matrix of 4096-token self-attention is never allocated), convolutions written NCHW
+//! straight from one matrix product ([`crate::compute::conv`]), group norm + SiLU in one pass
+//! ([`crate::compute::norm`]), biased linear layers ([`crate::compute::linear`]) and a GEGLU
+//! with the exact, erf-based GELU as PyTorch ([`crate::compute::geglu`]; candle-transformers
+//! uses the tanh approximation). On other devices each falls back to candle's operations.
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{layer_norm, linear_no_bias, LayerNorm, VarBuilder};
