@@ -11,6 +11,7 @@ use std::cell::RefCell;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::contiguous_f32;
 use super::matmul::{matmul, View};
 use super::simd::{self, exp, Kernel};
 
@@ -37,15 +38,6 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The contiguous `f32` data of a storage with layout `l`.
-fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
-    let data = s.as_slice::<f32>()?;
-    match l.contiguous_offsets() {
-        Some((start, end)) => Ok(&data[start..end]),
-        None => candle_core::bail!("attention: inputs must be contiguous"),
-    }
-}
-
 impl CustomOp3 for FusedAttention {
     fn name(&self) -> &'static str {
         "fused-attention"
@@ -70,7 +62,11 @@ impl CustomOp3 for FusedAttention {
                 vl.shape()
             );
         }
-        let (q, k, v) = (f32_slice(qs, ql)?, f32_slice(ks, kl)?, f32_slice(vs, vl)?);
+        let (q, k, v) = (
+            contiguous_f32(qs, ql, "attention")?,
+            contiguous_f32(ks, kl, "attention")?,
+            contiguous_f32(vs, vl, "attention")?,
+        );
         let mut out = vec![0f32; bh * n * d];
         if out.is_empty() || m == 0 {
             return Ok((CpuStorage::F32(out), ql.shape().clone()));
@@ -228,8 +224,8 @@ mod tests {
             let got = attention(&q, &k, &v, scale).unwrap();
             let want = reference(&q, &k, &v, scale);
             assert_eq!(got.dims(), want.dims());
-            let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap();
-            assert!(diff.to_scalar::<f32>().unwrap() < 1e-5, "{bh} {n} {m} {d}: {diff}");
+            let diff = crate::compute::max_abs_diff(&got, &want);
+            assert!(diff < 1e-5, "{bh} {n} {m} {d}: {diff}");
         }
     }
 
@@ -241,8 +237,8 @@ mod tests {
         let v = Tensor::randn(0f32, 1.0, (1, 33, 16), &dev).unwrap();
         let got = attention(&q, &k, &v, 1.0).unwrap();
         let want = reference(&q, &k, &v, 1.0);
-        let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap();
-        assert!(diff.to_scalar::<f32>().unwrap() < 1e-4, "{diff}");
+        let diff = crate::compute::max_abs_diff(&got, &want);
+        assert!(diff < 1e-4, "{diff}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use candle_core::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, T
 use candle_nn::{Conv2dConfig, VarBuilder};
 use rayon::prelude::*;
 
+use super::contiguous_f32;
 use super::matmul::{matmul, View};
 
 /// A square-kernel convolution with bias: `[b, cin, h, w] → [b, cout, h', w']`.
@@ -61,15 +62,6 @@ struct MatmulConv {
     padding: usize,
 }
 
-/// The contiguous `f32` data of a storage with layout `l`.
-fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
-    let data = s.as_slice::<f32>()?;
-    match l.contiguous_offsets() {
-        Some((start, end)) => Ok(&data[start..end]),
-        None => candle_core::bail!("conv2d: inputs must be contiguous"),
-    }
-}
-
 impl CustomOp3 for MatmulConv {
     fn name(&self) -> &'static str {
         "matmul-conv2d"
@@ -99,7 +91,11 @@ impl CustomOp3 for MatmulConv {
             candle_core::bail!("conv2d: a {kh}x{kw} kernel does not fit a padded {h}x{w} input");
         }
         let (ho, wo) = ((h + 2 * pad - kh) / s + 1, (w + 2 * pad - kw) / s + 1);
-        let (x, weight, bias) = (f32_slice(xs, xl)?, f32_slice(ws, wl)?, f32_slice(bs, bl)?);
+        let (x, weight, bias) = (
+            contiguous_f32(xs, xl, "conv2d")?,
+            contiguous_f32(ws, wl, "conv2d")?,
+            contiguous_f32(bs, bl, "conv2d")?,
+        );
         let (k, p) = (cin * kh * kw, ho * wo);
         let mut out = vec![0f32; b * cout * p];
         if out.is_empty() {
@@ -189,14 +185,7 @@ mod tests {
             .forward(&x)
             .unwrap();
         assert_eq!(got.dims(), want.dims(), "{shape:?} k{kernel} s{stride} p{padding}");
-        let diff = (got - want)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let diff = crate::compute::max_abs_diff(&got, &want);
         assert!(diff < 1e-4, "{shape:?} k{kernel} s{stride} p{padding}: {diff}");
     }
 

@@ -9,6 +9,7 @@
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
+use super::contiguous_f32;
 use super::simd::{self, exp, Kernel};
 
 /// `a · gelu(g)` for `x = [a | g]` along the last dimension.
@@ -29,10 +30,7 @@ impl CustomOp1 for FusedGeglu {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("geglu: the input must be contiguous");
-        };
-        let x = &storage.as_slice::<f32>()?[start..end];
+        let x = contiguous_f32(storage, layout, "geglu")?;
         let mut dims = layout.shape().dims().to_vec();
         let width = dims.last().copied().unwrap_or(0);
         if width % 2 != 0 {
@@ -122,14 +120,7 @@ mod tests {
             let halves = x.chunk(2, D::Minus1).unwrap();
             let want = (&halves[0] * halves[1].gelu_erf().unwrap()).unwrap();
             assert_eq!(got.dims(), want.dims());
-            let diff = (got - want)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff = crate::compute::max_abs_diff(&got, &want);
             assert!(diff < 1e-5, "{shape:?}: {diff}");
         }
     }

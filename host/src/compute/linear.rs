@@ -8,6 +8,7 @@
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Tensor};
 use candle_nn::VarBuilder;
 
+use super::contiguous_f32;
 use super::matmul::{matmul, View};
 
 /// `y = x · weightᵀ + bias` over the last dimension: `[.., inputs] → [.., outputs]`.
@@ -41,15 +42,6 @@ impl Module for Linear {
 /// The CPU kernel behind [`Linear`].
 struct BiasedMatmul;
 
-/// The contiguous `f32` data of a storage with layout `l`.
-fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
-    let data = s.as_slice::<f32>()?;
-    match l.contiguous_offsets() {
-        Some((start, end)) => Ok(&data[start..end]),
-        None => candle_core::bail!("linear: inputs must be contiguous"),
-    }
-}
-
 impl CustomOp3 for BiasedMatmul {
     fn name(&self) -> &'static str {
         "biased-matmul"
@@ -75,7 +67,11 @@ impl CustomOp3 for BiasedMatmul {
                 bl.shape()
             );
         }
-        let (x, weight, bias) = (f32_slice(xs, xl)?, f32_slice(ws, wl)?, f32_slice(bs, bl)?);
+        let (x, weight, bias) = (
+            contiguous_f32(xs, xl, "linear")?,
+            contiguous_f32(ws, wl, "linear")?,
+            contiguous_f32(bs, bl, "linear")?,
+        );
         let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
         if let Some(last) = dims.last_mut() {
             *last = outputs;
@@ -116,14 +112,7 @@ mod tests {
                 .forward(&x)
                 .unwrap();
             assert_eq!(got.dims(), want.dims());
-            let diff = (got - want)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff = crate::compute::max_abs_diff(&got, &want);
             assert!(diff < 1e-5, "{shape:?} -> {outputs}: {diff}");
         }
     }

@@ -48,3 +48,27 @@ impl ComputeError {
         }
     }
 }
+
+/// The contiguous `f32` data of a CPU storage with layout `layout`, for the custom operations
+/// of weft's CPU kernels (`op` names the operation in the error).
+pub(crate) fn contiguous_f32<'a>(
+    storage: &'a candle_core::CpuStorage,
+    layout: &candle_core::Layout,
+    op: &str,
+) -> candle_core::Result<&'a [f32]> {
+    let data = storage.as_slice::<f32>()?;
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&data[start..end]),
+        None => candle_core::bail!("{op}: inputs must be contiguous"),
+    }
+}
+
+/// The largest absolute difference between two tensors of one shape, for tests.
+#[cfg(test)]
+pub(crate) fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
+    (a - b)
+        .and_then(|d| d.abs())
+        .and_then(|d| d.max_all())
+        .and_then(|d| d.to_scalar::<f32>())
+        .expect("tensors of one shape")
+}
