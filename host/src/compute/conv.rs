@@ -86,6 +86,9 @@ impl CustomOp3 for MatmulConv {
                 bl.shape()
             );
         }
+        if cin == 0 || h == 0 || w == 0 || kh == 0 || kw == 0 {
+            candle_core::bail!("conv2d: empty input {:?} or kernel {:?}", xl.shape(), wl.shape());
+        }
         let (s, pad) = (self.stride, self.padding);
         if h + 2 * pad < kh || w + 2 * pad < kw {
             candle_core::bail!("conv2d: a {kh}x{kw} kernel does not fit a padded {h}x{w} input");
@@ -212,5 +215,7 @@ mod tests {
         assert!(conv.forward(&wrong_channels).is_err());
         let too_small = Tensor::zeros((1, 3, 2, 2), DType::F32, &dev).unwrap();
         assert!(conv.forward(&too_small).is_err());
+        let empty = Tensor::zeros((1, 3, 0, 8), DType::F32, &dev).unwrap();
+        assert!(conv.forward(&empty).is_err());
     }
 }
