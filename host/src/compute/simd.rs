@@ -14,7 +14,8 @@ pub(crate) trait Kernel {
     fn run(self) -> Self::Output;
 }
 
-/// The instruction sets [`run_on`] can use.
+/// The instruction sets [`run_on`] can use (tests compare the variants; [`run`] picks one).
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Isa {
     /// AVX-512 Foundation.
@@ -27,6 +28,7 @@ pub(crate) enum Isa {
     Portable,
 }
 
+#[cfg(test)]
 impl Isa {
     /// The instruction sets this CPU supports, best first.
     pub(crate) fn available() -> Vec<Isa> {
@@ -45,23 +47,27 @@ impl Isa {
     }
 }
 
-/// Runs `kernel` on the best instruction set this CPU has.
+/// Runs `kernel` on the best instruction set this CPU has. Called per row on hot paths:
+/// detection is cached by `is_x86_feature_detected!`, and nothing is allocated.
 #[inline]
 pub(crate) fn run<K: Kernel>(kernel: K) -> K::Output {
     #[cfg(target_arch = "x86_64")]
     {
-        // `is_x86_feature_detected!` caches its answer; these are two atomic loads.
         if std::arch::is_x86_feature_detected!("avx512f") {
-            return run_on(Isa::Avx512, kernel);
+            // SAFETY: the CPU has the feature the function is compiled for.
+            return unsafe { run_avx512(kernel) };
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            return run_on(Isa::Avx2, kernel);
+            // SAFETY: as above.
+            return unsafe { run_avx2(kernel) };
         }
     }
     kernel.run()
 }
 
-/// Runs `kernel` compiled for `isa`, which must be one of [`Isa::available`].
+/// Runs `kernel` compiled for `isa`, which must be one of [`Isa::available`] (for tests that
+/// compare the variants).
+#[cfg(test)]
 pub(crate) fn run_on<K: Kernel>(isa: Isa, kernel: K) -> K::Output {
     assert!(Isa::available().contains(&isa), "{isa:?} is not available on this CPU");
     match isa {
