@@ -7,14 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::Server;
-
-fn slow_workflow(seconds: f64) -> Value {
-    json!({
-        "1": {"class_type": "SlowCounter", "inputs": {"seconds": seconds}},
-        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}
-    })
-}
+use support::{slow_workflow, Server};
 
 /// One SSE frame: event name, id, data (parsed), or a comment.
 #[derive(Debug, Clone)]

@@ -9,21 +9,13 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use support::{Options, Server};
+use support::{slow_workflow, Options, Server};
 
 /// A trivial valid workflow that writes `text` as a text output.
 fn text_workflow(text: &str) -> Value {
     json!({
         "1": {"class_type": "PrimitiveString", "inputs": {"value": text}},
         "2": {"class_type": "SaveText", "inputs": {"text": ["1", 0], "filename_prefix": "t"}}
-    })
-}
-
-/// A workflow that counts for `seconds` (test plugin).
-fn slow_workflow(seconds: f64) -> Value {
-    json!({
-        "1": {"class_type": "SlowCounter", "inputs": {"seconds": seconds}},
-        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}
     })
 }
 

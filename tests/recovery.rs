@@ -6,14 +6,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{Options, Server};
-
-fn slow_workflow(seconds: f64) -> Value {
-    json!({
-        "1": {"class_type": "SlowCounter", "inputs": {"seconds": seconds}},
-        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}
-    })
-}
+use support::{slow_workflow, Options, Server};
 
 fn text_workflow(text: &str) -> Value {
     json!({

@@ -13,72 +13,27 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+
+mod support;
+use support::{percentile, rss_mib, Server};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-struct Server {
-    child: Child,
-    addr: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// Starts `weft` with a fresh data directory, `args` and, if given, a plugins directory.
 fn start(args: &[&str], plugins: Option<&Path>) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_weft"));
-    cmd.args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path())
-        .args(args);
-    if let Some(p) = plugins {
-        cmd.arg("--plugins-dir").arg(p);
+    let plugins = plugins.map(|p| p.display().to_string());
+    let mut all = args.to_vec();
+    if let Some(p) = &plugins {
+        all.extend(["--plugins-dir", p.as_str()]);
     }
-    let mut child = cmd
-        .env("WEFT_LOG", "error")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("starting weft");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("weft exited").unwrap();
-        if let Some(rest) = line.strip_prefix("weft listening on http://") {
-            break rest.trim().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    let server = Server { child, addr, _dir: dir };
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let mut c = Conn::open(&server.addr);
-        if c.request("GET", "/healthz", None).0 == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "weft did not become ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    server
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
+    let bin = Path::new(env!("CARGO_BIN_EXE_weft"));
+    support::start(bin, tempfile::tempdir().unwrap(), &all, "error").0
 }
 
 /// A minimal keep-alive HTTP/1.1 client connection.
@@ -133,13 +88,6 @@ impl Conn {
         self.reader.read_exact(&mut body).unwrap();
         (status, body)
     }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 fn ms(d: Duration) -> f64 {
@@ -263,10 +211,10 @@ fn main() {
     println!("idle RSS after start-up: {:.1} MiB", rss_mib(server.child.id()));
 
     // Warm up.
-    closed_loop(&server.addr, clients, 1.0, |_| {
+    closed_loop(server.addr(), clients, 1.0, |_| {
         ("POST".into(), "/api/v2/jobs".into(), Some(WORKFLOW.as_bytes().to_vec()))
     });
-    let (rate, lat) = closed_loop(&server.addr, clients, secs, |_| {
+    let (rate, lat) = closed_loop(server.addr(), clients, secs, |_| {
         ("POST".into(), "/api/v2/jobs".into(), Some(WORKFLOW.as_bytes().to_vec()))
     });
     println!(
@@ -278,11 +226,11 @@ fn main() {
     // the next.
     drop(server);
     let server = start(&["--queue-depth", "10000000", "--workers", "1"], None);
-    closed_loop(&server.addr, 4, 0.5, |_| {
+    closed_loop(server.addr(), 4, 0.5, |_| {
         ("POST".into(), "/api/v2/jobs".into(), Some(WORKFLOW.as_bytes().to_vec()))
     });
     let half = rate / 2.0;
-    let lat = open_loop(&server.addr, 16, half, secs);
+    let lat = open_loop(server.addr(), 16, half, secs);
     println!(
         "durable POST /api/v2/jobs at half load ({half:.0}/s paced): p50 {:.2} ms, p99 {:.2} ms ({} requests)",
         ms(percentile(&lat, 0.5)),
@@ -292,11 +240,11 @@ fn main() {
 
     drop(server);
     let server = start(&["--queue-depth", "10000000", "--workers", "1"], None);
-    let mut conn = Conn::open(&server.addr);
+    let mut conn = Conn::open(server.addr());
     let (_, body) = conn.request("POST", "/api/v2/jobs", Some(WORKFLOW.as_bytes()));
     let job: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let path = format!("/api/v2/jobs/{}", job["id"].as_str().unwrap());
-    let (rate, lat) = closed_loop(&server.addr, clients, secs, |_| ("GET".into(), path.clone(), None));
+    let (rate, lat) = closed_loop(server.addr(), clients, secs, |_| ("GET".into(), path.clone(), None));
     println!(
         "GET /api/v2/jobs/{{id}}: {rate:.0}/s at {clients} clients, p50 {:.2} ms, p99 {:.2} ms",
         ms(percentile(&lat, 0.5)),
@@ -310,7 +258,7 @@ fn main() {
         return;
     };
     let server = start(&["--workers", "1"], Some(&plugins));
-    let mut conn = Conn::open(&server.addr);
+    let mut conn = Conn::open(server.addr());
     let slow = br#"{"workflow": {"1": {"class_type": "SlowCounter", "inputs": {"seconds": 3600.0}}, "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}}}"#;
     let (status, _) = conn.request("POST", "/api/v2/jobs", Some(slow));
     assert_eq!(status, 201);
@@ -326,7 +274,7 @@ fn main() {
     let t = Instant::now();
     let mut open = Vec::with_capacity(streams);
     for _ in 0..streams {
-        let mut s = TcpStream::connect(&server.addr).unwrap();
+        let mut s = TcpStream::connect(server.addr()).unwrap();
         s.write_all(events.as_bytes()).unwrap();
         open.push(s);
     }

@@ -6,8 +6,8 @@
 //!   SaveImage) from 4 client threads, with the split between validation, queueing and node
 //!   execution, plus start-up time and idle RSS.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,9 @@ use serde_json::{json, Value};
 use weft::runtime::{
     AssetReader, AssetRef, CallContext, CancelToken, ProgressSink, Runtime, RuntimeConfig, TailLog, Value as V,
 };
+
+mod support;
+use support::{percentile, rss_mib, Server};
 
 struct Nothing;
 impl ProgressSink for Nothing {
@@ -24,10 +27,6 @@ impl AssetReader for Nothing {
     fn read(&self, _: &AssetRef) -> Result<Vec<u8>, String> {
         Err("none".into())
     }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 fn per_node_overhead() {
@@ -105,61 +104,9 @@ fn validation(runtime: &Runtime) {
     }
 }
 
-struct Server {
-    child: std::process::Child,
-    base: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// Starts `weft` on `dir`; returns it and the time until it served.
 fn start(dir: tempfile::TempDir) -> (Server, Duration) {
-    let t = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path())
-        .env("WEFT_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let base = loop {
-        let line = lines.next().unwrap().unwrap();
-        if let Some(rest) = line.strip_prefix("weft listening on ") {
-            break rest.to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    let http = reqwest::blocking::Client::new();
-    while http
-        .get(format!("{base}/healthz"))
-        .send()
-        .map(|r| r.status().as_u16())
-        .ok()
-        != Some(200)
-    {
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    (Server { child, base, _dir: dir }, t.elapsed())
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .unwrap()
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .unwrap();
-    kib / 1024.0
+    support::start(Path::new(env!("CARGO_BIN_EXE_weft")), dir, &[], "warn")
 }
 
 fn metric_sum(text: &str, name: &str) -> f64 {
@@ -262,7 +209,7 @@ fn main() {
     // Re-use the compiled-code cache of the first start for a warm start.
     let _ = Command::new("cp")
         .arg("-r")
-        .arg(first._dir.path().join("cache"))
+        .arg(first.dir.path().join("cache"))
         .arg(dir.path())
         .status();
     drop(first);

@@ -9,11 +9,13 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use reqwest::blocking::multipart::{Form, Part};
+
+mod support;
 
 /// A 60-second H.264 video at `size` and 25 fps with scene cuts every 20 s and a slow hue
 /// drift; longer ones repeat it (stream copy, so generating them is quick).
@@ -84,36 +86,6 @@ impl Read for TimedReader {
         }
         Ok(n)
     }
-}
-
-struct Server(Child, String);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_server(data: &Path) -> Server {
-    let bin =
-        std::env::var_os("WEFT_BENCH_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_weft")), PathBuf::from);
-    let mut child = Command::new(bin)
-        .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
-        .arg(data)
-        .env("WEFT_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("starting weft");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let base = loop {
-        let line = lines.next().expect("weft exited").unwrap();
-        if let Some(rest) = line.strip_prefix("weft listening on ") {
-            break rest.trim().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    Server(child, base)
 }
 
 /// CPU seconds used by process `pid` and its reaped children (ffmpeg, ffprobe) so far.
@@ -202,7 +174,9 @@ fn main() {
         .and_then(|c| c.parse().ok())
         .unwrap_or(1);
     let dir = tempfile::tempdir().unwrap();
-    let server = start_server(&dir.path().join("data"));
+    let bin =
+        std::env::var_os("WEFT_BENCH_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_weft")), PathBuf::from);
+    let (server, _) = support::start(&bin, tempfile::tempdir().unwrap(), &[], "warn");
     let http = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(600))
         .build()
@@ -217,10 +191,10 @@ fn main() {
             "generated the {label} video ({mb:.1} MB) in {:.1} s",
             t.elapsed().as_secs_f64()
         );
-        let _warm_up = (secs == 60).then(|| run(&http, &server.1, &video, copies));
-        let cpu_before = cpu_seconds(server.0.id());
-        let r = run(&http, &server.1, &video, copies);
-        let cpu = cpu_seconds(server.0.id()) - cpu_before;
+        let _warm_up = (secs == 60).then(|| run(&http, &server.base, &video, copies));
+        let cpu_before = cpu_seconds(server.child.id());
+        let r = run(&http, &server.base, &video, copies);
+        let cpu = cpu_seconds(server.child.id()) - cpu_before;
         println!(
             "{label:>9}: first event {:>6.3} s, first audio chunk {:>6.3} s, complete {:>6.2} s, \
              real-time factor {:>6.1}x ({:.0} s of music; {:.1} CPU s in the server and ffmpeg, \

@@ -297,3 +297,12 @@ pub fn slow_server(args: &[&str]) -> (Server, tempfile::TempDir) {
     });
     (server, plugins)
 }
+
+/// A workflow that counts for `seconds` (`SlowCounter` from the counter test plugin, see
+/// [`slow_server`]) and previews the count.
+pub fn slow_workflow(seconds: f64) -> Value {
+    json!({
+        "1": {"class_type": "SlowCounter", "inputs": {"seconds": seconds}},
+        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}
+    })
+}
