@@ -31,11 +31,33 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// Fills every parameter with random values, as PyTorch's default initialisation does:
+/// matrices and kernels normal with standard deviation 1/sqrt(fan-in), biases small,
+/// normalisation scales 1. (A `VarMap` starts from zeros, which would leave the weights on
+/// the kernel's shared zero page and time a model that never touches its 3.4 GB.)
+fn randomize(varmap: &VarMap, device: &Device) -> anyhow::Result<()> {
+    for (name, var) in varmap.data().lock().expect("var map lock").iter() {
+        let dims = var.dims();
+        let values = match dims {
+            [_] if name.contains("norm") && name.ends_with("weight") => CTensor::ones(dims, DType::F32, device)?,
+            [_] => CTensor::randn(0f32, 0.02, dims, device)?,
+            [outputs, ..] => {
+                let fan_in = (var.elem_count() / outputs.max(&1)).max(1);
+                CTensor::randn(0f32, 1.0 / (fan_in as f32).sqrt(), dims, device)?
+            }
+            [] => continue,
+        };
+        var.set(&values)?;
+    }
+    Ok(())
+}
+
 /// Returns (steps per wall second, CPU seconds per step).
 fn bench_candle(name: &str, cfg: &Sd1Config, steps: usize, device: &Device) -> anyhow::Result<(f64, f64)> {
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, device);
     let unet = Sd1Unet::new(vb, cfg)?;
+    randomize(&varmap, device)?;
     let params: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
     let cond = CTensor::randn(0f32, 1.0, (1, 77, cfg.context_dim), device)?;
     let uncond = CTensor::randn(0f32, 1.0, (1, 77, cfg.context_dim), device)?;
