@@ -56,8 +56,11 @@ fn randomize(varmap: &VarMap, device: &Device) -> anyhow::Result<()> {
 fn bench_candle(name: &str, cfg: &Sd1Config, steps: usize, device: &Device) -> anyhow::Result<(f64, f64)> {
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, device);
-    let unet = Sd1Unet::new(vb, cfg)?;
+    // The first construction creates the variables, the second reads them once randomised
+    // (the UNet stacks some weights into new tensors as it loads).
+    Sd1Unet::new(vb.clone(), cfg)?;
     randomize(&varmap, device)?;
+    let unet = Sd1Unet::new(vb, cfg)?;
     let params: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
     let cond = CTensor::randn(0f32, 1.0, (1, 77, cfg.context_dim), device)?;
     let uncond = CTensor::randn(0f32, 1.0, (1, 77, cfg.context_dim), device)?;

@@ -1,136 +1,179 @@
-//! Scaled dot-product attention, `softmax(q kᵀ · scale) v`, for the UNet's transformer blocks.
+//! Multi-head scaled dot-product attention, `softmax(q kᵀ · scale) v` per head, for the
+//! UNet's transformer blocks.
 //!
-//! On the CPU it runs fused: each task takes a block of query rows of one head, computes
-//! their scores with a matrix product, turns them into probabilities in place (vectorised
-//! `exp`), and multiplies by `v`, all in a per-thread scratch row block. The full score
-//! matrix (heads × tokens × tokens: 1 GiB for SD1 at 512×512) is never materialised, and
-//! blocks run in parallel on rayon's pool. Other devices use candle's matmul and softmax.
+//! On the CPU it runs fused, one parallel task per (image, head): the head's keys and values
+//! are copied out of the projections' `[b, tokens, heads·d]` layout (possibly columns of one
+//! stacked projection) into a per-thread buffer that stays in cache, then for each block of
+//! query rows (read in place) the scores come from one matrix product, become probabilities
+//! in place (vectorised `exp`), and multiply `v`. The full score matrix (heads × tokens ×
+//! tokens: 1 GiB for SD1 at 512×512) is never materialised. The heads' outputs are laid side
+//! by side at the end. Other devices use candle's matmul and softmax.
 
 use std::cell::RefCell;
 
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{DType, Result, Tensor};
 use rayon::prelude::*;
 
-use super::contiguous_f32;
 use super::matmul::{matmul, View};
 use super::simd::{self, exp, Kernel};
+use super::CpuF32;
 
 /// Query rows per task: a 64 × 4096 score block is 1 MiB, which stays in cache.
 const ROWS: usize = 64;
 
-/// `softmax(q kᵀ · scale) v` for `q: [bh, n, d]`, `k, v: [bh, m, d]`; returns `[bh, n, d]`.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
-    if q.device().is_cpu() && q.dtype() == DType::F32 {
-        let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
-        return q.apply_op3_no_bwd(&k, &v, &FusedAttention { scale: scale as f32 });
+/// `softmax(q kᵀ · scale) v` over `heads` heads for `q: [b, n, heads·d]` and
+/// `k, v: [b, m, heads·d]`; returns `[b, n, heads·d]`, the heads side by side. The inputs'
+/// rows may be strided (columns of a wider tensor) as long as each row's elements are
+/// adjacent.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale: f64) -> Result<Tensor> {
+    let (b, n, width) = q.dims3()?;
+    let (kb, m, kwidth) = k.dims3()?;
+    if heads == 0 || width % heads != 0 || kb != b || kwidth != width || v.dims3()? != (b, m, width) {
+        candle_core::bail!(
+            "attention: q {:?}, k {:?} and v {:?} do not match for {heads} heads",
+            q.shape(),
+            k.shape(),
+            v.shape()
+        );
     }
-    let scores = (q.matmul(&k.t()?)? * scale)?;
-    candle_nn::ops::softmax_last_dim(&scores)?.matmul(v)
+    let d = width / heads;
+    if !(q.device().is_cpu() && q.dtype() == DType::F32) {
+        let split = |x: &Tensor, tokens: usize| {
+            x.reshape((b, tokens, heads, d))?
+                .transpose(1, 2)?
+                .contiguous()?
+                .reshape((b * heads, tokens, d))
+        };
+        let (qh, kh, vh) = (split(q, n)?, split(k, m)?, split(v, m)?);
+        let scores = (qh.matmul(&kh.t()?)? * scale)?;
+        let o = candle_nn::ops::softmax_last_dim(&scores)?.matmul(&vh)?;
+        return o.reshape((b, heads, n, d))?.transpose(1, 2)?.reshape((b, n, width));
+    }
+    let (q, k, v) = (rows_adjacent(q)?, rows_adjacent(k)?, rows_adjacent(v)?);
+    let (qs, ks, vs) = (
+        CpuF32::new(&q, "attention")?,
+        CpuF32::new(&k, "attention")?,
+        CpuF32::new(&v, "attention")?,
+    );
+    let (q, k, v) = (Heads::new(&qs), Heads::new(&ks), Heads::new(&vs));
+    // One task per (image, head), whose keys and values stay in cache for all its query
+    // blocks; the heads' outputs are laid side by side at the end.
+    let mut per_head = vec![0f32; b * heads * n * d];
+    if !per_head.is_empty() && m > 0 {
+        let scale = scale as f32;
+        per_head.par_chunks_mut(n * d).enumerate().for_each(|(task, o)| {
+            let (image, cols) = (task / heads, (task % heads) * d..(task % heads + 1) * d);
+            SCRATCH.with_borrow_mut(|Scratch { keys, values, scores }| {
+                k.gather(image, cols.clone(), m, keys);
+                v.gather(image, cols.clone(), m, values);
+                scores.resize(ROWS * m, 0.0);
+                for (block, ob) in o.chunks_mut(ROWS * d).enumerate() {
+                    let rows = ob.len() / d;
+                    let task = Block {
+                        q: q.view(image, block * ROWS, rows, cols.clone()),
+                        k: View::rows(keys, m, d),
+                        v: View::rows(values, m, d),
+                        scale,
+                    };
+                    attend_block(task, ob, &mut scores[..rows * m]);
+                }
+            });
+        });
+    }
+    let mut out = vec![0f32; b * n * width];
+    if width > 0 {
+        out.par_chunks_mut(width)
+            .enumerate()
+            .with_min_len(64)
+            .for_each(|(row, o)| {
+                let (image, token) = (row / n, row % n);
+                for (head, o) in o.chunks_exact_mut(d).enumerate() {
+                    o.copy_from_slice(&per_head[((image * heads + head) * n + token) * d..][..d]);
+                }
+            });
+    }
+    Tensor::from_vec(out, (b, n, width), &candle_core::Device::Cpu)
 }
 
-/// The CPU kernel behind [`attention`].
-struct FusedAttention {
-    scale: f32,
+/// `x` itself when each of its rows is adjacent in memory, else a contiguous copy.
+fn rows_adjacent(x: &Tensor) -> Result<Tensor> {
+    if x.stride()[2] == 1 {
+        Ok(x.clone())
+    } else {
+        x.contiguous()
+    }
+}
+
+/// A worker's buffers, reused across tasks and calls.
+struct Scratch {
+    /// One head's keys, `m × d`.
+    keys: Vec<f32>,
+    /// One head's values, `m × d`.
+    values: Vec<f32>,
+    /// A block's scores, `ROWS × m`.
+    scores: Vec<f32>,
 }
 
 thread_local! {
-    /// Each worker's score block, reused across tasks and calls.
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch { keys: Vec::new(), values: Vec::new(), scores: Vec::new() })
+    };
 }
 
-impl CustomOp3 for FusedAttention {
-    fn name(&self) -> &'static str {
-        "fused-attention"
+/// One of `q`, `k`, `v`: `[b, tokens, heads·d]` with adjacent elements in each row.
+struct Heads<'a> {
+    data: &'a [f32],
+    image_stride: usize,
+    row_stride: usize,
+}
+
+impl<'a> Heads<'a> {
+    fn new(x: &'a CpuF32<'_>) -> Self {
+        let strides = x.strides();
+        Heads {
+            data: x.data(),
+            image_stride: strides[0],
+            row_stride: strides[1],
+        }
     }
 
-    fn cpu_fwd(
-        &self,
-        qs: &CpuStorage,
-        ql: &Layout,
-        ks: &CpuStorage,
-        kl: &Layout,
-        vs: &CpuStorage,
-        vl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (bh, n, d) = ql.shape().dims3()?;
-        let (kbh, m, kd) = kl.shape().dims3()?;
-        if kbh != bh || kd != d || vl.shape().dims3()? != (bh, m, d) {
-            candle_core::bail!(
-                "attention: q {:?}, k {:?} and v {:?} do not match",
-                ql.shape(),
-                kl.shape(),
-                vl.shape()
-            );
+    /// Copies rows `0..rows` of `image`, columns `cols`, into `into` (row-major).
+    fn gather(&self, image: usize, cols: std::ops::Range<usize>, rows: usize, into: &mut Vec<f32>) {
+        into.clear();
+        for row in 0..rows {
+            into.extend_from_slice(&self.data[image * self.image_stride + row * self.row_stride..][cols.clone()]);
         }
-        let (q, k, v) = (
-            contiguous_f32(qs, ql, "attention")?,
-            contiguous_f32(ks, kl, "attention")?,
-            contiguous_f32(vs, vl, "attention")?,
-        );
-        let mut out = vec![0f32; bh * n * d];
-        if out.is_empty() || m == 0 {
-            return Ok((CpuStorage::F32(out), ql.shape().clone()));
+    }
+
+    /// Rows `first..first + rows` of `image`, columns `cols`.
+    fn view(&self, image: usize, first: usize, rows: usize, cols: std::ops::Range<usize>) -> View<'a> {
+        View {
+            data: &self.data[image * self.image_stride + first * self.row_stride + cols.start..],
+            rows,
+            cols: cols.len(),
+            row_stride: self.row_stride,
+            col_stride: 1,
         }
-        out.par_chunks_mut(n * d).enumerate().for_each(|(head, out_head)| {
-            let (kh, vh) = (&k[head * m * d..][..m * d], &v[head * m * d..][..m * d]);
-            out_head.par_chunks_mut(ROWS * d).enumerate().for_each(|(block, o)| {
-                let rows = o.len() / d;
-                let qb = &q[head * n * d + block * ROWS * d..][..rows * d];
-                SCORES.with_borrow_mut(|scores| {
-                    scores.resize(ROWS * m, 0.0);
-                    let block = Block {
-                        qb,
-                        kh,
-                        vh,
-                        rows,
-                        m,
-                        d,
-                        scale: self.scale,
-                    };
-                    attend_block(block, o, &mut scores[..rows * m]);
-                });
-            });
-        });
-        Ok((CpuStorage::F32(out), ql.shape().clone()))
     }
 }
 
-/// One block of query rows of one head and that head's keys and values.
+/// A block of query rows of one head, and that head's keys and values.
 struct Block<'a> {
-    qb: &'a [f32],
-    kh: &'a [f32],
-    vh: &'a [f32],
-    rows: usize,
-    m: usize,
-    d: usize,
+    q: View<'a>,
+    k: View<'a>,
+    v: View<'a>,
     scale: f32,
 }
 
-/// `o[rows×d] = softmax(qb[rows×d] · khᵀ · scale) · vh[m×d]`, with `scores` as the `rows×m`
-/// scratch.
+/// `o[rows × d] = softmax(q · kᵀ · scale) · v`, with `scores` as the `rows × m` scratch.
 fn attend_block(b: Block<'_>, o: &mut [f32], scores: &mut [f32]) {
-    let Block {
-        qb,
-        kh,
-        vh,
-        rows,
-        m,
-        d,
-        scale,
-    } = b;
-    matmul(
-        scores,
-        View::rows(qb, rows, d),
-        View::rows(kh, m, d).t(),
-        scale,
-        false,
-        false,
-    );
+    let (rows, m, d) = (b.q.rows, b.k.rows, b.q.cols);
+    matmul(scores, m, b.q, b.k.t(), b.scale, false, false);
     let mut inverse_sums = [0f32; ROWS];
     for (row, inverse) in scores.chunks_exact_mut(m).zip(inverse_sums.iter_mut()) {
         *inverse = 1.0 / softmax_numerators(row);
     }
-    matmul(o, View::rows(scores, rows, m), View::rows(vh, m, d), 1.0, false, false);
+    matmul(o, d, View::rows(scores, rows, m), b.v, 1.0, false, false);
     for (row, inverse) in o.chunks_exact_mut(d).zip(inverse_sums) {
         row.iter_mut().for_each(|x| *x *= inverse);
     }
@@ -188,9 +231,21 @@ mod tests {
     use crate::compute::simd::Isa;
     use candle_core::Device;
 
-    fn reference(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Tensor {
-        let scores = (q.matmul(&k.t().unwrap()).unwrap() * scale).unwrap();
-        candle_nn::ops::softmax_last_dim(&scores).unwrap().matmul(v).unwrap()
+    /// Head by head with candle's matmul and softmax.
+    fn reference(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale: f64) -> Tensor {
+        let d = q.dim(2).unwrap() / heads;
+        let outs: Vec<Tensor> = (0..heads)
+            .map(|h| {
+                let (qh, kh, vh) = (
+                    q.narrow(2, h * d, d).unwrap().contiguous().unwrap(),
+                    k.narrow(2, h * d, d).unwrap().contiguous().unwrap(),
+                    v.narrow(2, h * d, d).unwrap().contiguous().unwrap(),
+                );
+                let scores = (qh.matmul(&kh.t().unwrap()).unwrap() * scale).unwrap();
+                candle_nn::ops::softmax_last_dim(&scores).unwrap().matmul(&vh).unwrap()
+            })
+            .collect();
+        Tensor::cat(&outs, 2).unwrap()
     }
 
     /// Every instruction set this CPU has gives the portable loop's numerators and sum.
@@ -216,17 +271,35 @@ mod tests {
     fn fused_attention_equals_matmul_softmax_matmul() {
         let dev = Device::Cpu;
         // Odd sizes: a partial row block, a row length that is not a multiple of the lanes.
-        for &(bh, n, m, d) in &[(3, 130, 77, 40), (2, 64, 64, 4), (1, 5, 300, 8), (16, 257, 257, 1)] {
-            let q = Tensor::randn(0f32, 1.0, (bh, n, d), &dev).unwrap();
-            let k = Tensor::randn(0f32, 1.0, (bh, m, d), &dev).unwrap();
-            let v = Tensor::randn(0f32, 1.0, (bh, m, d), &dev).unwrap();
+        for &(b, heads, n, m, d) in &[
+            (3, 2, 130, 77, 40),
+            (2, 1, 64, 64, 4),
+            (1, 3, 5, 300, 8),
+            (2, 8, 257, 257, 1),
+        ] {
+            let q = Tensor::randn(0f32, 1.0, (b, n, heads * d), &dev).unwrap();
+            let k = Tensor::randn(0f32, 1.0, (b, m, heads * d), &dev).unwrap();
+            let v = Tensor::randn(0f32, 1.0, (b, m, heads * d), &dev).unwrap();
             let scale = 1.0 / (d as f64).sqrt();
-            let got = attention(&q, &k, &v, scale).unwrap();
-            let want = reference(&q, &k, &v, scale);
+            let got = attention(&q, &k, &v, heads, scale).unwrap();
+            let want = reference(&q, &k, &v, heads, scale);
             assert_eq!(got.dims(), want.dims());
             let diff = crate::compute::max_abs_diff(&got, &want);
-            assert!(diff < 1e-5, "{bh} {n} {m} {d}: {diff}");
+            assert!(diff < 1e-5, "{b} {heads} {n} {m} {d}: {diff}");
         }
+    }
+
+    #[test]
+    fn heads_are_read_from_columns_of_a_stacked_projection() {
+        let dev = Device::Cpu;
+        let (heads, d) = (4, 6);
+        let qkv = Tensor::randn(0f32, 1.0, (2, 70, 3 * heads * d), &dev).unwrap();
+        let part = |i: usize| qkv.narrow(2, i * heads * d, heads * d).unwrap();
+        let (q, k, v) = (part(0), part(1), part(2));
+        assert!(!q.is_contiguous());
+        let got = attention(&q, &k, &v, heads, 0.3).unwrap();
+        let want = reference(&q, &k, &v, heads, 0.3);
+        assert!(crate::compute::max_abs_diff(&got, &want) < 1e-5);
     }
 
     #[test]
@@ -235,8 +308,8 @@ mod tests {
         let q = (Tensor::randn(0f32, 1.0, (1, 9, 16), &dev).unwrap() * 100.0).unwrap();
         let k = (Tensor::randn(0f32, 1.0, (1, 33, 16), &dev).unwrap() * 100.0).unwrap();
         let v = Tensor::randn(0f32, 1.0, (1, 33, 16), &dev).unwrap();
-        let got = attention(&q, &k, &v, 1.0).unwrap();
-        let want = reference(&q, &k, &v, 1.0);
+        let got = attention(&q, &k, &v, 1, 1.0).unwrap();
+        let want = reference(&q, &k, &v, 1, 1.0);
         let diff = crate::compute::max_abs_diff(&got, &want);
         assert!(diff < 1e-4, "{diff}");
     }
@@ -247,6 +320,8 @@ mod tests {
         let q = Tensor::zeros((2, 4, 8), DType::F32, &dev).unwrap();
         let k = Tensor::zeros((2, 5, 8), DType::F32, &dev).unwrap();
         let v = Tensor::zeros((2, 6, 8), DType::F32, &dev).unwrap();
-        assert!(attention(&q, &k, &v, 1.0).is_err());
+        assert!(attention(&q, &k, &v, 2, 1.0).is_err());
+        assert!(attention(&q, &k, &k, 3, 1.0).is_err());
+        assert!(attention(&q, &k, &k, 0, 1.0).is_err());
     }
 }

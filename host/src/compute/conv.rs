@@ -2,17 +2,22 @@
 //!
 //! On the CPU, `y[co, p] = Σ w[co, k] · col[k, p] + bias[co]` where `col` holds, for each
 //! input channel and kernel tap, the channel's plane shifted by that tap (built in parallel,
-//! one contiguous row at a time). The product writes NCHW directly, starting from the bias,
-//! so nothing is transposed or added afterwards; a 1×1 convolution multiplies the input
-//! itself. candle's CPU convolution instead gathers its im2col matrix one element at a time
-//! on one thread, in pixel-major order, and transposes the result. Other devices use candle.
+//! one contiguous row at a time, in a per-thread buffer that is reused). The product writes
+//! NCHW directly, starting from the bias, plus a per-image channel shift (the UNet's time
+//! embedding) and a residual when given, so nothing is transposed or added afterwards; a 1×1
+//! convolution multiplies the input itself, and can read or write the transformer blocks'
+//! token layout (`[b, h·w, c]`) directly. candle's CPU convolution instead gathers its im2col
+//! matrix one element at a time on one thread, in pixel-major order, and transposes the
+//! result. Other devices use candle.
 
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Tensor};
+use std::cell::RefCell;
+
+use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Conv2dConfig, VarBuilder};
 use rayon::prelude::*;
 
-use super::contiguous_f32;
 use super::matmul::{matmul, View};
+use super::CpuF32;
 
 /// A square-kernel convolution with bias: `[b, cin, h, w] → [b, cout, h', w']`.
 #[derive(Debug, Clone)]
@@ -21,6 +26,12 @@ pub struct Conv2d {
     bias: Tensor,
     stride: usize,
     padding: usize,
+}
+
+thread_local! {
+    /// The calling thread's column matrix, kept between calls: SD1's largest is 47 MB, and
+    /// allocating it afresh each time costs a page fault per 4 KiB.
+    static COLUMNS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Conv2d {
@@ -36,93 +47,238 @@ impl Conv2d {
             padding,
         })
     }
-}
 
-impl Module for Conv2d {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if x.device().is_cpu() && x.dtype() == DType::F32 {
-            let op = MatmulConv {
-                stride: self.stride,
+    /// `conv(x) + shift + residual`: `shift` is `[b, cout]`, added to every position of each
+    /// image's channel; `residual` has the output's shape.
+    pub fn forward_fused(&self, x: &Tensor, shift: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
+        if !(x.device().is_cpu() && x.dtype() == DType::F32) {
+            let cfg = Conv2dConfig {
                 padding: self.padding,
+                stride: self.stride,
+                ..Default::default()
             };
-            return x.contiguous()?.apply_op3_no_bwd(&self.weight, &self.bias, &op);
+            let mut y = candle_nn::Conv2d::new(self.weight.clone(), Some(self.bias.clone()), cfg).forward(x)?;
+            if let Some(shift) = shift {
+                y = y.broadcast_add(&shift.unsqueeze(2)?.unsqueeze(3)?)?;
+            }
+            if let Some(residual) = residual {
+                y = (y + residual)?;
+            }
+            return Ok(y);
         }
-        let cfg = Conv2dConfig {
-            padding: self.padding,
-            stride: self.stride,
-            ..Default::default()
-        };
-        candle_nn::Conv2d::new(self.weight.clone(), Some(self.bias.clone()), cfg).forward(x)
-    }
-}
-
-/// The CPU kernel behind [`Conv2d`].
-struct MatmulConv {
-    stride: usize,
-    padding: usize,
-}
-
-impl CustomOp3 for MatmulConv {
-    fn name(&self) -> &'static str {
-        "matmul-conv2d"
-    }
-
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
-        bs: &CpuStorage,
-        bl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (b, cin, h, w) = xl.shape().dims4()?;
-        let (cout, wcin, kh, kw) = wl.shape().dims4()?;
-        if wcin != cin || bl.shape().dims() != [cout] {
-            candle_core::bail!(
-                "conv2d: input {:?}, weight {:?}, bias {:?}",
-                xl.shape(),
-                wl.shape(),
-                bl.shape()
-            );
+        let (b, cin, h, w) = x.dims4()?;
+        let (cout, wcin, kh, kw) = self.weight.dims4()?;
+        if wcin != cin {
+            candle_core::bail!("conv2d: input {:?} for weight {:?}", x.shape(), self.weight.shape());
         }
-        if cin == 0 || h == 0 || w == 0 || kh == 0 || kw == 0 {
-            candle_core::bail!("conv2d: empty input {:?} or kernel {:?}", xl.shape(), wl.shape());
+        if cin == 0 || h == 0 || w == 0 {
+            candle_core::bail!("conv2d: empty input {:?}", x.shape());
         }
         let (s, pad) = (self.stride, self.padding);
         if h + 2 * pad < kh || w + 2 * pad < kw {
             candle_core::bail!("conv2d: a {kh}x{kw} kernel does not fit a padded {h}x{w} input");
         }
         let (ho, wo) = ((h + 2 * pad - kh) / s + 1, (w + 2 * pad - kw) / s + 1);
-        let (x, weight, bias) = (
-            contiguous_f32(xs, xl, "conv2d")?,
-            contiguous_f32(ws, wl, "conv2d")?,
-            contiguous_f32(bs, bl, "conv2d")?,
-        );
-        let (k, p) = (cin * kh * kw, ho * wo);
-        let mut out = vec![0f32; b * cout * p];
-        if out.is_empty() {
-            return Ok((CpuStorage::F32(out), Shape::from((b, cout, ho, wo))));
-        }
-        let direct = kh == 1 && kw == 1 && s == 1 && pad == 0;
-        // One column matrix, refilled for each image of the batch.
-        let mut columns = if direct { Vec::new() } else { vec![0f32; k * p] };
-        for (image, y) in x.chunks_exact(cin * h * w).zip(out.chunks_exact_mut(cout * p)) {
-            let col: &[f32] = if direct {
-                image
-            } else {
-                columns.par_chunks_mut(kh * kw * p).enumerate().for_each(|(c, rows)| {
-                    let plane = &image[c * h * w..][..h * w];
-                    fill_columns(plane, rows, (h, w), kw, (ho, wo), s, pad);
-                });
-                &columns
-            };
-            for (row, &b) in y.chunks_exact_mut(p).zip(bias) {
-                row.fill(b);
+        let p = ho * wo;
+        let x = x.contiguous()?;
+        let input = CpuF32::new(&x, "conv2d")?;
+        let weights = CpuF32::new(&self.weight, "conv2d")?;
+        let start = Start::new(&self.bias, shift, residual, (b, cout, p))?;
+        let mut out = start.output()?;
+        let (x, weight) = (input.contiguous("conv2d")?, weights.contiguous("conv2d")?);
+        let k = cin * kh * kw;
+        if kh == 1 && kw == 1 && s == 1 && pad == 0 {
+            for (image, y) in x.chunks_exact(cin * h * w).zip(out.chunks_exact_mut(cout * p)) {
+                matmul(
+                    y,
+                    p,
+                    View::rows(weight, cout, k),
+                    View::rows(image, k, p),
+                    1.0,
+                    true,
+                    true,
+                );
             }
-            matmul(y, View::rows(weight, cout, k), View::rows(col, k, p), 1.0, true, true);
+        } else {
+            COLUMNS.with_borrow_mut(|columns| {
+                // Every element is overwritten by `fill_columns`; only growth is zeroed.
+                columns.resize(columns.len().max(k * p), 0.0);
+                let columns = &mut columns[..k * p];
+                for (image, y) in x.chunks_exact(cin * h * w).zip(out.chunks_exact_mut(cout * p)) {
+                    columns.par_chunks_mut(kh * kw * p).enumerate().for_each(|(c, rows)| {
+                        let plane = &image[c * h * w..][..h * w];
+                        fill_columns(plane, rows, (h, w), kw, (ho, wo), s, pad);
+                    });
+                    matmul(
+                        y,
+                        p,
+                        View::rows(weight, cout, k),
+                        View::rows(columns, k, p),
+                        1.0,
+                        true,
+                        true,
+                    );
+                }
+            });
         }
-        Ok((CpuStorage::F32(out), Shape::from((b, cout, ho, wo))))
+        Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device())
+    }
+
+    /// A 1×1 convolution from NCHW `x` to tokens `[b, h·w, cout]`, the layout of the
+    /// transformer blocks (the transpose is folded into the product).
+    pub fn forward_to_tokens(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, cin, h, w) = x.dims4()?;
+        let cout = self.pointwise(cin)?;
+        if !(x.device().is_cpu() && x.dtype() == DType::F32) {
+            return self.forward(x)?.flatten_from(2)?.transpose(1, 2)?.contiguous();
+        }
+        let p = h * w;
+        let x = x.contiguous()?;
+        let input = CpuF32::new(&x, "conv2d")?;
+        let weights = CpuF32::new(&self.weight, "conv2d")?;
+        let biases = CpuF32::new(&self.bias, "conv2d")?;
+        let (x, weight, bias) = (
+            input.contiguous("conv2d")?,
+            weights.contiguous("conv2d")?,
+            biases.contiguous("conv2d")?,
+        );
+        let mut out = repeat_rows(bias, b * p);
+        for (image, y) in x.chunks_exact(cin * p).zip(out.chunks_exact_mut(p * cout)) {
+            // Tokens × input channels is the image's transpose: rows 1 apart, columns p apart.
+            let tokens = View {
+                data: image,
+                rows: p,
+                cols: cin,
+                row_stride: 1,
+                col_stride: p,
+            };
+            matmul(y, cout, tokens, View::rows(weight, cout, cin).t(), 1.0, true, true);
+        }
+        Tensor::from_vec(out, (b, p, cout), self.weight.device())
+    }
+
+    /// A 1×1 convolution from tokens `[b, h·w, cin]` back to NCHW `[b, cout, h, w]`, plus
+    /// `residual` (of the output's shape).
+    pub fn forward_from_tokens(&self, tokens: &Tensor, (h, w): (usize, usize), residual: &Tensor) -> Result<Tensor> {
+        let (b, p, cin) = tokens.dims3()?;
+        let cout = self.pointwise(cin)?;
+        if p != h * w {
+            candle_core::bail!("conv2d: {p} tokens do not form a {h}x{w} image");
+        }
+        if !(tokens.device().is_cpu() && tokens.dtype() == DType::F32) {
+            let spatial = tokens.transpose(1, 2)?.reshape((b, cin, h, w))?;
+            return self.forward(&spatial)? + residual;
+        }
+        let tokens = tokens.contiguous()?;
+        let input = CpuF32::new(&tokens, "conv2d")?;
+        let weights = CpuF32::new(&self.weight, "conv2d")?;
+        let start = Start::new(&self.bias, None, Some(residual), (b, cout, p))?;
+        let mut out = start.output()?;
+        let (t, weight) = (input.contiguous("conv2d")?, weights.contiguous("conv2d")?);
+        for (image, y) in t.chunks_exact(p * cin).zip(out.chunks_exact_mut(cout * p)) {
+            matmul(
+                y,
+                p,
+                View::rows(weight, cout, cin),
+                View::rows(image, p, cin).t(),
+                1.0,
+                true,
+                true,
+            );
+        }
+        Tensor::from_vec(out, (b, cout, h, w), self.weight.device())
+    }
+
+    /// The output channels of this convolution if it is a 1×1 one over `cin` channels.
+    fn pointwise(&self, cin: usize) -> Result<usize> {
+        let (cout, wcin, kh, kw) = self.weight.dims4()?;
+        if (kh, kw, self.stride, self.padding) != (1, 1, 1, 0) || wcin != cin {
+            candle_core::bail!(
+                "conv2d: a token projection needs a 1x1 kernel over {cin} channels, not {:?}",
+                self.weight.shape()
+            );
+        }
+        Ok(cout)
+    }
+}
+
+impl Module for Conv2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_fused(x, None, None)
+    }
+}
+
+/// `rows` copies of `row`, one after the other.
+fn repeat_rows(row: &[f32], rows: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows * row.len());
+    for _ in 0..rows {
+        out.extend_from_slice(row);
+    }
+    out
+}
+
+/// What an NCHW output starts from before the product accumulates onto it: the bias, plus a
+/// per-image channel shift and a residual when given.
+struct Start<'a> {
+    bias: CpuF32<'a>,
+    shift: Option<CpuF32<'a>>,
+    residual: Option<CpuF32<'a>>,
+    /// Images, channels, positions per channel.
+    dims: (usize, usize, usize),
+}
+
+impl<'a> Start<'a> {
+    fn new(
+        bias: &'a Tensor,
+        shift: Option<&'a Tensor>,
+        residual: Option<&'a Tensor>,
+        (b, cout, p): (usize, usize, usize),
+    ) -> Result<Self> {
+        if bias.dims() != [cout] {
+            candle_core::bail!("conv2d: bias {:?} for {cout} channels", bias.shape());
+        }
+        if let Some(shift) = shift {
+            if shift.dims() != [b, cout] || !shift.is_contiguous() {
+                candle_core::bail!("conv2d: shift {:?} for {b} images of {cout} channels", shift.shape());
+            }
+        }
+        if let Some(residual) = residual {
+            if residual.elem_count() != b * cout * p || residual.dim(0)? != b || residual.dim(1)? != cout {
+                candle_core::bail!(
+                    "conv2d: residual {:?} for an output of {b}x{cout}x{p}",
+                    residual.shape()
+                );
+            }
+            if !residual.is_contiguous() {
+                candle_core::bail!("conv2d: the residual must be contiguous");
+            }
+        }
+        Ok(Start {
+            bias: CpuF32::new(bias, "conv2d")?,
+            shift: shift.map(|t| CpuF32::new(t, "conv2d")).transpose()?,
+            residual: residual.map(|t| CpuF32::new(t, "conv2d")).transpose()?,
+            dims: (b, cout, p),
+        })
+    }
+
+    /// The starting output, filled in parallel, one channel row per task.
+    fn output(&self) -> Result<Vec<f32>> {
+        let (b, cout, p) = self.dims;
+        let bias = self.bias.contiguous("conv2d")?;
+        let shift = self.shift.as_ref().map(|s| s.contiguous("conv2d")).transpose()?;
+        let residual = self.residual.as_ref().map(|r| r.contiguous("conv2d")).transpose()?;
+        let mut out = vec![0f32; b * cout * p];
+        if p == 0 {
+            return Ok(out);
+        }
+        out.par_chunks_mut(p).enumerate().for_each(|(row, y)| {
+            let value = bias[row % cout] + shift.map_or(0.0, |s| s[row]);
+            match residual {
+                Some(r) => y.iter_mut().zip(&r[row * p..][..p]).for_each(|(y, r)| *y = r + value),
+                None => y.fill(value),
+            }
+        });
+        Ok(out)
     }
 }
 
@@ -202,6 +358,64 @@ mod tests {
         compare((1, 2, 4, 4), 3, 3, 3, 2); // padding wider than the stride covers
     }
 
+    fn random_conv(cin: usize, cout: usize, kernel: usize, padding: usize) -> Conv2d {
+        let dev = Device::Cpu;
+        Conv2d {
+            weight: Tensor::randn(0f32, 1.0, (cout, cin, kernel, kernel), &dev).unwrap(),
+            bias: Tensor::randn(0f32, 1.0, cout, &dev).unwrap(),
+            stride: 1,
+            padding,
+        }
+    }
+
+    #[test]
+    fn shift_and_residual_are_added() {
+        let dev = Device::Cpu;
+        for (kernel, padding) in [(3, 1), (1, 0)] {
+            let conv = random_conv(5, 6, kernel, padding);
+            let x = Tensor::randn(0f32, 1.0, (2, 5, 7, 9), &dev).unwrap();
+            let shift = Tensor::randn(0f32, 1.0, (2, 6), &dev).unwrap();
+            let residual = Tensor::randn(0f32, 1.0, (2, 6, 7, 9), &dev).unwrap();
+            let got = conv.forward_fused(&x, Some(&shift), Some(&residual)).unwrap();
+            let want = conv
+                .forward(&x)
+                .unwrap()
+                .broadcast_add(&shift.unsqueeze(2).unwrap().unsqueeze(3).unwrap())
+                .unwrap()
+                .add(&residual)
+                .unwrap();
+            let diff = crate::compute::max_abs_diff(&got, &want);
+            assert!(diff < 1e-5, "k{kernel}: {diff}");
+        }
+    }
+
+    #[test]
+    fn token_projections_fold_the_transposes() {
+        let dev = Device::Cpu;
+        let conv = random_conv(5, 5, 1, 0);
+        let x = Tensor::randn(0f32, 1.0, (2, 5, 3, 4), &dev).unwrap();
+        let tokens = conv.forward_to_tokens(&x).unwrap();
+        let want = conv
+            .forward(&x)
+            .unwrap()
+            .flatten_from(2)
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap();
+        assert_eq!(tokens.dims(), [2, 12, 5]);
+        assert!(crate::compute::max_abs_diff(&tokens, &want) < 1e-5);
+
+        let residual = Tensor::randn(0f32, 1.0, (2, 5, 3, 4), &dev).unwrap();
+        let back = conv.forward_from_tokens(&tokens, (3, 4), &residual).unwrap();
+        let spatial = tokens.transpose(1, 2).unwrap().reshape((2, 5, 3, 4)).unwrap();
+        let want = (conv.forward(&spatial).unwrap() + &residual).unwrap();
+        assert!(crate::compute::max_abs_diff(&back, &want) < 1e-5);
+
+        // Only 1x1 convolutions project tokens; the token count must form the image.
+        assert!(random_conv(5, 5, 3, 1).forward_to_tokens(&x).is_err());
+        assert!(conv.forward_from_tokens(&tokens, (4, 4), &residual).is_err());
+    }
+
     #[test]
     fn bad_shapes_are_errors_not_panics() {
         let dev = Device::Cpu;
@@ -217,5 +431,10 @@ mod tests {
         assert!(conv.forward(&too_small).is_err());
         let empty = Tensor::zeros((1, 3, 0, 8), DType::F32, &dev).unwrap();
         assert!(conv.forward(&empty).is_err());
+        let x = Tensor::zeros((1, 3, 4, 4), DType::F32, &dev).unwrap();
+        let wrong_shift = Tensor::zeros((1, 3), DType::F32, &dev).unwrap();
+        assert!(conv.forward_fused(&x, Some(&wrong_shift), None).is_err());
+        let wrong_residual = Tensor::zeros((1, 4, 3, 3), DType::F32, &dev).unwrap();
+        assert!(conv.forward_fused(&x, None, Some(&wrong_residual)).is_err());
     }
 }

@@ -1,21 +1,24 @@
-//! A linear layer with bias whose matrix product starts from the bias.
+//! A linear layer whose matrix product starts from the bias (and a residual).
 //!
-//! On the CPU, `y = x · wᵀ + b` is one parallel matrix product over all rows of `x`, written
-//! into rows already holding `b`; candle's `Linear` multiplies per batch item and then adds
-//! the bias in a separate single-threaded pass (a 21-million-element one for SD1's widest
-//! feed-forward). Other devices use candle's `Linear`.
+//! On the CPU, `y = x · wᵀ + b (+ r)` is one parallel matrix product over all rows of `x`,
+//! written into rows already holding `b` (plus the residual `r` when given); candle's
+//! `Linear` multiplies per batch item and then adds the bias in a separate single-threaded
+//! pass (a 21-million-element one for SD1's widest feed-forward), and a residual would be a
+//! third. Layers that share an input can be stacked into one (the attention projections).
+//! Other devices use candle's `Linear`.
 
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Tensor};
+use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::VarBuilder;
+use rayon::prelude::*;
 
-use super::contiguous_f32;
 use super::matmul::{matmul, View};
+use super::CpuF32;
 
 /// `y = x · weightᵀ + bias` over the last dimension: `[.., inputs] → [.., outputs]`.
 #[derive(Debug, Clone)]
 pub struct Linear {
     weight: Tensor,
-    bias: Tensor,
+    bias: Option<Tensor>,
 }
 
 impl Linear {
@@ -23,72 +26,96 @@ impl Linear {
     pub fn new(vb: VarBuilder, inputs: usize, outputs: usize) -> Result<Self> {
         Ok(Linear {
             weight: vb.get((outputs, inputs), "weight")?,
-            bias: vb.get(outputs, "bias")?,
+            bias: Some(vb.get(outputs, "bias")?),
         })
     }
-}
 
-impl Module for Linear {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if x.device().is_cpu() && x.dtype() == DType::F32 && x.rank() >= 1 {
-            return x
-                .contiguous()?
-                .apply_op3_no_bwd(&self.weight, &self.bias, &BiasedMatmul);
+    /// Bias-free layers of one input width, stacked into one: the output is their outputs
+    /// side by side, in order (`parts` gives each one's weights and output width).
+    pub fn stacked_without_bias(parts: &[(VarBuilder, usize)], inputs: usize) -> Result<Self> {
+        let weights = parts
+            .iter()
+            .map(|(vb, outputs)| vb.get((*outputs, inputs), "weight"))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Linear {
+            weight: Tensor::cat(&weights, 0)?,
+            bias: None,
+        })
+    }
+
+    /// `x · weightᵀ + bias + residual`, `residual` of the output's shape.
+    pub fn forward_add(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        self.forward_with(x, Some(residual))
+    }
+
+    fn forward_with(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
+        if !(x.device().is_cpu() && x.dtype() == DType::F32 && x.rank() >= 1) {
+            let y = candle_nn::Linear::new(self.weight.clone(), self.bias.clone()).forward(x)?;
+            return match residual {
+                Some(r) => y + r,
+                None => Ok(y),
+            };
         }
-        candle_nn::Linear::new(self.weight.clone(), Some(self.bias.clone())).forward(x)
-    }
-}
-
-/// The CPU kernel behind [`Linear`].
-struct BiasedMatmul;
-
-impl CustomOp3 for BiasedMatmul {
-    fn name(&self) -> &'static str {
-        "biased-matmul"
-    }
-
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
-        bs: &CpuStorage,
-        bl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let mut dims = xl.shape().dims().to_vec();
+        let mut dims = x.dims().to_vec();
         let inputs = dims.last().copied().unwrap_or(0);
-        let (outputs, w_inputs) = wl.shape().dims2()?;
-        if w_inputs != inputs || bl.shape().dims() != [outputs] {
-            candle_core::bail!(
-                "linear: input {:?}, weight {:?}, bias {:?}",
-                xl.shape(),
-                wl.shape(),
-                bl.shape()
-            );
+        let (outputs, w_inputs) = self.weight.dims2()?;
+        if w_inputs != inputs {
+            candle_core::bail!("linear: input {:?} for weight {:?}", x.shape(), self.weight.shape());
         }
-        let (x, weight, bias) = (
-            contiguous_f32(xs, xl, "linear")?,
-            contiguous_f32(ws, wl, "linear")?,
-            contiguous_f32(bs, bl, "linear")?,
-        );
-        let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+        let rows: usize = dims[..dims.len() - 1].iter().product();
         if let Some(last) = dims.last_mut() {
             *last = outputs;
         }
-        let mut y = Vec::with_capacity(rows * outputs);
-        for _ in 0..rows {
-            y.extend_from_slice(bias);
+        if let Some(r) = residual {
+            if r.dims() != dims.as_slice() {
+                candle_core::bail!("linear: residual {:?} for an output of {dims:?}", r.shape());
+            }
+        }
+        let x = x.contiguous()?;
+        let residual = residual.map(|r| r.contiguous()).transpose()?;
+        let input = CpuF32::new(&x, "linear")?;
+        let weights = CpuF32::new(&self.weight, "linear")?;
+        let bias = self.bias.as_ref().map(|b| CpuF32::new(b, "linear")).transpose()?;
+        let residual = residual.as_ref().map(|r| CpuF32::new(r, "linear")).transpose()?;
+        let (x, weight) = (input.contiguous("linear")?, weights.contiguous("linear")?);
+        let bias = bias.as_ref().map(|b| b.contiguous("linear")).transpose()?;
+        let residual = residual.as_ref().map(|r| r.contiguous("linear")).transpose()?;
+        if bias.is_some_and(|b| b.len() != outputs) {
+            candle_core::bail!(
+                "linear: bias {:?} for {outputs} outputs",
+                self.bias.as_ref().map(|b| b.shape())
+            );
+        }
+        let mut y = vec![0f32; rows * outputs];
+        if outputs > 0 {
+            y.par_chunks_mut(outputs)
+                .enumerate()
+                .with_min_len(64)
+                .for_each(|(i, row)| {
+                    if let Some(r) = residual {
+                        row.copy_from_slice(&r[i * outputs..][..outputs]);
+                    }
+                    if let Some(bias) = bias {
+                        row.iter_mut().zip(bias).for_each(|(y, b)| *y += b);
+                    }
+                });
         }
         matmul(
             &mut y,
+            outputs,
             View::rows(x, rows, inputs),
             View::rows(weight, outputs, inputs).t(),
             1.0,
             true,
             true,
         );
-        Ok((CpuStorage::F32(y), Shape::from(dims)))
+        Tensor::from_vec(y, dims, self.weight.device())
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with(x, None)
     }
 }
 
@@ -104,17 +131,41 @@ mod tests {
             let inputs = *shape.last().unwrap();
             let ours = Linear {
                 weight: Tensor::randn(0f32, 1.0, (outputs, inputs), &dev).unwrap(),
-                bias: Tensor::randn(0f32, 1.0, outputs, &dev).unwrap(),
+                bias: Some(Tensor::randn(0f32, 1.0, outputs, &dev).unwrap()),
             };
             let x = Tensor::randn(0f32, 1.0, shape.as_slice(), &dev).unwrap();
             let got = ours.forward(&x).unwrap();
-            let want = candle_nn::Linear::new(ours.weight.clone(), Some(ours.bias.clone()))
+            let want = candle_nn::Linear::new(ours.weight.clone(), ours.bias.clone())
                 .forward(&x)
                 .unwrap();
             assert_eq!(got.dims(), want.dims());
             let diff = crate::compute::max_abs_diff(&got, &want);
             assert!(diff < 1e-5, "{shape:?} -> {outputs}: {diff}");
+
+            let residual = Tensor::randn(0f32, 1.0, want.dims(), &dev).unwrap();
+            let got = ours.forward_add(&x, &residual).unwrap();
+            let diff = crate::compute::max_abs_diff(&got, &(want + residual).unwrap());
+            assert!(diff < 1e-5, "{shape:?} -> {outputs} with a residual: {diff}");
         }
+    }
+
+    #[test]
+    fn stacked_layers_give_their_outputs_side_by_side() {
+        let dev = Device::Cpu;
+        let varmap = candle_nn::VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+        let init = candle_nn::Init::Randn { mean: 0.0, stdev: 1.0 };
+        let a = vb.pp("a").get_with_hints((3, 4), "weight", init).unwrap();
+        let b = vb.pp("b").get_with_hints((2, 4), "weight", init).unwrap();
+        let stacked = Linear::stacked_without_bias(&[(vb.pp("a"), 3), (vb.pp("b"), 2)], 4).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (5, 4), &dev).unwrap();
+        let got = stacked.forward(&x).unwrap();
+        let want = Tensor::cat(
+            &[x.matmul(&a.t().unwrap()).unwrap(), x.matmul(&b.t().unwrap()).unwrap()],
+            1,
+        )
+        .unwrap();
+        assert!(crate::compute::max_abs_diff(&got, &want) < 1e-5);
     }
 
     #[test]
@@ -122,7 +173,7 @@ mod tests {
         let dev = Device::Cpu;
         let layer = Linear {
             weight: Tensor::zeros((3, 4), DType::F32, &dev).unwrap(),
-            bias: Tensor::zeros(3, DType::F32, &dev).unwrap(),
+            bias: Some(Tensor::zeros(3, DType::F32, &dev).unwrap()),
         };
         assert!(layer
             .forward(&Tensor::zeros((2, 5), DType::F32, &dev).unwrap())

@@ -47,22 +47,30 @@ impl<'a> View<'a> {
 }
 
 /// `dst = scale · lhs · rhs`, plus `dst`'s previous contents when `accumulate`; `dst` is
-/// row-major `lhs.rows × rhs.cols`. `parallel` spreads the product over rayon's pool (leave
+/// row-major `lhs.rows × rhs.cols` with rows `dst_row_stride` apart (at least `rhs.cols`). `parallel` spreads the product over rayon's pool (leave
 /// it off when the caller is already one of many parallel tasks).
 ///
 /// # Panics
 /// If the shapes do not chain or a view reaches outside its slice: callers check their
 /// inputs' shapes first and return errors.
-pub(crate) fn matmul(dst: &mut [f32], lhs: View<'_>, rhs: View<'_>, scale: f32, accumulate: bool, parallel: bool) {
+pub(crate) fn matmul(
+    dst: &mut [f32],
+    dst_row_stride: usize,
+    lhs: View<'_>,
+    rhs: View<'_>,
+    scale: f32,
+    accumulate: bool,
+    parallel: bool,
+) {
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
     assert_eq!(rhs.rows, k, "matmul: inner dimensions differ");
-    assert!(
-        dst.len() >= m * n && lhs.fits() && rhs.fits(),
-        "matmul: a view reaches outside its slice"
-    );
     if m == 0 || n == 0 {
         return;
     }
+    assert!(
+        dst_row_stride >= n && dst.len() > (m - 1) * dst_row_stride + n - 1 && lhs.fits() && rhs.fits(),
+        "matmul: a view reaches outside its slice"
+    );
     let parallelism = if parallel {
         gemm::Parallelism::Rayon(rayon::current_num_threads())
     } else {
@@ -77,7 +85,7 @@ pub(crate) fn matmul(dst: &mut [f32], lhs: View<'_>, rhs: View<'_>, scale: f32, 
             k,
             dst.as_mut_ptr(),
             1,
-            n as isize,
+            dst_row_stride as isize,
             accumulate,
             lhs.data.as_ptr(),
             lhs.col_stride as isize,
@@ -107,6 +115,7 @@ mod tests {
         let mut dst = [1.0; 4];
         matmul(
             &mut dst,
+            2,
             View::rows(&a, 2, 3),
             View::rows(&bt, 2, 3).t(),
             1.0,
@@ -116,6 +125,7 @@ mod tests {
         assert_eq!(dst, [59.0, 65.0, 140.0, 155.0]);
         matmul(
             &mut dst,
+            2,
             View::rows(&a, 2, 3),
             View::rows(&bt, 2, 3).t(),
             0.5,
@@ -123,6 +133,18 @@ mod tests {
             true,
         );
         assert_eq!(dst, [29.0, 32.0, 69.5, 77.0]);
+        // Into every other column of a wider destination.
+        let mut wide = [0.0; 8];
+        matmul(
+            &mut wide,
+            4,
+            View::rows(&a, 2, 3),
+            View::rows(&bt, 2, 3).t(),
+            1.0,
+            false,
+            false,
+        );
+        assert_eq!(wide, [58.0, 64.0, 0.0, 0.0, 139.0, 154.0, 0.0, 0.0]);
     }
 
     #[test]
@@ -130,6 +152,14 @@ mod tests {
     fn a_view_past_its_slice_panics_instead_of_reading_it() {
         let a = [1.0; 5];
         let mut dst = [0.0; 4];
-        matmul(&mut dst, View::rows(&a, 2, 3), View::rows(&a, 3, 2), 1.0, false, false);
+        matmul(
+            &mut dst,
+            2,
+            View::rows(&a, 2, 3),
+            View::rows(&a, 3, 2),
+            1.0,
+            false,
+            false,
+        );
     }
 }

@@ -63,6 +63,49 @@ pub(crate) fn contiguous_f32<'a>(
     }
 }
 
+/// A CPU `f32` tensor's storage, read-locked for a kernel that works on slices: weft's fused
+/// kernels read their inputs through it and return `Tensor::from_vec` of their output, which
+/// lets them take more inputs (a residual, a per-image shift) than candle's custom
+/// operations and strided views (one head of a fused projection) without copies.
+pub(crate) struct CpuF32<'a> {
+    storage: std::sync::RwLockReadGuard<'a, candle_core::Storage>,
+    layout: &'a candle_core::Layout,
+}
+
+impl<'a> CpuF32<'a> {
+    /// Locks `tensor`'s storage; an error unless it is `f32` on the CPU (`op` names the
+    /// operation in the error).
+    pub(crate) fn new(tensor: &'a candle_core::Tensor, op: &str) -> candle_core::Result<Self> {
+        let (storage, layout) = tensor.storage_and_layout();
+        if !matches!(&*storage, candle_core::Storage::Cpu(candle_core::CpuStorage::F32(_))) {
+            candle_core::bail!("{op}: expected an f32 tensor on the CPU");
+        }
+        Ok(CpuF32 { storage, layout })
+    }
+
+    /// The storage from the tensor's first element on; step through it with [`Self::strides`].
+    pub(crate) fn data(&self) -> &[f32] {
+        match &*self.storage {
+            candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)) => &v[self.layout.start_offset()..],
+            // `new` admits only CPU f32 storage.
+            _ => &[],
+        }
+    }
+
+    /// The tensor's strides, in elements.
+    pub(crate) fn strides(&self) -> &[usize] {
+        self.layout.stride()
+    }
+
+    /// Exactly the tensor's elements, in order; an error unless it is contiguous.
+    pub(crate) fn contiguous(&self, op: &str) -> candle_core::Result<&[f32]> {
+        if !self.layout.is_contiguous() {
+            candle_core::bail!("{op}: inputs must be contiguous");
+        }
+        Ok(&self.data()[..self.layout.shape().elem_count()])
+    }
+}
+
 /// The largest absolute difference between two tensors of one shape, for tests.
 #[cfg(test)]
 pub(crate) fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {

@@ -10,7 +10,7 @@
 //! uses the tanh approximation). On other devices each falls back to candle's operations.
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{layer_norm, linear_no_bias, LayerNorm, VarBuilder};
+use candle_nn::{layer_norm, LayerNorm, VarBuilder};
 
 use super::Sd1Config;
 use crate::compute::attention::attention;
@@ -264,16 +264,17 @@ impl ResBlock {
         })
     }
 
-    /// `emb` is `silu(time embedding)`, `[b, time_dim]`.
+    /// `emb` is `silu(time embedding)`, `[b, time_dim]`. The time projection is added as
+    /// part of `conv1` and the residual as part of `conv2`.
     fn forward(&self, x: &Tensor, emb: &Tensor) -> Result<Tensor> {
-        let h = self.conv1.forward(&self.norm1.forward(x)?)?;
-        let t = self.time_proj.forward(emb)?.unsqueeze(2)?.unsqueeze(3)?;
-        let h = h.broadcast_add(&t)?;
-        let h = self.conv2.forward(&self.norm2.forward(&h)?)?;
-        match &self.shortcut {
-            Some(conv) => conv.forward(x)? + h,
-            None => x + h,
-        }
+        let shift = self.time_proj.forward(emb)?;
+        let h = self.conv1.forward_fused(&self.norm1.forward(x)?, Some(&shift), None)?;
+        let residual = match &self.shortcut {
+            Some(conv) => conv.forward(x)?,
+            None => x.clone(),
+        };
+        self.conv2
+            .forward_fused(&self.norm2.forward(&h)?, None, Some(&residual))
     }
 }
 
@@ -300,9 +301,9 @@ impl Transformer {
             norm: GroupNorm::new(vb.pp("norm"), GROUPS, channels, 1e-6, false)?,
             proj_in: conv1x1(vb.pp("proj_in"), channels, channels)?,
             norm1: layer_norm(channels, 1e-5, block.pp("norm1"))?,
-            attn1: Attention::new(block.pp("attn1"), channels, channels)?,
+            attn1: Attention::new(block.pp("attn1"), channels, None)?,
             norm2: layer_norm(channels, 1e-5, block.pp("norm2"))?,
-            attn2: Attention::new(block.pp("attn2"), channels, context_dim)?,
+            attn2: Attention::new(block.pp("attn2"), channels, Some(context_dim))?,
             norm3: layer_norm(channels, 1e-5, block.pp("norm3"))?,
             ff_in: Linear::new(block.pp("ff.net.0.proj"), channels, 8 * channels)?,
             ff_out: Linear::new(block.pp("ff.net.2"), 4 * channels, channels)?,
@@ -310,59 +311,72 @@ impl Transformer {
         })
     }
 
+    /// Tokens stay `[b, h·w, c]` from `proj_in` to `proj_out`, which fold the transposes
+    /// into their products; each residual is added by the layer before it.
     fn forward(&self, x: &Tensor, context: &Tensor) -> Result<Tensor> {
-        let (b, c, h, w) = x.dims4()?;
-        let tokens = self.proj_in.forward(&self.norm.forward(x)?)?;
-        let mut t = tokens.flatten_from(2)?.transpose(1, 2)?.contiguous()?; // [b, hw, c]
-        t = (self.attn1.forward(&self.norm1.forward(&t)?, None)? + &t)?;
-        t = (self.attn2.forward(&self.norm2.forward(&t)?, Some(context))? + &t)?;
+        let (_, _, h, w) = x.dims4()?;
+        let mut t = self.proj_in.forward_to_tokens(&self.norm.forward(x)?)?;
+        let normed = self.norm1.forward(&t)?;
+        t = self.attn1.forward(&normed, &normed, &t)?;
+        t = self.attn2.forward(&self.norm2.forward(&t)?, context, &t)?;
         let projected = self.ff_in.forward(&self.norm3.forward(&t)?)?;
-        let ff = self.ff_out.forward(&geglu(&projected)?)?;
-        t = (ff + &t)?;
-        let spatial = t.transpose(1, 2)?.reshape((b, c, h, w))?;
-        self.proj_out.forward(&spatial)? + x
+        t = self.ff_out.forward_add(&geglu(&projected)?, &t)?;
+        self.proj_out.forward_from_tokens(&t, (h, w), x)
     }
 }
 
-/// Multi-head attention with [`HEADS`] heads; keys and values from the context when given.
+/// Multi-head attention with [`HEADS`] heads. Self-attention stacks its query, key and value
+/// projections into one product; cross-attention stacks key and value (of the context).
 struct Attention {
-    to_q: candle_nn::Linear,
-    to_k: candle_nn::Linear,
-    to_v: candle_nn::Linear,
+    /// `[q | k | v]` of the input for self-attention, `q` alone for cross-attention.
+    to_q: Linear,
+    /// `[k | v]` of the context, for cross-attention.
+    to_kv: Option<Linear>,
     to_out: Linear,
+    channels: usize,
 }
 
 impl Attention {
-    fn new(vb: VarBuilder, dim: usize, context_dim: usize) -> Result<Self> {
+    /// Self-attention when `context_dim` is `None`.
+    fn new(vb: VarBuilder, dim: usize, context_dim: Option<usize>) -> Result<Self> {
+        let (to_q, to_kv) = match context_dim {
+            None => {
+                let parts = [(vb.pp("to_q"), dim), (vb.pp("to_k"), dim), (vb.pp("to_v"), dim)];
+                (Linear::stacked_without_bias(&parts, dim)?, None)
+            }
+            Some(context_dim) => {
+                let kv = [(vb.pp("to_k"), dim), (vb.pp("to_v"), dim)];
+                (
+                    Linear::stacked_without_bias(&[(vb.pp("to_q"), dim)], dim)?,
+                    Some(Linear::stacked_without_bias(&kv, context_dim)?),
+                )
+            }
+        };
         Ok(Attention {
-            to_q: linear_no_bias(dim, dim, vb.pp("to_q"))?,
-            to_k: linear_no_bias(context_dim, dim, vb.pp("to_k"))?,
-            to_v: linear_no_bias(context_dim, dim, vb.pp("to_v"))?,
+            to_q,
+            to_kv,
             to_out: Linear::new(vb.pp("to_out.0"), dim, dim)?,
+            channels: dim,
         })
     }
 
-    /// `[b, tokens, dim]` → `[b, heads·tokens... ]` as `[b·heads, tokens, dim/heads]`.
-    fn split_heads(x: &Tensor) -> Result<Tensor> {
-        let (b, n, c) = x.dims3()?;
-        x.reshape((b, n, HEADS, c / HEADS))?
-            .transpose(1, 2)?
-            .reshape((b * HEADS, n, c / HEADS))
-    }
-
-    fn forward(&self, x: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
-        let (b, n, c) = x.dims3()?;
-        let kv = context.unwrap_or(x);
-        let q = Self::split_heads(&self.to_q.forward(x)?)?;
-        let k = Self::split_heads(&self.to_k.forward(kv)?)?;
-        let v = Self::split_heads(&self.to_v.forward(kv)?)?;
+    /// `residual + attention(x, context)`; `context` is only read by cross-attention.
+    fn forward(&self, x: &Tensor, context: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        let c = self.channels;
+        let projected = self.to_q.forward(x)?;
+        let (q, k, v) = match &self.to_kv {
+            None => (
+                projected.narrow(2, 0, c)?,
+                projected.narrow(2, c, c)?,
+                projected.narrow(2, 2 * c, c)?,
+            ),
+            Some(to_kv) => {
+                let kv = to_kv.forward(context)?;
+                (projected, kv.narrow(2, 0, c)?, kv.narrow(2, c, c)?)
+            }
+        };
         let scale = 1.0 / ((c / HEADS) as f64).sqrt();
-        let o = attention(&q, &k, &v, scale)?;
-        let o = o
-            .reshape((b, HEADS, n, c / HEADS))?
-            .transpose(1, 2)?
-            .reshape((b, n, c))?;
-        self.to_out.forward(&o)
+        self.to_out.forward_add(&attention(&q, &k, &v, HEADS, scale)?, residual)
     }
 }
 
