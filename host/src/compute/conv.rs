@@ -17,7 +17,7 @@ use candle_nn::{Conv2dConfig, VarBuilder};
 use rayon::prelude::*;
 
 use super::matmul::{matmul, View};
-use super::CpuF32;
+use super::{filled, par_init, repeated, CpuF32};
 
 /// A square-kernel convolution with bias: `[b, cin, h, w] → [b, cout, h', w']`.
 #[derive(Debug, Clone)]
@@ -27,6 +27,9 @@ pub struct Conv2d {
     stride: usize,
     padding: usize,
 }
+
+/// Rows per parallel task where an output is started from per-row values.
+const ROWS_PER_TASK: usize = 64;
 
 thread_local! {
     /// The calling thread's column matrix, kept between calls: SD1's largest is 47 MB, and
@@ -142,7 +145,7 @@ impl Conv2d {
             weights.contiguous("conv2d")?,
             biases.contiguous("conv2d")?,
         );
-        let mut out = repeat_rows(bias, b * p);
+        let mut out = par_init(b * p * cout, cout * ROWS_PER_TASK, |_, y| repeated(y, bias));
         for (image, y) in x.chunks_exact(cin * p).zip(out.chunks_exact_mut(p * cout)) {
             // Tokens × input channels is the image's transpose: rows 1 apart, columns p apart.
             let tokens = View {
@@ -208,15 +211,6 @@ impl Module for Conv2d {
     }
 }
 
-/// `rows` copies of `row`, one after the other.
-fn repeat_rows(row: &[f32], rows: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(rows * row.len());
-    for _ in 0..rows {
-        out.extend_from_slice(row);
-    }
-    out
-}
-
 /// What an NCHW output starts from before the product accumulates onto it: the bias, plus a
 /// per-image channel shift and a residual when given.
 struct Start<'a> {
@@ -267,18 +261,17 @@ impl<'a> Start<'a> {
         let bias = self.bias.contiguous("conv2d")?;
         let shift = self.shift.as_ref().map(|s| s.contiguous("conv2d")).transpose()?;
         let residual = self.residual.as_ref().map(|r| r.contiguous("conv2d")).transpose()?;
-        let mut out = vec![0f32; b * cout * p];
-        if p == 0 {
-            return Ok(out);
-        }
-        out.par_chunks_mut(p).enumerate().for_each(|(row, y)| {
+        Ok(par_init(b * cout * p, p, |row, y| {
             let value = bias[row % cout] + shift.map_or(0.0, |s| s[row]);
             match residual {
-                Some(r) => y.iter_mut().zip(&r[row * p..][..p]).for_each(|(y, r)| *y = r + value),
-                None => y.fill(value),
+                Some(r) => {
+                    let y = y.write_copy_of_slice(&r[row * p..][..p]);
+                    y.iter_mut().for_each(|y| *y += value);
+                    y
+                }
+                None => filled(y, value),
             }
-        });
-        Ok(out)
+        }))
     }
 }
 

@@ -7,10 +7,9 @@
 //! strided copy). Other devices use candle's ops.
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
-use rayon::prelude::*;
 
-use super::contiguous_f32;
 use super::simd::{self, exp, Kernel};
+use super::{contiguous_f32, filled, par_init};
 
 /// `a · gelu(g)` for `x = [a | g]` along the last dimension.
 pub fn geglu(x: &Tensor) -> Result<Tensor> {
@@ -40,15 +39,13 @@ impl CustomOp1 for FusedGeglu {
         if let Some(last) = dims.last_mut() {
             *last = half;
         }
-        let mut out = vec![0f32; x.len() / 2];
-        if half > 0 {
-            out.par_chunks_mut(half)
-                .zip(x.par_chunks(width))
-                .for_each(|(out, row)| {
-                    let (a, g) = row.split_at(half);
-                    simd::run(GatedGelu { a, g, out });
-                });
-        }
+        let out = par_init(x.len() / 2, half, |row, out| {
+            // Written by the kernel; zeroed (in cache) to be written through.
+            let out = filled(out, 0.0);
+            let (a, g) = x[row * width..][..width].split_at(half);
+            simd::run(GatedGelu { a, g, out });
+            out
+        });
         Ok((CpuStorage::F32(out), Shape::from(dims)))
     }
 }

@@ -9,10 +9,12 @@
 
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::VarBuilder;
-use rayon::prelude::*;
 
 use super::matmul::{matmul, View};
-use super::CpuF32;
+use super::{filled, par_init, repeated, CpuF32};
+
+/// Rows per parallel task where the output is started.
+const ROWS_PER_TASK: usize = 64;
 
 /// `y = x · weightᵀ + bias` over the last dimension: `[.., inputs] → [.., outputs]`.
 #[derive(Debug, Clone)]
@@ -86,27 +88,29 @@ impl Linear {
                 self.bias.as_ref().map(|b| b.shape())
             );
         }
-        let mut y = vec![0f32; rows * outputs];
-        if outputs > 0 {
-            y.par_chunks_mut(outputs)
-                .enumerate()
-                .with_min_len(64)
-                .for_each(|(i, row)| {
-                    if let Some(r) = residual {
-                        row.copy_from_slice(&r[i * outputs..][..outputs]);
-                    }
-                    if let Some(bias) = bias {
-                        row.iter_mut().zip(bias).for_each(|(y, b)| *y += b);
-                    }
-                });
-        }
+        // Rows start from the residual plus the bias, the bias alone, or nothing (then the
+        // product overwrites them).
+        let chunk = outputs * ROWS_PER_TASK;
+        let mut y = par_init(rows * outputs, chunk, |i, y| {
+            let y = match (residual, bias) {
+                (Some(r), _) => y.write_copy_of_slice(&r[i * chunk..][..y.len()]),
+                (None, Some(bias)) => return repeated(y, bias),
+                (None, None) => return filled(y, 0.0),
+            };
+            if let Some(bias) = bias {
+                for row in y.chunks_exact_mut(outputs) {
+                    row.iter_mut().zip(bias).for_each(|(y, b)| *y += b);
+                }
+            }
+            y
+        });
         matmul(
             &mut y,
             outputs,
             View::rows(x, rows, inputs),
             View::rows(weight, outputs, inputs).t(),
             1.0,
-            true,
+            residual.is_some() || bias.is_some(),
             true,
         );
         Tensor::from_vec(y, dims, self.weight.device())

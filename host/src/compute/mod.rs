@@ -106,6 +106,62 @@ impl<'a> CpuF32<'a> {
     }
 }
 
+/// A vector of `len` floats built in parallel, `chunk` elements at a time (the last chunk
+/// may be shorter): `init(index, chunk)` returns its chunk initialised, through
+/// `write_copy_of_slice`, [`filled`] or [`repeated`]. Nothing is zeroed first: for outputs
+/// of tens of megabytes, `vec![0.0; len]` zeroes reused memory on one thread, which took as
+/// long as the parallel work after it.
+///
+/// # Panics
+/// If `init` returns anything but its whole chunk.
+pub(crate) fn par_init<F>(len: usize, chunk: usize, init: F) -> Vec<f32>
+where
+    F: for<'a> Fn(usize, &'a mut [std::mem::MaybeUninit<f32>]) -> &'a mut [f32] + Sync + Send,
+{
+    use rayon::prelude::*;
+    let mut out = Vec::with_capacity(len);
+    out.spare_capacity_mut()[..len]
+        .par_chunks_mut(chunk.max(1))
+        .enumerate()
+        .for_each(|(i, c)| {
+            let (start, n) = (c.as_ptr() as usize, c.len());
+            let done = init(i, c);
+            assert!(
+                done.as_ptr() as usize == start && done.len() == n,
+                "par_init: a chunk came back only in part"
+            );
+        });
+    // SAFETY: each chunk of the first `len` elements came back from `init` as a `&mut [f32]`
+    // over all of it, which only initialised memory can be.
+    unsafe { out.set_len(len) };
+    out
+}
+
+/// `chunk` with every element set to `value`.
+pub(crate) fn filled(chunk: &mut [std::mem::MaybeUninit<f32>], value: f32) -> &mut [f32] {
+    chunk.fill(std::mem::MaybeUninit::new(value));
+    // SAFETY: every element was just written; `MaybeUninit<f32>` has `f32`'s layout.
+    unsafe { &mut *(chunk as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) }
+}
+
+/// `chunk` filled with copies of `row`, one after the other (`row` must divide it).
+///
+/// # Panics
+/// If `row` is empty or its length does not divide the chunk's.
+pub(crate) fn repeated<'a>(chunk: &'a mut [std::mem::MaybeUninit<f32>], row: &[f32]) -> &'a mut [f32] {
+    assert!(
+        !row.is_empty() && chunk.len().is_multiple_of(row.len()),
+        "repeated: a row of {} does not divide {}",
+        row.len(),
+        chunk.len()
+    );
+    for part in chunk.chunks_exact_mut(row.len()) {
+        part.write_copy_of_slice(row);
+    }
+    // SAFETY: the rows written above cover the whole chunk.
+    unsafe { &mut *(chunk as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) }
+}
+
 /// The largest absolute difference between two tensors of one shape, for tests.
 #[cfg(test)]
 pub(crate) fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {

@@ -8,10 +8,9 @@
 
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Tensor};
 use candle_nn::VarBuilder;
-use rayon::prelude::*;
 
-use super::contiguous_f32;
 use super::simd::{self, exp, Kernel};
+use super::{contiguous_f32, filled, par_init};
 
 /// `GroupNorm(groups, channels, eps)` with learned `weight` and `bias`, then SiLU if asked.
 #[derive(Debug, Clone)]
@@ -95,28 +94,25 @@ impl CustomOp3 for FusedGroupNorm {
         let spatial: usize = dims[2..].iter().product();
         let per_group = channels / self.groups;
         let group_len = per_group * spatial;
-        let mut out = vec![0f32; x.len()];
-        if out.is_empty() {
-            return Ok((CpuStorage::F32(out), xl.shape().clone()));
-        }
-        out.par_chunks_mut(group_len)
-            .zip(x.par_chunks(group_len))
-            .enumerate()
-            .for_each(|(task, (out, x))| {
-                let first_channel = (task % self.groups) * per_group;
-                let (mean, inv_std) = simd::run(Moments(x, self.eps));
-                for (c, (out, x)) in out.chunks_mut(spatial).zip(x.chunks(spatial)).enumerate() {
-                    let scale = inv_std * weight[first_channel + c];
-                    let shift = bias[first_channel + c] - mean * scale;
-                    simd::run(ScaleShift {
-                        x,
-                        out,
-                        scale,
-                        shift,
-                        silu: self.silu,
-                    });
-                }
-            });
+        let out = par_init(x.len(), group_len, |task, out| {
+            // Overwritten channel by channel below; zeroed (in cache) to be written through.
+            let out = filled(out, 0.0);
+            let x = &x[task * group_len..][..out.len()];
+            let first_channel = (task % self.groups) * per_group;
+            let (mean, inv_std) = simd::run(Moments(x, self.eps));
+            for (c, (out, x)) in out.chunks_mut(spatial).zip(x.chunks(spatial)).enumerate() {
+                let scale = inv_std * weight[first_channel + c];
+                let shift = bias[first_channel + c] - mean * scale;
+                simd::run(ScaleShift {
+                    x,
+                    out,
+                    scale,
+                    shift,
+                    silu: self.silu,
+                });
+            }
+            out
+        });
         Ok((CpuStorage::F32(out), xl.shape().clone()))
     }
 }
