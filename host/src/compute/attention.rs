@@ -17,9 +17,12 @@ use super::matmul::{matmul, View};
 use super::simd::{self, exp, Kernel};
 use super::{filled, par_init, CpuF32};
 
-/// Query rows per block: a 256 × 4096 score block is 4 MiB (measured fastest of 32 to 1024
-/// on SD1: fewer blocks repack the head's keys and values less often).
+/// Query rows per block: fewer, larger blocks repack the head's keys and values less often.
 const ROWS: usize = 256;
+
+/// Keys per step of the running softmax: a `ROWS × KEYS` score block (512 KiB) stays in the
+/// core's L2 cache between the two products.
+const KEYS: usize = 512;
 
 /// `softmax(q kᵀ · scale) v` over `heads` heads for `q: [b, n, heads·d]` and
 /// `k, v: [b, m, heads·d]`; returns `[b, n, heads·d]`, the heads side by side. The inputs'
@@ -69,16 +72,16 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale: f64) -
         SCRATCH.with_borrow_mut(|Scratch { keys, values, scores }| {
             k.gather(image, cols.clone(), m, keys);
             v.gather(image, cols.clone(), m, values);
-            scores.resize(ROWS * m, 0.0);
+            scores.resize(ROWS * KEYS, 0.0);
             for (block, ob) in o.chunks_mut(ROWS * d).enumerate() {
                 let rows = ob.len() / d;
                 let task = Block {
                     q: q.view(image, block * ROWS, rows, cols.clone()),
-                    k: View::rows(keys, m, d),
-                    v: View::rows(values, m, d),
+                    keys,
+                    values,
                     scale,
                 };
-                attend_block(task, ob, &mut scores[..rows * m]);
+                attend_block(task, ob, scores);
             }
         });
         o
@@ -154,46 +157,69 @@ impl<'a> Heads<'a> {
     }
 }
 
-/// A block of query rows of one head, and that head's keys and values.
+/// A block of query rows of one head, and that head's keys and values (`m × d` each).
 struct Block<'a> {
     q: View<'a>,
-    k: View<'a>,
-    v: View<'a>,
+    keys: &'a [f32],
+    values: &'a [f32],
     scale: f32,
 }
 
-/// `o[rows × d] = softmax(q · kᵀ · scale) · v`, with `scores` as the `rows × m` scratch.
+/// `o[rows × d] = softmax(q · kᵀ · scale) · v`, [`KEYS`] keys at a time with a running
+/// softmax: each row keeps its largest score so far and the sum of its numerators; when a
+/// later block raises the maximum, the row's partial output and sum are scaled down by
+/// `exp(old − new)`. `scores` is the `ROWS × KEYS` scratch.
 fn attend_block(b: Block<'_>, o: &mut [f32], scores: &mut [f32]) {
-    let (rows, m, d) = (b.q.rows, b.k.rows, b.q.cols);
-    matmul(scores, m, b.q, b.k.t(), b.scale, false, false);
-    let mut inverse_sums = [0f32; ROWS];
-    for (row, inverse) in scores.chunks_exact_mut(m).zip(inverse_sums.iter_mut()) {
-        *inverse = 1.0 / softmax_numerators(row);
+    let (rows, d) = (b.q.rows, b.q.cols);
+    let m = b.keys.len() / d.max(1);
+    let mut maxes = [f32::NEG_INFINITY; ROWS];
+    let mut sums = [0f32; ROWS];
+    for first in (0..m).step_by(KEYS) {
+        let count = KEYS.min(m - first);
+        let scores = &mut scores[..rows * count];
+        let keys = View::rows(&b.keys[first * d..], count, d);
+        matmul(scores, count, b.q, keys.t(), b.scale, false, false);
+        for (r, row) in scores.chunks_exact_mut(count).enumerate() {
+            let (max, sum) = softmax_numerators(row, maxes[r]);
+            if maxes[r] != f32::NEG_INFINITY && max > maxes[r] {
+                let factor = exp(maxes[r] - max);
+                sums[r] *= factor;
+                o[r * d..][..d].iter_mut().for_each(|x| *x *= factor);
+            }
+            maxes[r] = max;
+            sums[r] += sum;
+        }
+        let values = View::rows(&b.values[first * d..], count, d);
+        matmul(o, d, View::rows(scores, rows, count), values, 1.0, first > 0, false);
     }
-    matmul(o, d, View::rows(scores, rows, m), b.v, 1.0, false, false);
-    for (row, inverse) in o.chunks_exact_mut(d).zip(inverse_sums) {
+    for (row, sum) in o.chunks_exact_mut(d).zip(sums) {
+        let inverse = 1.0 / sum;
         row.iter_mut().for_each(|x| *x *= inverse);
     }
 }
 
-/// Replaces `row` by `exp(row - max(row))` and returns the sum.
-fn softmax_numerators(row: &mut [f32]) -> f32 {
-    simd::run(SoftmaxNumerators(row))
+/// Replaces `row` by `exp(row - max)` where `max` is the larger of `floor` and the row's
+/// largest element; returns `max` and the sum.
+fn softmax_numerators(row: &mut [f32], floor: f32) -> (f32, f32) {
+    simd::run(SoftmaxNumerators { row, floor })
 }
 
 /// Lanes the loops below keep apart so that the compiler vectorises them.
 const LANES: usize = 16;
 
 /// [`softmax_numerators`] as a [`Kernel`].
-struct SoftmaxNumerators<'a>(&'a mut [f32]);
+struct SoftmaxNumerators<'a> {
+    row: &'a mut [f32],
+    floor: f32,
+}
 
 impl Kernel for SoftmaxNumerators<'_> {
-    type Output = f32;
+    type Output = (f32, f32);
 
     #[inline(always)]
-    fn run(self) -> f32 {
-        let row = self.0;
-        let mut maxes = [f32::NEG_INFINITY; LANES];
+    fn run(self) -> (f32, f32) {
+        let row = self.row;
+        let mut maxes = [self.floor; LANES];
         let mut chunks = row.chunks_exact(LANES);
         for chunk in &mut chunks {
             for (mx, &x) in maxes.iter_mut().zip(chunk) {
@@ -218,7 +244,7 @@ impl Kernel for SoftmaxNumerators<'_> {
             *x = exp(*x - max);
             sum += *x;
         }
-        sum
+        (max, sum)
     }
 }
 
@@ -250,10 +276,15 @@ mod tests {
     fn softmax_variants_agree() {
         let row: Vec<f32> = (0..1003).map(|i| ((i * 7919) % 1000) as f32 * 0.013 - 6.0).collect();
         let mut want = row.clone();
-        let want_sum = simd::run_on(Isa::Portable, SoftmaxNumerators(&mut want));
+        fn numerators(row: &mut [f32], floor: f32) -> SoftmaxNumerators<'_> {
+            SoftmaxNumerators { row, floor }
+        }
+        let (want_max, want_sum) = simd::run_on(Isa::Portable, numerators(&mut want, f32::NEG_INFINITY));
+        assert_eq!(want_max, row.iter().copied().fold(f32::NEG_INFINITY, f32::max));
         for isa in Isa::available() {
             let mut got = row.clone();
-            let sum = simd::run_on(isa, SoftmaxNumerators(&mut got));
+            let (max, sum) = simd::run_on(isa, numerators(&mut got, f32::NEG_INFINITY));
+            assert_eq!(max, want_max);
             assert!(
                 (sum - want_sum).abs() <= 1e-5 * want_sum,
                 "{isa:?}: {sum} vs {want_sum}"
@@ -262,6 +293,11 @@ mod tests {
                 assert!((g - w).abs() <= 1e-6 * w.max(1e-30), "{isa:?}: {g} vs {w}");
             }
         }
+        // A floor above every element is the maximum used.
+        let mut floored = row.clone();
+        let (max, _) = simd::run(numerators(&mut floored, 100.0));
+        assert_eq!(max, 100.0);
+        assert!((floored[0] - exp(row[0] - 100.0)).abs() <= 1e-6 * floored[0]);
     }
 
     #[test]
