@@ -11,6 +11,7 @@
 //! result. Other devices use candle.
 
 use std::cell::RefCell;
+use std::sync::OnceLock;
 
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Conv2dConfig, VarBuilder};
@@ -26,7 +27,19 @@ pub struct Conv2d {
     bias: Tensor,
     stride: usize,
     padding: usize,
+    /// The weights as `[(tap, cin), cout]`, made on first use by the pixel-major path.
+    taps_major: OnceLock<Vec<f32>>,
 }
+
+/// Output positions from which a convolution runs pixel-major (see [`Conv2d::forward_fused`]).
+/// Measured on SD1's shapes (2 threads, AVX-512): at 64x64 outputs the pixel-major product
+/// runs at ~250 GFLOP/s against ~180 channel-major, at 32x32 about even, at 16x16 and below
+/// channel-major wins (260 against 180).
+const PIXEL_MAJOR_MIN_POSITIONS: usize = 2048;
+
+/// Output channels of one task where a pixel-major result is turned back to NCHW: each
+/// pixel's run of this many channels is one cache line.
+const CHANNEL_BLOCK: usize = 16;
 
 /// Rows per parallel task where an output is started from per-row values.
 const ROWS_PER_TASK: usize = 64;
@@ -35,6 +48,8 @@ thread_local! {
     /// The calling thread's column matrix, kept between calls: SD1's largest is 47 MB, and
     /// allocating it afresh each time costs a page fault per 4 KiB.
     static COLUMNS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The pixel-major path's input image (`[h·w, cin]`) and products (`[b, h'·w', cout]`).
+    static PIXEL_MAJOR: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 impl Conv2d {
@@ -48,11 +63,18 @@ impl Conv2d {
             bias: vb.get(cout, "bias")?,
             stride,
             padding,
+            taps_major: OnceLock::new(),
         })
     }
 
     /// `conv(x) + shift + residual`: `shift` is `[b, cout]`, added to every position of each
     /// image's channel; `residual` has the output's shape.
+    ///
+    /// Large outputs run pixel-major: the image is turned channels-last, its columns are
+    /// filled one pixel's `(tap, channel)` run at a time (contiguous copies), the product
+    /// gives `[h'·w', cout]`, and that is turned back to NCHW in the same pass that adds the
+    /// bias, shift and residual. At SD1's 64x64 level the product runs about 35% faster that
+    /// way than channel-major, which more than pays for the two transposes.
     pub fn forward_fused(&self, x: &Tensor, shift: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
         if !(x.device().is_cpu() && x.dtype() == DType::F32) {
             let cfg = Conv2dConfig {
@@ -87,10 +109,38 @@ impl Conv2d {
         let input = CpuF32::new(&x, "conv2d")?;
         let weights = CpuF32::new(&self.weight, "conv2d")?;
         let start = Start::new(&self.bias, shift, residual, (b, cout, p))?;
-        let mut out = start.output()?;
         let (x, weight) = (input.contiguous("conv2d")?, weights.contiguous("conv2d")?);
         let k = cin * kh * kw;
-        if kh == 1 && kw == 1 && s == 1 && pad == 0 {
+        let direct = kh == 1 && kw == 1 && s == 1 && pad == 0;
+        if !direct && p >= PIXEL_MAJOR_MIN_POSITIONS && cout >= CHANNEL_BLOCK {
+            let taps_major = self.taps_major.get_or_init(|| taps_major(weight, cout, cin, kh * kw));
+            let geometry = Geometry {
+                cin,
+                input: (h, w),
+                kernel: (kh, kw),
+                output: (ho, wo),
+                stride: s,
+                pad,
+            };
+            let out = PIXEL_MAJOR.with_borrow_mut(|(pixels, products)| {
+                products.resize(products.len().max(b * p * cout), 0.0);
+                let products = &mut products[..b * p * cout];
+                COLUMNS.with_borrow_mut(|columns| {
+                    columns.resize(columns.len().max(p * k), 0.0);
+                    let columns = &mut columns[..p * k];
+                    for (image, y) in x.chunks_exact(cin * h * w).zip(products.chunks_exact_mut(p * cout)) {
+                        channels_last(image, cin, h * w, pixels);
+                        fill_pixel_columns(pixels, columns, &geometry);
+                        let cols = View::rows(columns, p, k);
+                        matmul(y, cout, cols, View::rows(taps_major, k, cout), 1.0, false, true);
+                    }
+                });
+                start.output_from_pixel_major(products)
+            })?;
+            return Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device());
+        }
+        let mut out = start.output()?;
+        if direct {
             for (image, y) in x.chunks_exact(cin * h * w).zip(out.chunks_exact_mut(cout * p)) {
                 matmul(
                     y,
@@ -255,6 +305,37 @@ impl<'a> Start<'a> {
         })
     }
 
+    /// The NCHW output of pixel-major `products` (`[b, positions, cout]`) plus the bias,
+    /// shift and residual; each task turns [`CHANNEL_BLOCK`] channels (or fewer, whatever
+    /// divides the channel count) of one image.
+    fn output_from_pixel_major(&self, products: &[f32]) -> Result<Vec<f32>> {
+        let (b, cout, p) = self.dims;
+        let bias = self.bias.contiguous("conv2d")?;
+        let shift = self.shift.as_ref().map(|s| s.contiguous("conv2d")).transpose()?;
+        let residual = self.residual.as_ref().map(|r| r.contiguous("conv2d")).transpose()?;
+        let block = (1..=CHANNEL_BLOCK).rev().find(|n| cout % n == 0).unwrap_or(1);
+        Ok(par_init(b * cout * p, block * p, |task, out| {
+            let out = filled(out, 0.0);
+            let first_row = task * block;
+            let (image, first_channel) = (first_row / cout, first_row % cout);
+            let mut values = [0f32; CHANNEL_BLOCK];
+            for (j, value) in values.iter_mut().enumerate().take(block) {
+                *value = bias[first_channel + j] + shift.map_or(0.0, |s| s[first_row + j]);
+            }
+            let products = &products[image * p * cout..][..p * cout];
+            for (position, pixel) in products.chunks_exact(cout).enumerate() {
+                for (j, &y) in pixel[first_channel..first_channel + block].iter().enumerate() {
+                    out[j * p + position] = y + values[j];
+                }
+            }
+            if let Some(r) = residual {
+                let r = &r[first_row * p..][..block * p];
+                out.iter_mut().zip(r).for_each(|(y, r)| *y += r);
+            }
+            out
+        }))
+    }
+
     /// The starting output, filled in parallel, one channel row per task.
     fn output(&self) -> Result<Vec<f32>> {
         let (b, cout, p) = self.dims;
@@ -273,6 +354,73 @@ impl<'a> Start<'a> {
             }
         }))
     }
+}
+
+/// `weight` (`[cout, cin, taps]`) as `[(tap, cin), cout]`, the pixel-major product's right
+/// side.
+fn taps_major(weight: &[f32], cout: usize, cin: usize, taps: usize) -> Vec<f32> {
+    let mut out = vec![0f32; weight.len()];
+    for (co, filters) in weight.chunks_exact(cin * taps).enumerate() {
+        for (c, filter) in filters.chunks_exact(taps).enumerate() {
+            for (tap, &value) in filter.iter().enumerate() {
+                out[(tap * cin + c) * cout + co] = value;
+            }
+        }
+    }
+    out
+}
+
+/// `image` (`[cin, positions]`) as `[positions, cin]` in `into`, in parallel blocks of 16
+/// positions (one cache line of each channel per block).
+fn channels_last(image: &[f32], cin: usize, positions: usize, into: &mut Vec<f32>) {
+    into.resize(into.len().max(positions * cin), 0.0);
+    into[..positions * cin]
+        .par_chunks_mut(16 * cin)
+        .enumerate()
+        .for_each(|(block, out)| {
+            let first = block * 16;
+            let count = out.len() / cin;
+            for (c, plane) in image.chunks_exact(positions).enumerate() {
+                for (j, &v) in plane[first..first + count].iter().enumerate() {
+                    out[j * cin + c] = v;
+                }
+            }
+        });
+}
+
+/// The shapes of one convolution.
+struct Geometry {
+    cin: usize,
+    input: (usize, usize),
+    kernel: (usize, usize),
+    output: (usize, usize),
+    stride: usize,
+    pad: usize,
+}
+
+/// The pixel-major column matrix (`[h'·w', (tap, cin)]`) from a channels-last image: each
+/// output pixel's row is, tap by tap, the input pixel under that tap (its `cin` channels,
+/// one contiguous copy) or zeros in the padding. One parallel task per output row.
+fn fill_pixel_columns(pixels: &[f32], columns: &mut [f32], g: &Geometry) {
+    let ((h, w), (kh, kw), (_, wo), cin) = (g.input, g.kernel, g.output, g.cin);
+    let row_len = kh * kw * cin;
+    columns
+        .par_chunks_mut(wo * row_len)
+        .enumerate()
+        .for_each(|(oy, out_row)| {
+            for (ox, pixel) in out_row.chunks_exact_mut(row_len).enumerate() {
+                for (tap, segment) in pixel.chunks_exact_mut(cin).enumerate() {
+                    let sy = (oy * g.stride + tap / kw) as isize - g.pad as isize;
+                    let sx = (ox * g.stride + tap % kw) as isize - g.pad as isize;
+                    if sy < 0 || sx < 0 || sy >= h as isize || sx >= w as isize {
+                        segment.fill(0.0);
+                    } else {
+                        let at = (sy as usize * w + sx as usize) * cin;
+                        segment.copy_from_slice(&pixels[at..at + cin]);
+                    }
+                }
+            }
+        });
 }
 
 /// The `kh·kw` rows of one input channel's column block: row `(i, j)` is the plane shifted
@@ -325,6 +473,7 @@ mod tests {
             bias: Tensor::randn(0f32, 1.0, cout, &dev).unwrap(),
             stride,
             padding,
+            taps_major: OnceLock::new(),
         };
         let x = Tensor::randn(0f32, 1.0, shape, &dev).unwrap();
         let got = ours.forward(&x).unwrap();
@@ -358,6 +507,7 @@ mod tests {
             bias: Tensor::randn(0f32, 1.0, cout, &dev).unwrap(),
             stride: 1,
             padding,
+            taps_major: OnceLock::new(),
         }
     }
 
@@ -380,6 +530,38 @@ mod tests {
             let diff = crate::compute::max_abs_diff(&got, &want);
             assert!(diff < 1e-5, "k{kernel}: {diff}");
         }
+    }
+
+    /// Outputs of at least `PIXEL_MAJOR_MIN_POSITIONS` positions take the pixel-major path:
+    /// channel counts that 16 does and does not divide, a stride, a shift and a residual.
+    #[test]
+    fn pixel_major_equals_candle_conv2d() {
+        compare((2, 3, 48, 48), 16, 3, 1, 1);
+        compare((1, 5, 47, 50), 20, 3, 1, 1);
+        compare((1, 3, 96, 97), 18, 3, 2, 1);
+        let dev = Device::Cpu;
+        let conv = random_conv(4, 32, 3, 1);
+        let x = Tensor::randn(0f32, 1.0, (2, 4, 48, 48), &dev).unwrap();
+        let shift = Tensor::randn(0f32, 1.0, (2, 32), &dev).unwrap();
+        let residual = Tensor::randn(0f32, 1.0, (2, 32, 48, 48), &dev).unwrap();
+        let got = conv.forward_fused(&x, Some(&shift), Some(&residual)).unwrap();
+        let plain = candle_nn::Conv2d::new(
+            conv.weight.clone(),
+            Some(conv.bias.clone()),
+            Conv2dConfig {
+                padding: 1,
+                ..Default::default()
+            },
+        )
+        .forward(&x)
+        .unwrap();
+        let want = plain
+            .broadcast_add(&shift.unsqueeze(2).unwrap().unsqueeze(3).unwrap())
+            .unwrap()
+            .add(&residual)
+            .unwrap();
+        let diff = crate::compute::max_abs_diff(&got, &want);
+        assert!(diff < 1e-4, "{diff}");
     }
 
     #[test]
@@ -417,6 +599,7 @@ mod tests {
             bias: Tensor::zeros(4, DType::F32, &dev).unwrap(),
             stride: 1,
             padding: 0,
+            taps_major: OnceLock::new(),
         };
         let wrong_channels = Tensor::zeros((1, 2, 8, 8), DType::F32, &dev).unwrap();
         assert!(conv.forward(&wrong_channels).is_err());
