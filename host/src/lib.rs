@@ -86,7 +86,7 @@ mod tests {
             )
         };
         assert_eq!(
-            version / 100,
+            version / 10000,
             3,
             "ALLOW_THP was read from mimalloc 3's header: {version}"
         );
