@@ -140,40 +140,34 @@ impl Conv2d {
             return Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device());
         }
         let mut out = start.output()?;
-        if direct {
+        COLUMNS.with_borrow_mut(|columns| {
+            if !direct {
+                // Every element is overwritten by `fill_columns`; only growth is zeroed.
+                columns.resize(columns.len().max(k * p), 0.0);
+            }
             for (image, y) in x.chunks_exact(cin * h * w).zip(out.chunks_exact_mut(cout * p)) {
+                // A 1×1 convolution multiplies the image itself.
+                let rhs: &[f32] = if direct {
+                    image
+                } else {
+                    let columns = &mut columns[..k * p];
+                    columns.par_chunks_mut(kh * kw * p).enumerate().for_each(|(c, rows)| {
+                        let plane = &image[c * h * w..][..h * w];
+                        fill_columns(plane, rows, (h, w), kw, (ho, wo), s, pad);
+                    });
+                    columns
+                };
                 matmul(
                     y,
                     p,
                     View::rows(weight, cout, k),
-                    View::rows(image, k, p),
+                    View::rows(rhs, k, p),
                     1.0,
                     true,
                     true,
                 );
             }
-        } else {
-            COLUMNS.with_borrow_mut(|columns| {
-                // Every element is overwritten by `fill_columns`; only growth is zeroed.
-                columns.resize(columns.len().max(k * p), 0.0);
-                let columns = &mut columns[..k * p];
-                for (image, y) in x.chunks_exact(cin * h * w).zip(out.chunks_exact_mut(cout * p)) {
-                    columns.par_chunks_mut(kh * kw * p).enumerate().for_each(|(c, rows)| {
-                        let plane = &image[c * h * w..][..h * w];
-                        fill_columns(plane, rows, (h, w), kw, (ho, wo), s, pad);
-                    });
-                    matmul(
-                        y,
-                        p,
-                        View::rows(weight, cout, k),
-                        View::rows(columns, k, p),
-                        1.0,
-                        true,
-                        true,
-                    );
-                }
-            });
-        }
+        });
         Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device())
     }
 
@@ -465,26 +459,35 @@ mod tests {
     use super::*;
     use candle_core::Device;
 
-    fn compare(shape: (usize, usize, usize, usize), cout: usize, kernel: usize, stride: usize, padding: usize) {
+    /// A convolution with random weights.
+    fn random_conv(cin: usize, cout: usize, kernel: usize, stride: usize, padding: usize) -> Conv2d {
         let dev = Device::Cpu;
-        let cin = shape.1;
-        let ours = Conv2d {
+        Conv2d {
             weight: Tensor::randn(0f32, 1.0, (cout, cin, kernel, kernel), &dev).unwrap(),
             bias: Tensor::randn(0f32, 1.0, cout, &dev).unwrap(),
             stride,
             padding,
             taps_major: OnceLock::new(),
-        };
-        let x = Tensor::randn(0f32, 1.0, shape, &dev).unwrap();
-        let got = ours.forward(&x).unwrap();
+        }
+    }
+
+    /// candle's convolution with the same weights.
+    fn reference(conv: &Conv2d, x: &Tensor) -> Tensor {
         let cfg = Conv2dConfig {
-            padding,
-            stride,
+            padding: conv.padding,
+            stride: conv.stride,
             ..Default::default()
         };
-        let want = candle_nn::Conv2d::new(ours.weight.clone(), Some(ours.bias.clone()), cfg)
-            .forward(&x)
-            .unwrap();
+        candle_nn::Conv2d::new(conv.weight.clone(), Some(conv.bias.clone()), cfg)
+            .forward(x)
+            .unwrap()
+    }
+
+    fn compare(shape: (usize, usize, usize, usize), cout: usize, kernel: usize, stride: usize, padding: usize) {
+        let ours = random_conv(shape.1, cout, kernel, stride, padding);
+        let x = Tensor::randn(0f32, 1.0, shape, &Device::Cpu).unwrap();
+        let got = ours.forward(&x).unwrap();
+        let want = reference(&ours, &x);
         assert_eq!(got.dims(), want.dims(), "{shape:?} k{kernel} s{stride} p{padding}");
         let diff = crate::compute::max_abs_diff(&got, &want);
         assert!(diff < 1e-4, "{shape:?} k{kernel} s{stride} p{padding}: {diff}");
@@ -500,22 +503,11 @@ mod tests {
         compare((1, 2, 4, 4), 3, 3, 3, 2); // padding wider than the stride covers
     }
 
-    fn random_conv(cin: usize, cout: usize, kernel: usize, padding: usize) -> Conv2d {
-        let dev = Device::Cpu;
-        Conv2d {
-            weight: Tensor::randn(0f32, 1.0, (cout, cin, kernel, kernel), &dev).unwrap(),
-            bias: Tensor::randn(0f32, 1.0, cout, &dev).unwrap(),
-            stride: 1,
-            padding,
-            taps_major: OnceLock::new(),
-        }
-    }
-
     #[test]
     fn shift_and_residual_are_added() {
         let dev = Device::Cpu;
         for (kernel, padding) in [(3, 1), (1, 0)] {
-            let conv = random_conv(5, 6, kernel, padding);
+            let conv = random_conv(5, 6, kernel, 1, padding);
             let x = Tensor::randn(0f32, 1.0, (2, 5, 7, 9), &dev).unwrap();
             let shift = Tensor::randn(0f32, 1.0, (2, 6), &dev).unwrap();
             let residual = Tensor::randn(0f32, 1.0, (2, 6, 7, 9), &dev).unwrap();
@@ -540,21 +532,12 @@ mod tests {
         compare((1, 5, 47, 50), 20, 3, 1, 1);
         compare((1, 3, 96, 97), 18, 3, 2, 1);
         let dev = Device::Cpu;
-        let conv = random_conv(4, 32, 3, 1);
+        let conv = random_conv(4, 32, 3, 1, 1);
         let x = Tensor::randn(0f32, 1.0, (2, 4, 48, 48), &dev).unwrap();
         let shift = Tensor::randn(0f32, 1.0, (2, 32), &dev).unwrap();
         let residual = Tensor::randn(0f32, 1.0, (2, 32, 48, 48), &dev).unwrap();
         let got = conv.forward_fused(&x, Some(&shift), Some(&residual)).unwrap();
-        let plain = candle_nn::Conv2d::new(
-            conv.weight.clone(),
-            Some(conv.bias.clone()),
-            Conv2dConfig {
-                padding: 1,
-                ..Default::default()
-            },
-        )
-        .forward(&x)
-        .unwrap();
+        let plain = reference(&conv, &x);
         let want = plain
             .broadcast_add(&shift.unsqueeze(2).unwrap().unsqueeze(3).unwrap())
             .unwrap()
@@ -567,7 +550,7 @@ mod tests {
     #[test]
     fn token_projections_fold_the_transposes() {
         let dev = Device::Cpu;
-        let conv = random_conv(5, 5, 1, 0);
+        let conv = random_conv(5, 5, 1, 1, 0);
         let x = Tensor::randn(0f32, 1.0, (2, 5, 3, 4), &dev).unwrap();
         let tokens = conv.forward_to_tokens(&x).unwrap();
         let want = conv
@@ -587,7 +570,7 @@ mod tests {
         assert!(crate::compute::max_abs_diff(&back, &want) < 1e-5);
 
         // Only 1x1 convolutions project tokens; the token count must form the image.
-        assert!(random_conv(5, 5, 3, 1).forward_to_tokens(&x).is_err());
+        assert!(random_conv(5, 5, 3, 1, 1).forward_to_tokens(&x).is_err());
         assert!(conv.forward_from_tokens(&tokens, (4, 4), &residual).is_err());
     }
 

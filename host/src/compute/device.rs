@@ -14,7 +14,6 @@ pub fn select_device() -> Device {
     static CHOSEN: OnceLock<Device> = OnceLock::new();
     CHOSEN
         .get_or_init(|| {
-            crate::hold_freed_memory();
             let (device, why) = pick();
             tracing::info!(device = describe(&device), "compute device: {why}");
             device
