@@ -13,6 +13,8 @@ use std::cell::RefCell;
 
 use candle_core::{DType, Result, Tensor};
 
+mod narrow;
+
 use super::matmul::{matmul, View};
 use super::simd::{self, exp, Kernel};
 use super::{filled, par_init, CpuF32};
@@ -62,6 +64,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale: f64) -
     // One task per (image, head), whose keys and values stay in cache for all its query
     // blocks; the heads' outputs are laid side by side at the end.
     let scale = scale as f32;
+    let narrow = d <= narrow::MAX_WIDTH && narrow::available();
     let per_head = par_init(b * heads * n * d, n * d, |task, o| {
         // Overwritten below; zeroing the chunk (in cache) gives a `&mut [f32]` to write into.
         let o = filled(o, 0.0);
@@ -70,6 +73,14 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale: f64) -
         }
         let (image, cols) = (task / heads, (task % heads) * d..(task % heads + 1) * d);
         SCRATCH.with_borrow_mut(|Scratch { keys, values, scores }| {
+            if narrow {
+                let width = narrow::padded_width(d);
+                k.gather_transposed(image, cols.clone(), m, width, keys);
+                v.gather_transposed(image, cols.clone(), m, width, values);
+                let kv = narrow::Transposed { keys, values, m };
+                narrow::attend(q.view(image, 0, n, cols.clone()), kv, scale, o);
+                return;
+            }
             k.gather(image, cols.clone(), m, keys);
             v.gather(image, cols.clone(), m, values);
             scores.resize(ROWS * KEYS, 0.0);
@@ -142,6 +153,27 @@ impl<'a> Heads<'a> {
         into.clear();
         for row in 0..rows {
             into.extend_from_slice(&self.data[image * self.image_stride + row * self.row_stride..][cols.clone()]);
+        }
+    }
+
+    /// Writes rows `0..rows` of `image`, columns `cols`, transposed into `into`: `width ×
+    /// padded`, zero-filled beyond the columns and rows.
+    fn gather_transposed(
+        &self,
+        image: usize,
+        cols: std::ops::Range<usize>,
+        rows: usize,
+        width: usize,
+        into: &mut Vec<f32>,
+    ) {
+        let padded = rows.div_ceil(narrow::LANES) * narrow::LANES;
+        into.clear();
+        into.resize(width * padded, 0.0);
+        for row in 0..rows {
+            let src = &self.data[image * self.image_stride + row * self.row_stride..][cols.clone()];
+            for (c, &x) in src.iter().enumerate() {
+                into[c * padded + row] = x;
+            }
         }
     }
 
@@ -338,13 +370,16 @@ mod tests {
     #[test]
     fn large_scores_do_not_overflow() {
         let dev = Device::Cpu;
-        let q = (Tensor::randn(0f32, 1.0, (1, 9, 16), &dev).unwrap() * 100.0).unwrap();
-        let k = (Tensor::randn(0f32, 1.0, (1, 33, 16), &dev).unwrap() * 100.0).unwrap();
-        let v = Tensor::randn(0f32, 1.0, (1, 33, 16), &dev).unwrap();
-        let got = attention(&q, &k, &v, 1, 1.0).unwrap();
-        let want = reference(&q, &k, &v, 1, 1.0);
-        let diff = crate::compute::max_abs_diff(&got, &want);
-        assert!(diff < 1e-4, "{diff}");
+        // A head wider than `narrow::MAX_WIDTH` and a narrow one.
+        for width in [16, 4] {
+            let q = (Tensor::randn(0f32, 1.0, (1, 9, width), &dev).unwrap() * 100.0).unwrap();
+            let k = (Tensor::randn(0f32, 1.0, (1, 33, width), &dev).unwrap() * 100.0).unwrap();
+            let v = Tensor::randn(0f32, 1.0, (1, 33, width), &dev).unwrap();
+            let got = attention(&q, &k, &v, 1, 1.0).unwrap();
+            let want = reference(&q, &k, &v, 1, 1.0);
+            let diff = crate::compute::max_abs_diff(&got, &want);
+            assert!(diff < 1e-4, "width {width}: {diff}");
+        }
     }
 
     #[test]
