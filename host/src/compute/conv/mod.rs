@@ -10,6 +10,8 @@
 //! matrix one element at a time on one thread, in pixel-major order, and transposes the
 //! result. Other devices use candle.
 
+mod direct;
+
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
@@ -111,8 +113,13 @@ impl Conv2d {
         let start = Start::new(&self.bias, shift, residual, (b, cout, p))?;
         let (x, weight) = (input.contiguous("conv2d")?, weights.contiguous("conv2d")?);
         let k = cin * kh * kw;
-        let direct = kh == 1 && kw == 1 && s == 1 && pad == 0;
-        if !direct && p >= PIXEL_MAJOR_MIN_POSITIONS && cout >= CHANNEL_BLOCK {
+        if direct::applies((h, w), (kh, kw), s, pad) {
+            let mut out = start.output()?;
+            direct::accumulate(x, weight, (b, cin, h, w), &mut out);
+            return Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device());
+        }
+        let one_by_one = kh == 1 && kw == 1 && s == 1 && pad == 0;
+        if !one_by_one && p >= PIXEL_MAJOR_MIN_POSITIONS && cout >= CHANNEL_BLOCK {
             let taps_major = self.taps_major.get_or_init(|| taps_major(weight, cout, cin, kh * kw));
             let geometry = Geometry {
                 cin,
@@ -141,13 +148,13 @@ impl Conv2d {
         }
         let mut out = start.output()?;
         COLUMNS.with_borrow_mut(|columns| {
-            if !direct {
+            if !one_by_one {
                 // Every element is overwritten by `fill_columns`; only growth is zeroed.
                 columns.resize(columns.len().max(k * p), 0.0);
             }
             for (image, y) in x.chunks_exact(cin * h * w).zip(out.chunks_exact_mut(cout * p)) {
                 // A 1×1 convolution multiplies the image itself.
-                let rhs: &[f32] = if direct {
+                let rhs: &[f32] = if one_by_one {
                     image
                 } else {
                     let columns = &mut columns[..k * p];
@@ -526,6 +533,26 @@ mod tests {
 
     /// Outputs of at least `PIXEL_MAJOR_MIN_POSITIONS` positions take the pixel-major path:
     /// channel counts that 16 does and does not divide, a stride, a shift and a residual.
+    #[test]
+    fn direct_equals_candle_conv2d() {
+        // Rows of 16 and 64; a partial register block and task of output channels; input
+        // channels in two passes.
+        compare((2, 5, 16, 16), 7, 3, 1, 1);
+        compare((1, 40, 4, 64), 43, 3, 1, 1);
+        compare((1, 3, 2, 32), 6, 3, 1, 1);
+        let dev = Device::Cpu;
+        let conv = random_conv(4, 9, 3, 1, 1);
+        let x = Tensor::randn(0f32, 1.0, (2, 4, 8, 16), &dev).unwrap();
+        let shift = Tensor::randn(0f32, 1.0, (2, 9), &dev).unwrap();
+        let residual = Tensor::randn(0f32, 1.0, (2, 9, 8, 16), &dev).unwrap();
+        let got = conv.forward_fused(&x, Some(&shift), Some(&residual)).unwrap();
+        let want = ((reference(&conv, &x) + residual)
+            .unwrap()
+            .broadcast_add(&shift.unsqueeze(2).unwrap().unsqueeze(3).unwrap()))
+        .unwrap();
+        assert!(crate::compute::max_abs_diff(&got, &want) < 1e-4);
+    }
+
     #[test]
     fn pixel_major_equals_candle_conv2d() {
         compare((2, 3, 48, 48), 16, 3, 1, 1);
