@@ -19,6 +19,30 @@ pub mod tokenizer;
 pub mod vae;
 pub mod values;
 
+/// Runs `work` on one of rayon's worker threads (inline when already on one) and waits for
+/// it. A model's forward pass alternates parallel kernels with short serial steps; run from
+/// the caller's own thread, those serial steps compete for the cores with the workers, which
+/// spin for a while after each parallel kernel before they sleep (on two cores, three busy
+/// threads: SD1 steps took 5-10% longer and varied from run to run). On a worker, the
+/// serial steps take that worker's place.
+pub fn on_workers<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    rayon::scope(|_| work())
+}
+
+/// Runs `work` on the calling thread's buffer in `slot`, taken out for the call and put
+/// back after it. While a thread waits inside a parallel kernel, rayon may have it run other
+/// tasks, another model's forward pass among them; taken out rather than borrowed, the
+/// buffer cannot be asked for twice (a nested call starts from an empty one).
+pub(crate) fn with_buffer<T: Default, R>(
+    slot: &'static std::thread::LocalKey<std::cell::RefCell<T>>,
+    work: impl FnOnce(&mut T) -> R,
+) -> R {
+    let mut buffer = slot.take();
+    let result = work(&mut buffer);
+    slot.set(buffer);
+    result
+}
+
 /// Why a compute operation failed. Each becomes a node error for the calling node.
 #[derive(Debug, thiserror::Error)]
 pub enum ComputeError {

@@ -9,6 +9,7 @@ use candle_core::{DType, Tensor as CTensor};
 
 use super::image::ImageBatch;
 use super::models::{Sd1Models, Sd1Unet};
+use super::on_workers;
 use super::sampling::{
     cfg, ksampler_sigmas, sample, seeded_noise, ModelSampling, SamplerKind, Scheduler, StepControl, StepInfo, Tensor,
     TorchNoise,
@@ -59,7 +60,7 @@ impl Default for TextToImage {
 pub fn encode_text(models: &Sd1Models, text: &str) -> Result<CTensor> {
     let ids = ClipTokenizer::shared().encode_padded(text);
     let ids = CTensor::new(ids.as_slice(), &models.device)?.unsqueeze(0)?;
-    Ok(models.clip.forward_with_mask(&ids, usize::MAX)?)
+    Ok(on_workers(|| models.clip.forward_with_mask(&ids, usize::MAX))?)
 }
 
 /// The pixel-to-latent scale of the models' VAE (8 for SD1: one per downsampling level).
@@ -167,6 +168,40 @@ pub fn text_to_image(
 mod tests {
     use super::*;
     use crate::compute::models::{load_sd1_with_config, write_random_checkpoint, Sd1Config};
+
+    /// Generations running at once share rayon's workers, which run each other's tasks
+    /// while they wait: each must still get the image it gets alone.
+    #[test]
+    fn concurrent_generations_equal_one_at_a_time() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let p = dir.path().join("tiny.safetensors");
+        let cfg = Sd1Config::tiny();
+        write_random_checkpoint(&p, &cfg, 5)?;
+        let m = &load_sd1_with_config(&p, &cfg, &candle_core::Device::Cpu)?;
+        let request = |seed| TextToImage {
+            prompt: "a lighthouse".into(),
+            width: 32,
+            height: 32,
+            seed,
+            steps: 1,
+            ..Default::default()
+        };
+        let alone: Vec<Vec<f32>> = (0..3)
+            .map(|seed| Ok(text_to_image(m, &request(seed), &mut |_| StepControl::Continue)?.data))
+            .collect::<Result<_>>()?;
+        for _ in 0..2 {
+            std::thread::scope(|scope| {
+                let runs: Vec<_> = (0..3)
+                    .map(|seed| scope.spawn(move || text_to_image(m, &request(seed), &mut |_| StepControl::Continue)))
+                    .collect();
+                for (seed, run) in runs.into_iter().enumerate() {
+                    let image = run.join().expect("no panic").expect("generated");
+                    assert_eq!(image.data, alone[seed], "seed {seed}");
+                }
+            });
+        }
+        Ok(())
+    }
 
     #[test]
     fn tiny_text_to_image() -> Result<()> {

@@ -17,7 +17,7 @@ mod narrow;
 
 use super::matmul::{matmul, View};
 use super::simd::{self, exp, Kernel};
-use super::{filled, par_init, CpuF32};
+use super::{filled, par_init, with_buffer, CpuF32};
 
 /// Query rows per block: fewer, larger blocks repack the head's keys and values less often.
 const ROWS: usize = 256;
@@ -72,7 +72,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale: f64) -
             return o;
         }
         let (image, cols) = (task / heads, (task % heads) * d..(task % heads + 1) * d);
-        SCRATCH.with_borrow_mut(|Scratch { keys, values, scores }| {
+        with_buffer(&SCRATCH, |Scratch { keys, values, scores }| {
             if narrow {
                 let width = narrow::padded_width(d);
                 k.gather_transposed(image, cols.clone(), m, width, keys);
@@ -116,6 +116,7 @@ fn rows_adjacent(x: &Tensor) -> Result<Tensor> {
 }
 
 /// A worker's buffers, reused across tasks and calls.
+#[derive(Default)]
 struct Scratch {
     /// One head's keys, `m × d`.
     keys: Vec<f32>,

@@ -11,7 +11,7 @@
 
 use rayon::prelude::*;
 
-use crate::compute::par_init;
+use crate::compute::{par_init, with_buffer};
 
 /// Pixels per register block: four vectors of sixteen.
 const PIXELS: usize = 64;
@@ -60,7 +60,7 @@ pub(super) fn accumulate(x: &[f32], weight: &[f32], (b, cin, h, w): (usize, usiz
                 .for_each(|(task, out)| {
                     let first = task * TASK_CHANNELS;
                     let filters = &weight[first * cin * 9..][..out.len() / p * cin * 9];
-                    PACKED.with_borrow_mut(|packed| {
+                    with_buffer(&PACKED, |packed| {
                         pack(filters, cin, packed);
                         #[cfg(target_arch = "x86_64")]
                         // SAFETY: `applies` checked that the CPU has AVX-512F; the slices' lengths

@@ -20,7 +20,7 @@ use candle_nn::{Conv2dConfig, VarBuilder};
 use rayon::prelude::*;
 
 use super::matmul::{matmul, View};
-use super::{filled, par_init, repeated, CpuF32};
+use super::{filled, par_init, repeated, with_buffer, CpuF32};
 
 /// A square-kernel convolution with bias: `[b, cin, h, w] → [b, cout, h', w']`.
 #[derive(Debug, Clone)]
@@ -129,10 +129,10 @@ impl Conv2d {
                 stride: s,
                 pad,
             };
-            let out = PIXEL_MAJOR.with_borrow_mut(|(pixels, products)| {
+            let out = with_buffer(&PIXEL_MAJOR, |(pixels, products)| {
                 products.resize(products.len().max(b * p * cout), 0.0);
                 let products = &mut products[..b * p * cout];
-                COLUMNS.with_borrow_mut(|columns| {
+                with_buffer(&COLUMNS, |columns| {
                     columns.resize(columns.len().max(p * k), 0.0);
                     let columns = &mut columns[..p * k];
                     for (image, y) in x.chunks_exact(cin * h * w).zip(products.chunks_exact_mut(p * cout)) {
@@ -147,7 +147,7 @@ impl Conv2d {
             return Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device());
         }
         let mut out = start.output()?;
-        COLUMNS.with_borrow_mut(|columns| {
+        with_buffer(&COLUMNS, |columns| {
             if !one_by_one {
                 // Every element is overwritten by `fill_columns`; only growth is zeroed.
                 columns.resize(columns.len().max(k * p), 0.0);

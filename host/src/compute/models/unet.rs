@@ -173,6 +173,10 @@ impl Sd1Unet {
     /// The predicted noise for `x: [b, c, h, w]` at `timestep` (the same for the whole
     /// batch) under `context: [b, tokens, context_dim]`.
     pub fn forward(&self, x: &Tensor, timestep: f64, context: &Tensor) -> Result<Tensor> {
+        crate::compute::on_workers(|| self.forward_here(x, timestep, context))
+    }
+
+    fn forward_here(&self, x: &Tensor, timestep: f64, context: &Tensor) -> Result<Tensor> {
         let batch = x.dim(0)?;
         let emb = timestep_embedding(timestep, self.base_channels, batch, x)?;
         let emb = self
