@@ -29,18 +29,12 @@ const CHANNELS_PER_PASS: usize = 16;
 /// `input` (`h × w`) planes on this CPU.
 pub(super) fn applies(input: (usize, usize), kernel: (usize, usize), stride: usize, padding: usize) -> bool {
     let (h, w) = input;
-    kernel == (3, 3) && stride == 1 && padding == 1 && w % 16 == 0 && (h * w) % PIXELS == 0 && available()
-}
-
-fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    kernel == (3, 3)
+        && stride == 1
+        && padding == 1
+        && w % 16 == 0
+        && (h * w) % PIXELS == 0
+        && std::arch::is_x86_feature_detected!("avx512f")
 }
 
 /// Adds the convolution of `x` (`[b, cin, h, w]`) by `weight` (`[cout, cin, 3, 3]`) to `out`
@@ -62,12 +56,9 @@ pub(super) fn accumulate(x: &[f32], weight: &[f32], (b, cin, h, w): (usize, usiz
                     let filters = &weight[first * cin * 9..][..out.len() / p * cin * 9];
                     with_buffer(&PACKED, |packed| {
                         pack(filters, cin, packed);
-                        #[cfg(target_arch = "x86_64")]
-                        // SAFETY: `applies` checked that the CPU has AVX-512F; the slices' lengths
-                        // are those `task` expects.
-                        unsafe {
-                            avx512::task(image, &geometry, packed, out)
-                        }
+                        // SAFETY: `applies` checked that the CPU has AVX-512F; the slices'
+                        // lengths are those `task` expects.
+                        unsafe { avx512::task(image, &geometry, packed, out) }
                     });
                 });
         });
@@ -127,7 +118,6 @@ fn pack(filters: &[f32], cin: usize, packed: &mut Vec<f32>) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 

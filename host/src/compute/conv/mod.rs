@@ -11,6 +11,7 @@
 //! result. On AVX-512 CPUs, 3×3 stride-1 convolutions of planes a multiple of 16 wide are
 //! computed directly on the padded planes instead (the `direct` module). Other devices use candle.
 
+#[cfg(target_arch = "x86_64")]
 mod direct;
 
 use std::cell::RefCell;
@@ -114,6 +115,7 @@ impl Conv2d {
         let start = Start::new(&self.bias, shift, residual, (b, cout, p))?;
         let (x, weight) = (input.contiguous("conv2d")?, weights.contiguous("conv2d")?);
         let k = cin * kh * kw;
+        #[cfg(target_arch = "x86_64")]
         if direct::applies((h, w), (kh, kw), s, pad) {
             let mut out = start.output()?;
             direct::accumulate(x, weight, (b, cin, h, w), &mut out);
