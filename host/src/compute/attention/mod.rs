@@ -119,9 +119,9 @@ fn rows_adjacent(x: &Tensor) -> Result<Tensor> {
 /// A worker's buffers, reused across tasks and calls.
 #[derive(Default)]
 struct Scratch {
-    /// One head's keys, `m × d`.
+    /// One head's keys, `m × d` (transposed and padded for a narrow head).
     keys: Vec<f32>,
-    /// One head's values, `m × d`.
+    /// One head's values, laid out as the keys.
     values: Vec<f32>,
     /// A block's scores, `ROWS × m`.
     scores: Vec<f32>,
@@ -159,7 +159,8 @@ impl<'a> Heads<'a> {
     }
 
     /// Writes rows `0..rows` of `image`, columns `cols`, transposed into `into`: `width ×
-    /// padded`, zero-filled beyond the columns and rows.
+    /// padded` (`rows` rounded up to whole vectors of the narrow kernel), zero-filled beyond
+    /// the columns and rows.
     fn gather_transposed(
         &self,
         image: usize,

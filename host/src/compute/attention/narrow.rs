@@ -3,9 +3,9 @@
 //! With so few columns a matrix product per block of scores spends its time packing, and
 //! the softmax's `exp` is most of the work. Here each pair of query rows walks the head's
 //! keys sixteen at a time in AVX-512 lanes: a first pass finds each row's largest score, a
-//! second computes the scores again (in powers of two, less the maximum), their
-//! `exp2` (with `vscalefps`, 9 instructions for sixteen values) and the weighted sum of the values. No score is stored. Other CPUs take
-//! the general path.
+//! second computes the scores again (in powers of two, less the maximum), their `exp2`
+//! (with `vscalefps`, 9 instructions for sixteen values) and the weighted sum of the values.
+//! No score is stored. Other CPUs take the general path.
 
 use crate::compute::matmul::View;
 
