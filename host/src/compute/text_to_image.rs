@@ -167,17 +167,14 @@ pub fn text_to_image(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::models::{load_sd1_with_config, write_random_checkpoint, Sd1Config};
+    use crate::compute::models::candle_sd1::tiny_test_models;
 
     /// Generations running at once share rayon's workers, which run each other's tasks
     /// while they wait: each must still get the image it gets alone.
     #[test]
     fn concurrent_generations_equal_one_at_a_time() -> Result<()> {
-        let dir = tempfile::tempdir()?;
-        let p = dir.path().join("tiny.safetensors");
-        let cfg = Sd1Config::tiny();
-        write_random_checkpoint(&p, &cfg, 5)?;
-        let m = &load_sd1_with_config(&p, &cfg, &candle_core::Device::Cpu)?;
+        let (_dir, m) = tiny_test_models(5)?;
+        let m = &m;
         let request = |seed| TextToImage {
             prompt: "a lighthouse".into(),
             width: 32,
@@ -205,11 +202,7 @@ mod tests {
 
     #[test]
     fn tiny_text_to_image() -> Result<()> {
-        let dir = tempfile::tempdir()?;
-        let p = dir.path().join("tiny.safetensors");
-        let cfg = Sd1Config::tiny();
-        write_random_checkpoint(&p, &cfg, 11)?;
-        let m = load_sd1_with_config(&p, &cfg, &candle_core::Device::Cpu)?;
+        let (_dir, m) = tiny_test_models(11)?;
         let mut req = TextToImage {
             prompt: "a photo of a cat".into(),
             negative: "blurry".into(),

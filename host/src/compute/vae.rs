@@ -92,15 +92,11 @@ pub fn encode(models: &Sd1Models, image: &ImageBatch) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::models::{load_sd1_with_config, write_random_checkpoint, Sd1Config};
+    use crate::compute::models::candle_sd1::tiny_test_models;
 
     #[test]
     fn round_trip_shapes_and_determinism() -> Result<()> {
-        let dir = tempfile::tempdir()?;
-        let p = dir.path().join("tiny.safetensors");
-        let cfg = Sd1Config::tiny();
-        write_random_checkpoint(&p, &cfg, 5)?;
-        let m = load_sd1_with_config(&p, &cfg, &candle_core::Device::Cpu)?;
+        let (_dir, m) = tiny_test_models(5)?;
         let latent = Tensor::new(vec![2, 4, 3, 5], (0..120).map(|i| (i as f32 / 60.0) - 1.0).collect());
         let img = decode(&m, &latent)?;
         // The tiny VAE has two levels, so it upsamples by 2 (SD1's by 8).

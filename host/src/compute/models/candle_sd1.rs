@@ -218,6 +218,18 @@ pub fn verify_mapping(cfg: &Sd1Config) -> Result<Vec<String>> {
     Ok(unused)
 }
 
+/// The tiny model written with `seed` into a fresh directory and loaded on the CPU, for
+/// tests; the directory holds the mapped file and must outlive the models.
+#[cfg(test)]
+pub(crate) fn tiny_test_models(seed: u64) -> Result<(tempfile::TempDir, Sd1Models)> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("tiny.safetensors");
+    let cfg = Sd1Config::tiny();
+    super::sd1::write_random_checkpoint(&path, &cfg, seed)?;
+    let models = load_sd1_with_config(&path, &cfg, &Device::Cpu)?;
+    Ok((dir, models))
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
