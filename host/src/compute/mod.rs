@@ -116,6 +116,11 @@ impl<'a> CpuF32<'a> {
         }
     }
 
+    /// The tensor's dimensions.
+    pub(crate) fn dims(&self) -> &[usize] {
+        self.layout.dims()
+    }
+
     /// The tensor's strides, in elements.
     pub(crate) fn strides(&self) -> &[usize] {
         self.layout.stride()

@@ -7,14 +7,16 @@
 //! query rows (read in place) the scores come from one matrix product, become probabilities
 //! in place (vectorised `exp`), and multiply `v`. The full score matrix (heads × tokens ×
 //! tokens: 1 GiB for SD1 at 512×512) is never materialised. The heads' outputs are laid side
-//! by side at the end. Heads of at most 8 columns take the `narrow` module's kernel on AVX-512 CPUs.
-//! Other devices use candle's matmul and softmax.
+//! by side at the end. On AVX-512 CPUs, heads of at most 8 columns take the `narrow` module's
+//! kernel and heads of at most 64 the `tiled` one's. Other devices use candle's matmul and
+//! softmax.
 
 use std::cell::RefCell;
 
 use candle_core::{DType, Result, Tensor};
 
 mod narrow;
+mod tiled;
 
 use super::matmul::{matmul, View};
 use super::simd::{self, exp, Kernel};
@@ -65,7 +67,8 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale: f64) -
     // One task per (image, head), whose keys and values stay in cache for all its query
     // blocks; the heads' outputs are laid side by side at the end.
     let scale = scale as f32;
-    let narrow = d <= narrow::MAX_WIDTH && narrow::available();
+    let narrow = d <= narrow::MAX_WIDTH && avx512_available();
+    let tiled = !narrow && d <= tiled::MAX_WIDTH && avx512_available();
     let per_head = par_init(b * heads * n * d, n * d, |task, o| {
         // Overwritten below; zeroing the chunk (in cache) gives a `&mut [f32]` to write into.
         let o = filled(o, 0.0);
@@ -75,15 +78,23 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale: f64) -
         let (image, cols) = (task / heads, (task % heads) * d..(task % heads + 1) * d);
         with_buffer(&SCRATCH, |Scratch { keys, values, scores }| {
             if narrow {
-                let width = narrow::padded_width(d);
-                k.gather_transposed(image, cols.clone(), m, width, keys);
-                v.gather_transposed(image, cols.clone(), m, width, values);
+                let (width, padded) = (narrow::padded_width(d), m.div_ceil(narrow::LANES) * narrow::LANES);
+                k.gather_transposed(image, cols.clone(), (padded, width), padded, keys);
+                v.gather_transposed(image, cols.clone(), (padded, width), padded, values);
                 let kv = narrow::Transposed { keys, values, m };
                 narrow::attend(q.view(image, 0, n, cols.clone()), kv, scale, o);
                 return;
             }
-            k.gather(image, cols.clone(), m, keys);
-            v.gather(image, cols.clone(), m, values);
+            if tiled {
+                let padded = tiled::padded_keys(m);
+                k.gather_transposed(image, cols.clone(), (padded, d), tiled::KEYS, keys);
+                v.gather(image, cols.clone(), (padded, tiled::padded_width(d)), values);
+                let kv = tiled::Tiled { keys, values, m };
+                tiled::attend(q.view(image, 0, n, cols.clone()), kv, scale, o, scores);
+                return;
+            }
+            k.gather(image, cols.clone(), (m, d), keys);
+            v.gather(image, cols.clone(), (m, d), values);
             scores.resize(ROWS * KEYS, 0.0);
             for (block, ob) in o.chunks_mut(ROWS * d).enumerate() {
                 let rows = ob.len() / d;
@@ -116,14 +127,51 @@ fn rows_adjacent(x: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// Whether this CPU has the instructions the AVX-512 kernels need.
+fn avx512_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `2^x` for `x ≤ 0` in the lanes of `mask`, zero in the others: `x = n + f` with `n`
+/// whole and `|f| ≤ 1/2`, a degree-6 polynomial for `2^f` (fitted for relative error,
+/// within 1e-7), scaled by `2^n` with `vscalefps`, which also gives 0 below the smallest
+/// float. `x` must not be -∞ or NaN.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn exp2_masked(x: std::arch::x86_64::__m512, mask: std::arch::x86_64::__mmask16) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+    let f = _mm512_sub_ps(x, n);
+    let mut p = _mm512_set1_ps(1.535_336_2e-4);
+    for coefficient in [
+        1.339_887_5e-3,
+        9.618_437e-3,
+        5.550_332_4e-2,
+        2.402_264_8e-1,
+        6.931_472e-1,
+        1.0,
+    ] {
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(coefficient));
+    }
+    _mm512_maskz_scalef_ps(mask, p, n)
+}
+
 /// A worker's buffers, reused across tasks and calls.
 #[derive(Default)]
 struct Scratch {
-    /// One head's keys, `m × d` (transposed and padded for a narrow head).
+    /// One head's keys, `m × d` (transposed and padded for the AVX-512 kernels).
     keys: Vec<f32>,
     /// One head's values, laid out as the keys.
     values: Vec<f32>,
-    /// A block's scores, `ROWS × m`.
+    /// A block's scores, `ROWS × KEYS` (the tiled kernel's running state).
     scores: Vec<f32>,
 }
 
@@ -136,6 +184,8 @@ thread_local! {
 /// One of `q`, `k`, `v`: `[b, tokens, heads·d]` with adjacent elements in each row.
 struct Heads<'a> {
     data: &'a [f32],
+    /// Rows (tokens) per image.
+    rows: usize,
     image_stride: usize,
     row_stride: usize,
 }
@@ -145,37 +195,42 @@ impl<'a> Heads<'a> {
         let strides = x.strides();
         Heads {
             data: x.data(),
+            rows: x.dims()[1],
             image_stride: strides[0],
             row_stride: strides[1],
         }
     }
 
-    /// Copies rows `0..rows` of `image`, columns `cols`, into `into` (row-major).
-    fn gather(&self, image: usize, cols: std::ops::Range<usize>, rows: usize, into: &mut Vec<f32>) {
+    /// Copies columns `cols` of `image`'s rows into `into`, row-major `rows × width` and
+    /// zero past the columns and the tensor's rows (`rows` and `width` at least theirs).
+    fn gather(&self, image: usize, cols: std::ops::Range<usize>, (rows, width): (usize, usize), into: &mut Vec<f32>) {
         into.clear();
-        for row in 0..rows {
-            into.extend_from_slice(&self.data[image * self.image_stride + row * self.row_stride..][cols.clone()]);
+        into.resize(rows * width, 0.0);
+        for (row, to) in into.chunks_exact_mut(width).take(self.rows).enumerate() {
+            to[..cols.len()]
+                .copy_from_slice(&self.data[image * self.image_stride + row * self.row_stride..][cols.clone()]);
         }
     }
 
-    /// Writes rows `0..rows` of `image`, columns `cols`, transposed into `into`: `width ×
-    /// padded` (`rows` rounded up to whole vectors of the narrow kernel), zero-filled beyond
-    /// the columns and rows.
+    /// Copies columns `cols` of `image`'s rows into `into` transposed in blocks of `block`
+    /// rows, `rows / block` blocks of `width × block` (column `c` of row `j` at
+    /// `(j / block) · width · block + c · block + j % block`), zero past the columns and the
+    /// tensor's rows. `rows` must be a multiple of `block`.
     fn gather_transposed(
         &self,
         image: usize,
         cols: std::ops::Range<usize>,
-        rows: usize,
-        width: usize,
+        (rows, width): (usize, usize),
+        block: usize,
         into: &mut Vec<f32>,
     ) {
-        let padded = rows.div_ceil(narrow::LANES) * narrow::LANES;
         into.clear();
-        into.resize(width * padded, 0.0);
-        for row in 0..rows {
+        into.resize(width * rows, 0.0);
+        for row in 0..self.rows {
             let src = &self.data[image * self.image_stride + row * self.row_stride..][cols.clone()];
+            let to = &mut into[(row / block) * width * block + row % block..];
             for (c, &x) in src.iter().enumerate() {
-                into[c * padded + row] = x;
+                to[c * block] = x;
             }
         }
     }
@@ -339,11 +394,19 @@ mod tests {
     fn fused_attention_equals_matmul_softmax_matmul() {
         let dev = Device::Cpu;
         // Odd sizes: a partial row block, a row length that is not a multiple of the lanes.
+        // On AVX-512 CPUs, heads of 1 to 8 columns take the narrow kernel, 9 to 64 the tiled
+        // one (whole and partial vectors, blocks of keys and of query rows), wider the
+        // general path.
         for &(b, heads, n, m, d) in &[
             (3, 2, 130, 77, 40),
             (2, 1, 64, 64, 4),
             (1, 3, 5, 300, 8),
             (2, 8, 257, 257, 1),
+            (1, 2, 400, 129, 16),
+            (2, 1, 7, 1, 24),
+            (1, 1, 193, 64, 64),
+            (1, 2, 33, 65, 9),
+            (1, 1, 20, 40, 72),
         ] {
             let q = Tensor::randn(0f32, 1.0, (b, n, heads * d), &dev).unwrap();
             let k = Tensor::randn(0f32, 1.0, (b, m, heads * d), &dev).unwrap();
@@ -373,8 +436,8 @@ mod tests {
     #[test]
     fn large_scores_do_not_overflow() {
         let dev = Device::Cpu;
-        // A head wider than `narrow::MAX_WIDTH` and a narrow one.
-        for width in [16, 4] {
+        // A head for the general path, the tiled kernel and the narrow one.
+        for width in [80, 16, 4] {
             let q = (Tensor::randn(0f32, 1.0, (1, 9, width), &dev).unwrap() * 100.0).unwrap();
             let k = (Tensor::randn(0f32, 1.0, (1, 33, width), &dev).unwrap() * 100.0).unwrap();
             let v = Tensor::randn(0f32, 1.0, (1, 33, width), &dev).unwrap();
@@ -383,6 +446,46 @@ mod tests {
             let diff = crate::compute::max_abs_diff(&got, &want);
             assert!(diff < 1e-4, "width {width}: {diff}");
         }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn exp2_is_within_two_ulp_and_masked_lanes_are_zero() {
+        if !avx512_available() {
+            return;
+        }
+        // SAFETY: the CPU has AVX-512F (checked above).
+        let (worst, masked) = unsafe { worst_exp2_error() };
+        assert!(worst < 2.5e-7, "worst relative error {worst}");
+        assert_eq!(masked, [0.0; 8]);
+    }
+
+    /// The worst relative error of `exp2_masked` over [-126, 0], and the upper half of one
+    /// result masked to the lower eight lanes.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn worst_exp2_error() -> (f64, [f32; 8]) {
+        use std::arch::x86_64::*;
+        let mut worst = 0f64;
+        let mut lanes = [0f32; LANES];
+        for i in 0..100_000 {
+            let x: [f32; LANES] = std::array::from_fn(|l| -126.0 * ((i * LANES + l) as f32 / (100_000 * LANES) as f32));
+            // SAFETY: both arrays hold `LANES` floats.
+            unsafe {
+                let got = exp2_masked(_mm512_loadu_ps(x.as_ptr()), !0);
+                _mm512_storeu_ps(lanes.as_mut_ptr(), got);
+            }
+            for (&got, &x) in lanes.iter().zip(&x) {
+                let want = (x as f64).exp2();
+                worst = worst.max(((got as f64 - want) / want).abs());
+            }
+        }
+        // SAFETY: as above.
+        unsafe {
+            let got = exp2_masked(_mm512_set1_ps(-1.5), 0x00ff);
+            _mm512_storeu_ps(lanes.as_mut_ptr(), got);
+        }
+        (worst, lanes[8..].try_into().unwrap())
     }
 
     #[test]

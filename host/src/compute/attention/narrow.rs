@@ -15,18 +15,6 @@ pub(super) const MAX_WIDTH: usize = 8;
 /// Keys per vector.
 pub(super) const LANES: usize = 16;
 
-/// Whether this CPU has the instructions the kernel needs.
-pub(super) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// The columns a head of width `d` is padded to: 4 or [`MAX_WIDTH`].
 pub(super) fn padded_width(d: usize) -> usize {
     if d <= 4 {
@@ -49,16 +37,16 @@ pub(super) struct Transposed<'a> {
 }
 
 /// `o[rows × d] = softmax(q · kᵀ · scale) · v` for the head `q` (`rows × d`, `d ≤`
-/// [`MAX_WIDTH`]). Panics unless [`available`]; `kv` must be laid out as its doc says.
+/// [`MAX_WIDTH`]). Panics unless AVX-512 is [`available`](super::avx512_available); `kv` must be laid out as its doc says.
 pub(super) fn attend(q: View<'_>, kv: Transposed<'_>, scale: f32, o: &mut [f32]) {
-    assert!(available(), "the narrow attention kernel needs AVX-512");
+    assert!(super::avx512_available(), "the narrow attention kernel needs AVX-512");
     assert!(q.cols <= MAX_WIDTH && kv.m > 0 && o.len() == q.rows * q.cols);
     #[cfg(target_arch = "x86_64")]
     {
         let width = padded_width(q.cols);
         let padded = kv.m.div_ceil(LANES) * LANES;
         assert!(kv.keys.len() == width * padded && kv.values.len() == width * padded);
-        // SAFETY: `available` checked that the CPU has AVX-512F; the lengths were checked.
+        // SAFETY: `avx512_available` checked that the CPU has AVX-512F; the lengths were checked.
         unsafe {
             match width {
                 4 => avx512::attend::<4>(q, kv, scale, o),
@@ -73,6 +61,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{Transposed, LANES};
+    use crate::compute::attention::exp2_masked;
     use crate::compute::matmul::View;
 
     /// Query rows that share each load of keys and values.
@@ -149,71 +138,5 @@ mod avx512 {
                 }
             }
         }
-    }
-
-    /// `2^x` for `x ≤ 0` in the lanes of `mask`, zero in the others: `x = n + f` with `n`
-    /// whole and `|f| ≤ 1/2`, a degree-6 polynomial for `2^f` (fitted for relative error,
-    /// within 1e-7), scaled by `2^n` with `vscalefps`, which also gives 0 below the smallest
-    /// float. `x` must not be -∞ or NaN.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    pub(super) fn exp2_masked(x: __m512, mask: __mmask16) -> __m512 {
-        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-        let f = _mm512_sub_ps(x, n);
-        let mut p = _mm512_set1_ps(1.535_336_2e-4);
-        for coefficient in [
-            1.339_887_5e-3,
-            9.618_437e-3,
-            5.550_332_4e-2,
-            2.402_264_8e-1,
-            6.931_472e-1,
-            1.0,
-        ] {
-            p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(coefficient));
-        }
-        _mm512_maskz_scalef_ps(mask, p, n)
-    }
-}
-
-#[cfg(all(test, target_arch = "x86_64"))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exp2_is_within_two_ulp_and_masked_lanes_are_zero() {
-        if !available() {
-            return;
-        }
-        // SAFETY: the CPU has AVX-512F (checked above).
-        let (worst, masked) = unsafe { worst_exp2_error() };
-        assert!(worst < 2.5e-7, "worst relative error {worst}");
-        assert_eq!(masked, [0.0; 8]);
-    }
-
-    /// The worst relative error of `exp2_masked` over [-126, 0], and the upper half of one
-    /// result masked to the lower eight lanes.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn worst_exp2_error() -> (f64, [f32; 8]) {
-        use std::arch::x86_64::*;
-        let mut worst = 0f64;
-        let mut lanes = [0f32; LANES];
-        for i in 0..100_000 {
-            let x: [f32; LANES] = std::array::from_fn(|l| -126.0 * ((i * LANES + l) as f32 / (100_000 * LANES) as f32));
-            // SAFETY: both arrays hold `LANES` floats.
-            unsafe {
-                let got = avx512::exp2_masked(_mm512_loadu_ps(x.as_ptr()), !0);
-                _mm512_storeu_ps(lanes.as_mut_ptr(), got);
-            }
-            for (&got, &x) in lanes.iter().zip(&x) {
-                let want = (x as f64).exp2();
-                worst = worst.max(((got as f64 - want) / want).abs());
-            }
-        }
-        // SAFETY: as above.
-        unsafe {
-            let got = avx512::exp2_masked(_mm512_set1_ps(-1.5), 0x00ff);
-            _mm512_storeu_ps(lanes.as_mut_ptr(), got);
-        }
-        (worst, lanes[8..].try_into().unwrap())
     }
 }
