@@ -8,11 +8,10 @@
 //! convolution multiplies the input itself, and can read or write the transformer blocks'
 //! token layout (`[b, h·w, c]`) directly. candle's CPU convolution instead gathers its im2col
 //! matrix one element at a time on one thread, in pixel-major order, and transposes the
-//! result. On AVX-512 CPUs, 3×3 stride-1 convolutions of planes a multiple of 16 wide are
-//! computed directly on the padded planes instead (the `direct` module). Other devices use candle.
+//! result. 3×3 stride-1 convolutions of planes of at least 16×16 pixels go through
+//! Winograd's transforms instead (the `winograd` module). Other devices use candle.
 
-#[cfg(target_arch = "x86_64")]
-mod direct;
+mod winograd;
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
@@ -115,10 +114,9 @@ impl Conv2d {
         let start = Start::new(&self.bias, shift, residual, (b, cout, p))?;
         let (x, weight) = (input.contiguous("conv2d")?, weights.contiguous("conv2d")?);
         let k = cin * kh * kw;
-        #[cfg(target_arch = "x86_64")]
-        if direct::applies((h, w), (kh, kw), s, pad) {
+        if winograd::applies((h, w), (kh, kw), s, pad) {
             let mut out = start.output()?;
-            direct::accumulate(x, weight, (b, cin, h, w), &mut out);
+            winograd::accumulate(x, weight, (b, cin, h, w), &mut out);
             return Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device());
         }
         let one_by_one = kh == 1 && kw == 1 && s == 1 && pad == 0;
@@ -538,26 +536,26 @@ mod tests {
         compare_fused((2, 5, 7, 9), 6, 1, 0);
     }
 
-    /// 3x3 stride-1 convolutions of rows a multiple of 16 wide run directly on AVX-512
-    /// CPUs: rows of 16 and 64, partial register blocks and tasks of output channels, input
-    /// channels in two passes, a shift and a residual.
+    /// 3x3 stride-1 convolutions of at least `winograd::MIN_POSITIONS` pixels go through
+    /// Winograd's transforms: even and odd sizes, a shift and a residual.
     #[test]
-    fn direct_equals_candle_conv2d() {
-        compare((2, 5, 16, 16), 7, 3, 1, 1);
-        compare((1, 40, 4, 64), 43, 3, 1, 1);
-        compare((1, 3, 2, 32), 6, 3, 1, 1);
-        compare_fused((2, 4, 8, 16), 9, 3, 1);
+    fn winograd_equals_candle_conv2d() {
+        compare((2, 5, 33, 35), 6, 3, 1, 1);
+        compare((1, 17, 32, 32), 9, 3, 1, 1);
+        compare((1, 3, 64, 17), 2, 3, 1, 1);
+        compare((1, 40, 16, 16), 43, 3, 1, 1);
+        compare_fused((2, 4, 32, 33), 5, 3, 1);
     }
 
-    /// Outputs of at least `PIXEL_MAJOR_MIN_POSITIONS` positions that the direct kernel does
-    /// not take run pixel-major: channel counts that 16 does and does not divide, a stride,
-    /// a shift and a residual.
+    /// Outputs of at least `PIXEL_MAJOR_MIN_POSITIONS` positions that Winograd's transforms
+    /// do not take (no padding, a stride) run pixel-major: channel counts that 16 does and
+    /// does not divide, a shift and a residual.
     #[test]
     fn pixel_major_equals_candle_conv2d() {
-        compare((2, 3, 48, 50), 16, 3, 1, 1);
-        compare((1, 5, 47, 50), 20, 3, 1, 1);
+        compare((2, 3, 48, 50), 16, 3, 1, 0);
+        compare((1, 5, 47, 50), 20, 3, 1, 0);
         compare((1, 3, 96, 97), 18, 3, 2, 1);
-        compare_fused((2, 4, 48, 50), 32, 3, 1);
+        compare_fused((2, 4, 48, 50), 32, 3, 0);
     }
 
     #[test]
