@@ -22,6 +22,10 @@ use super::matmul::{matmul, View};
 use super::simd::{self, exp, Kernel};
 use super::{filled, par_init, with_buffer, CpuF32};
 
+/// Floats per AVX-512 vector: the lanes of the intrinsics kernels, and those the portable
+/// softmax loop keeps apart so that the compiler vectorises it.
+const LANES: usize = 16;
+
 /// Query rows per block: fewer, larger blocks repack the head's keys and values less often.
 const ROWS: usize = 256;
 
@@ -78,7 +82,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale: f64) -
         let (image, cols) = (task / heads, (task % heads) * d..(task % heads + 1) * d);
         with_buffer(&SCRATCH, |Scratch { keys, values, scores }| {
             if narrow {
-                let (width, padded) = (narrow::padded_width(d), m.div_ceil(narrow::LANES) * narrow::LANES);
+                let (width, padded) = (narrow::padded_width(d), narrow::padded_keys(m));
                 k.gather_transposed(image, cols.clone(), (padded, width), padded, keys);
                 v.gather_transposed(image, cols.clone(), (padded, width), padded, values);
                 let kv = narrow::Transposed { keys, values, m };
@@ -293,9 +297,6 @@ fn attend_block(b: Block<'_>, o: &mut [f32], scores: &mut [f32]) {
 fn softmax_numerators(row: &mut [f32], floor: f32) -> (f32, f32) {
     simd::run(SoftmaxNumerators { row, floor })
 }
-
-/// Lanes the loops below keep apart so that the compiler vectorises them.
-const LANES: usize = 16;
 
 /// [`softmax_numerators`] as a [`Kernel`].
 struct SoftmaxNumerators<'a> {

@@ -7,13 +7,11 @@
 //! (with `vscalefps`, 9 instructions for sixteen values) and the weighted sum of the values.
 //! No score is stored. Other CPUs take the general path.
 
+use super::LANES;
 use crate::compute::matmul::View;
 
 /// Heads at most this wide can run here.
 pub(super) const MAX_WIDTH: usize = 8;
-
-/// Keys per vector.
-pub(super) const LANES: usize = 16;
 
 /// The columns a head of width `d` is padded to: 4 or [`MAX_WIDTH`].
 pub(super) fn padded_width(d: usize) -> usize {
@@ -22,6 +20,11 @@ pub(super) fn padded_width(d: usize) -> usize {
     } else {
         MAX_WIDTH
     }
+}
+
+/// `m` keys rounded up to whole vectors.
+pub(super) fn padded_keys(m: usize) -> usize {
+    m.div_ceil(LANES) * LANES
 }
 
 /// One head's keys and values, each transposed to `width × padded`: column `c` of key `j`
@@ -44,7 +47,7 @@ pub(super) fn attend(q: View<'_>, kv: Transposed<'_>, scale: f32, o: &mut [f32])
     #[cfg(target_arch = "x86_64")]
     {
         let width = padded_width(q.cols);
-        let padded = kv.m.div_ceil(LANES) * LANES;
+        let padded = padded_keys(kv.m);
         assert!(kv.keys.len() == width * padded && kv.values.len() == width * padded);
         // SAFETY: `avx512_available` checked that the CPU has AVX-512F; the lengths were checked.
         unsafe {
@@ -75,7 +78,7 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn attend<const D: usize>(q: View<'_>, kv: Transposed<'_>, scale: f32, o: &mut [f32]) {
         let d = q.cols;
-        let padded = kv.m.div_ceil(LANES) * LANES;
+        let padded = super::padded_keys(kv.m);
         let vectors = padded / LANES;
         // Lanes of the last vector past the last key take no part.
         let valid = kv.m - (vectors - 1) * LANES;

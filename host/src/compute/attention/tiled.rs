@@ -10,13 +10,11 @@
 //! the block. Blocks of [`BLOCK_ROWS`] query rows take turns on each 64-key block, so the
 //! keys and values of a block are read from L1 by all of them.
 
+use super::LANES;
 use crate::compute::matmul::View;
 
 /// Heads at most this wide can run here.
 pub(super) const MAX_WIDTH: usize = 64;
-
-/// Floats per vector.
-const LANES: usize = 16;
 
 /// Keys per block: four vectors of scores per query row.
 pub(super) const KEYS: usize = 64;

@@ -24,8 +24,8 @@ const POINTS: usize = 16;
 
 /// Output pixels per image from which the transforms pay for themselves. Measured on SD1's
 /// shapes (2 threads, AVX-512): 16×16 planes take 40-45% less time than with the direct
-/// AVX-512 kernel this replaced, 8×8 ones twice the time of the column-matrix product (transforming 1280×1280
-/// filters alone takes as long as that product).
+/// AVX-512 kernel this replaced, 8×8 ones twice the time of the column-matrix product
+/// (transforming 1280×1280 filters alone takes as long as that product).
 const MIN_POSITIONS: usize = 16 * 16;
 
 /// Floats of transformed inputs (or products) per pass over a batch's tiles: larger images
@@ -38,7 +38,8 @@ pub(super) fn applies(input: (usize, usize), kernel: (usize, usize), stride: usi
     kernel == (3, 3) && stride == 1 && padding == 1 && input.0 * input.1 >= MIN_POSITIONS
 }
 
-/// A thread's buffers, kept between calls (SD1's largest transformed input is 126 MB).
+/// A thread's buffers, kept between calls (SD1's largest, its 2560→1280 filters in the
+/// Winograd domain, is 210 MB).
 #[derive(Default)]
 struct Buffers {
     /// The transformed filters, `[POINTS, cout, cin]`.
@@ -204,40 +205,38 @@ fn transform_inputs(x: &[f32], cin: usize, tiling: &Tiling, rows: Range<usize>, 
             for (pass_row, row) in rows.clone().enumerate() {
                 let (image, tile_row) = (row / tiling.rows, row % tiling.rows);
                 let plane = &x[(image * cin + c) * h * w..][..h * w];
-                {
-                    for (k, half) in padded.chunks_exact_mut(2 * (cols + 1)).enumerate() {
-                        let (even, odd) = half.split_at_mut(cols + 1);
-                        split_padded_row(plane, (h, w), (2 * tile_row + k) as isize - 1, even, odd);
-                    }
-                    let row = |k: usize| &padded[k * 2 * (cols + 1)..][..2 * (cols + 1)];
-                    // `Bᵀ` down the patch's rows: d0 - d2, d1 + d2, d2 - d1, d1 - d3.
-                    for (i, out) in combined.chunks_exact_mut(2 * (cols + 1)).enumerate() {
-                        let (a, b, sign) = match i {
-                            0 => (row(0), row(2), -1.0),
-                            1 => (row(1), row(2), 1.0),
-                            2 => (row(2), row(1), -1.0),
-                            _ => (row(1), row(3), -1.0),
-                        };
-                        out.iter_mut()
-                            .zip(a.iter().zip(b))
-                            .for_each(|(o, (&a, &b))| *o = a + sign * b);
-                    }
-                    let first = pass_row * cols;
-                    // `B` across: x0 - x2, x1 + x2, x2 - x1, x1 - x3 with x0, x2 the even halves
-                    // at tiles t and t + 1, x1, x3 the odd ones.
-                    for (i, row) in combined.chunks_exact(2 * (cols + 1)).enumerate() {
-                        let (even, odd) = row.split_at(cols + 1);
-                        let [to0, to1, to2, to3] = &mut to[i * 4..][..4] else {
-                            unreachable!("four points per row of the patch")
-                        };
-                        let [to0, to1, to2, to3] = [to0, to1, to2, to3].map(|to| &mut to[first..][..cols]);
-                        for t in 0..cols {
-                            let (e0, e1, o0, o1) = (even[t], even[t + 1], odd[t], odd[t + 1]);
-                            to0[t] = e0 - e1;
-                            to1[t] = o0 + e1;
-                            to2[t] = e1 - o0;
-                            to3[t] = o0 - o1;
-                        }
+                for (k, half) in padded.chunks_exact_mut(2 * (cols + 1)).enumerate() {
+                    let (even, odd) = half.split_at_mut(cols + 1);
+                    split_padded_row(plane, (h, w), (2 * tile_row + k) as isize - 1, even, odd);
+                }
+                let row = |k: usize| &padded[k * 2 * (cols + 1)..][..2 * (cols + 1)];
+                // `Bᵀ` down the patch's rows: d0 - d2, d1 + d2, d2 - d1, d1 - d3.
+                for (i, out) in combined.chunks_exact_mut(2 * (cols + 1)).enumerate() {
+                    let (a, b, sign) = match i {
+                        0 => (row(0), row(2), -1.0),
+                        1 => (row(1), row(2), 1.0),
+                        2 => (row(2), row(1), -1.0),
+                        _ => (row(1), row(3), -1.0),
+                    };
+                    out.iter_mut()
+                        .zip(a.iter().zip(b))
+                        .for_each(|(o, (&a, &b))| *o = a + sign * b);
+                }
+                let first = pass_row * cols;
+                // `B` across: x0 - x2, x1 + x2, x2 - x1, x1 - x3 with x0, x2 the even halves
+                // at tiles t and t + 1, x1, x3 the odd ones.
+                for (i, row) in combined.chunks_exact(2 * (cols + 1)).enumerate() {
+                    let (even, odd) = row.split_at(cols + 1);
+                    let [to0, to1, to2, to3] = &mut to[i * 4..][..4] else {
+                        unreachable!("four points per row of the patch")
+                    };
+                    let [to0, to1, to2, to3] = [to0, to1, to2, to3].map(|to| &mut to[first..][..cols]);
+                    for t in 0..cols {
+                        let (e0, e1, o0, o1) = (even[t], even[t + 1], odd[t], odd[t + 1]);
+                        to0[t] = e0 - e1;
+                        to1[t] = o0 + e1;
+                        to2[t] = e1 - o0;
+                        to3[t] = o0 - o1;
                     }
                 }
             }
