@@ -453,7 +453,7 @@ fn main() -> anyhow::Result<()> {
         Command::Dev {
             command: DevCommand::CheckVectors { file },
         } => {
-            let report = weft::compute::sampling::check_vectors(&file)?;
+            let report = weft_compute::sampling::check_vectors(&file)?;
             print!("{report}");
             if !report.all_passed() {
                 std::process::exit(1);
@@ -463,7 +463,7 @@ fn main() -> anyhow::Result<()> {
         Command::Models {
             command: ModelsCommand::TinySd { out, seed },
         } => {
-            weft::compute::models::write_random_checkpoint(&out, &weft::compute::models::Sd1Config::tiny(), seed)?;
+            weft_compute::models::write_random_checkpoint(&out, &weft_compute::models::Sd1Config::tiny(), seed)?;
             println!("wrote a tiny random-weight SD1 checkpoint to {}", out.display());
             Ok(())
         }
@@ -484,13 +484,13 @@ fn main() -> anyhow::Result<()> {
                     out,
                 },
         } => {
-            use weft::compute::{models, sampling, text_to_image};
+            use weft_compute::{models, sampling, text_to_image};
             let layout = if tiny {
                 models::Sd1Config::tiny()
             } else {
                 models::Sd1Config::sd1()
             };
-            let device = weft::compute::device::select_device();
+            let device = weft_compute::device::select_device();
             let m = models::load_sd1_with_config(&checkpoint, &layout, &device)?;
             let req = text_to_image::TextToImage {
                 prompt,

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use crate::compute::values::{AudioClip, LatentBatch};
 use crate::runtime::{FileData, OutputFile, OutputKind};
+use weft_compute::values::{AudioClip, LatentBatch};
 
 /// One encoded file, ready to store.
 #[derive(Debug)]

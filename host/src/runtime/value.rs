@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::compute::image::{ImageBatch, MaskBatch};
-use crate::compute::values::{AudioClip, LatentBatch, Opaque};
+use weft_compute::image::{ImageBatch, MaskBatch};
+use weft_compute::values::{AudioClip, LatentBatch, Opaque};
 
 /// A `core/ASSET` reference from a workflow.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

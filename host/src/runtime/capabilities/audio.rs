@@ -7,11 +7,11 @@ use std::sync::Arc;
 use wasmtime::component::Resource;
 
 use super::CallState;
-use crate::compute::values::AudioClip;
 use crate::runtime::bindings::weft::node::music::Host;
 use crate::runtime::bindings::wit::{AssetRef, NodeError};
 use crate::runtime::value::AudioRes;
 use crate::v2m::{self, V2mError};
+use weft_compute::values::AudioClip;
 
 fn node_error(e: V2mError) -> NodeError {
     NodeError {

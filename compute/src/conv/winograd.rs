@@ -16,8 +16,8 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::compute::matmul::{matmul, View};
-use crate::compute::with_buffer;
+use crate::matmul::{matmul, View};
+use crate::with_buffer;
 
 /// Points of the Winograd domain: a 4×4 patch per tile.
 const POINTS: usize = 16;

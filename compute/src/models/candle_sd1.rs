@@ -1,10 +1,10 @@
 //! Loads an SD1.x original-layout checkpoint into candle-transformers' `stable_diffusion`
 //! UNet and VAE and its CLIP text transformer (float32, on the device chosen by
-//! [`crate::compute::device::select_device`]).
+//! [`crate::device::select_device`]).
 //!
 //! The checkpoint is validated by [`open_sd1`] first (header cap, bounds, shapes, dtypes, arch),
 //! then memory-mapped; tensors are renamed with [`ldm_to_candle`]. Errors from validation are
-//! [`CheckpointError`](crate::compute::models::CheckpointError)s inside the returned
+//! [`CheckpointError`](crate::models::CheckpointError)s inside the returned
 //! `anyhow::Error` (use `downcast_ref`).
 
 use std::collections::HashMap;
@@ -16,9 +16,9 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::clip::text_model::{Activation, ClipTextConfig, ClipTextTransformer};
 use candle_transformers::models::stable_diffusion::vae;
 
-use crate::compute::models::safetensors::DEFAULT_MAX_HEADER;
-use crate::compute::models::sd1::{ldm_to_candle, open_sd1, Component, Sd1Config};
-use crate::compute::models::unet::Sd1Unet;
+use crate::models::safetensors::DEFAULT_MAX_HEADER;
+use crate::models::sd1::{ldm_to_candle, open_sd1, Component, Sd1Config};
+use crate::models::unet::Sd1Unet;
 
 /// The three SD1 networks.
 pub struct Sd1Models {
@@ -136,7 +136,7 @@ fn zero_variance(vae: &HashMap<String, Tensor>, latent: usize) -> Result<HashMap
 pub fn verify_mapping(cfg: &Sd1Config) -> Result<Vec<String>> {
     use std::sync::{Arc, Mutex};
 
-    use crate::compute::models::sd1::checkpoint_layout;
+    use crate::models::sd1::checkpoint_layout;
 
     type Served = HashMap<String, (Vec<usize>, String)>;
     struct Layout {
@@ -236,8 +236,8 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::compute::models::safetensors::{write_f32_safetensors, CheckpointError};
-    use crate::compute::models::sd1::{checkpoint_layout, write_random_checkpoint};
+    use crate::models::safetensors::{write_f32_safetensors, CheckpointError};
+    use crate::models::sd1::{checkpoint_layout, write_random_checkpoint};
 
     fn tiny_file(dir: &tempfile::TempDir) -> Result<PathBuf> {
         let p = dir.path().join("tiny.safetensors");

@@ -11,7 +11,7 @@
 //! keys and values of a block are read from L1 by all of them.
 
 use super::LANES;
-use crate::compute::matmul::View;
+use crate::matmul::View;
 
 /// Heads at most this wide can run here.
 pub(super) const MAX_WIDTH: usize = 64;
@@ -75,8 +75,8 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{padded_keys, Tiled, BLOCK_ROWS, KEYS, LANES, ROWS};
-    use crate::compute::attention::exp2_masked;
-    use crate::compute::matmul::View;
+    use crate::attention::exp2_masked;
+    use crate::matmul::View;
 
     /// Vectors of scores per query row in a block.
     const KEY_VECTORS: usize = KEYS / LANES;

@@ -342,7 +342,7 @@ impl Kernel for SoftmaxNumerators<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::simd::Isa;
+    use crate::simd::Isa;
     use candle_core::Device;
 
     /// Head by head with candle's matmul and softmax.
@@ -416,7 +416,7 @@ mod tests {
             let got = attention(&q, &k, &v, heads, scale).unwrap();
             let want = reference(&q, &k, &v, heads, scale);
             assert_eq!(got.dims(), want.dims());
-            let diff = crate::compute::max_abs_diff(&got, &want);
+            let diff = crate::max_abs_diff(&got, &want);
             assert!(diff < 1e-5, "{b} {heads} {n} {m} {d}: {diff}");
         }
     }
@@ -431,7 +431,7 @@ mod tests {
         assert!(!q.is_contiguous());
         let got = attention(&q, &k, &v, heads, 0.3).unwrap();
         let want = reference(&q, &k, &v, heads, 0.3);
-        assert!(crate::compute::max_abs_diff(&got, &want) < 1e-5);
+        assert!(crate::max_abs_diff(&got, &want) < 1e-5);
     }
 
     #[test]
@@ -444,7 +444,7 @@ mod tests {
             let v = Tensor::randn(0f32, 1.0, (1, 33, width), &dev).unwrap();
             let got = attention(&q, &k, &v, 1, 1.0).unwrap();
             let want = reference(&q, &k, &v, 1, 1.0);
-            let diff = crate::compute::max_abs_diff(&got, &want);
+            let diff = crate::max_abs_diff(&got, &want);
             assert!(diff < 1e-4, "width {width}: {diff}");
         }
     }

@@ -88,7 +88,7 @@ fn erf(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::simd::Isa;
+    use crate::simd::Isa;
     use candle_core::Device;
 
     #[test]
@@ -117,7 +117,7 @@ mod tests {
             let halves = x.chunk(2, D::Minus1).unwrap();
             let want = (&halves[0] * halves[1].gelu_erf().unwrap()).unwrap();
             assert_eq!(got.dims(), want.dims());
-            let diff = crate::compute::max_abs_diff(&got, &want);
+            let diff = crate::max_abs_diff(&got, &want);
             assert!(diff < 1e-5, "{shape:?}: {diff}");
         }
     }

@@ -8,7 +8,7 @@
 //! No score is stored. Other CPUs take the general path.
 
 use super::LANES;
-use crate::compute::matmul::View;
+use crate::matmul::View;
 
 /// Heads at most this wide can run here.
 pub(super) const MAX_WIDTH: usize = 8;
@@ -64,8 +64,8 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{Transposed, LANES};
-    use crate::compute::attention::exp2_masked;
-    use crate::compute::matmul::View;
+    use crate::attention::exp2_masked;
+    use crate::matmul::View;
 
     /// Query rows that share each load of keys and values.
     const ROWS: usize = 2;

@@ -107,7 +107,7 @@ impl ModelCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::models::sd1::write_random_checkpoint;
+    use crate::models::sd1::write_random_checkpoint;
 
     #[test]
     fn lru_by_bytes() -> Result<()> {

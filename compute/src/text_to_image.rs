@@ -167,7 +167,7 @@ pub fn text_to_image(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::models::candle_sd1::tiny_test_models;
+    use crate::models::candle_sd1::tiny_test_models;
 
     /// Generations running at once share rayon's workers, which run each other's tasks
     /// while they wait: each must still get the image it gets alone.

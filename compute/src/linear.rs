@@ -143,12 +143,12 @@ mod tests {
                 .forward(&x)
                 .unwrap();
             assert_eq!(got.dims(), want.dims());
-            let diff = crate::compute::max_abs_diff(&got, &want);
+            let diff = crate::max_abs_diff(&got, &want);
             assert!(diff < 1e-5, "{shape:?} -> {outputs}: {diff}");
 
             let residual = Tensor::randn(0f32, 1.0, want.dims(), &dev).unwrap();
             let got = ours.forward_add(&x, &residual).unwrap();
-            let diff = crate::compute::max_abs_diff(&got, &(want + residual).unwrap());
+            let diff = crate::max_abs_diff(&got, &(want + residual).unwrap());
             assert!(diff < 1e-5, "{shape:?} -> {outputs} with a residual: {diff}");
         }
     }
@@ -169,7 +169,7 @@ mod tests {
             1,
         )
         .unwrap();
-        assert!(crate::compute::max_abs_diff(&got, &want) < 1e-5);
+        assert!(crate::max_abs_diff(&got, &want) < 1e-5);
     }
 
     #[test]

@@ -92,7 +92,7 @@ pub fn encode(models: &Sd1Models, image: &ImageBatch) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::models::candle_sd1::tiny_test_models;
+    use crate::models::candle_sd1::tiny_test_models;
 
     #[test]
     fn round_trip_shapes_and_determinism() -> Result<()> {
@@ -102,11 +102,11 @@ mod tests {
         // The tiny VAE has two levels, so it upsamples by 2 (SD1's by 8).
         assert_eq!((img.batch, img.height, img.width, img.channels), (2, 6, 10, 3));
         assert!(img.data.iter().all(|v| (0.0..=1.0).contains(v)));
-        let img = crate::compute::image::empty(16, 8, 1, 0x336699)?;
+        let img = crate::image::empty(16, 8, 1, 0x336699)?;
         let a = encode(&m, &img)?;
         assert_eq!(a.shape, vec![1, 4, 4, 8]);
         assert_eq!(a, encode(&m, &img)?, "encoding uses the posterior mean");
-        let odd = crate::compute::image::empty(12, 8, 1, 0)?;
+        let odd = crate::image::empty(12, 8, 1, 0)?;
         assert!(encode(&m, &odd).is_err());
         assert!(decode(&m, &Tensor::zeros(vec![1, 3, 2, 2])).is_err());
         let s = process_in(&a);

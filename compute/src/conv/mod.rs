@@ -497,7 +497,7 @@ mod tests {
         let got = ours.forward(&x).unwrap();
         let want = reference(&ours, &x);
         assert_eq!(got.dims(), want.dims(), "{shape:?} k{kernel} s{stride} p{padding}");
-        let diff = crate::compute::max_abs_diff(&got, &want);
+        let diff = crate::max_abs_diff(&got, &want);
         assert!(diff < 1e-4, "{shape:?} k{kernel} s{stride} p{padding}: {diff}");
     }
 
@@ -526,7 +526,7 @@ mod tests {
             .unwrap()
             .add(&residual)
             .unwrap();
-        let diff = crate::compute::max_abs_diff(&got, &want);
+        let diff = crate::max_abs_diff(&got, &want);
         assert!(diff < 1e-4, "{cin}->{cout} k{kernel} on {h}x{w}: {diff}");
     }
 
@@ -572,13 +572,13 @@ mod tests {
             .transpose(1, 2)
             .unwrap();
         assert_eq!(tokens.dims(), [2, 12, 5]);
-        assert!(crate::compute::max_abs_diff(&tokens, &want) < 1e-5);
+        assert!(crate::max_abs_diff(&tokens, &want) < 1e-5);
 
         let residual = Tensor::randn(0f32, 1.0, (2, 5, 3, 4), &dev).unwrap();
         let back = conv.forward_from_tokens(&tokens, (3, 4), &residual).unwrap();
         let spatial = tokens.transpose(1, 2).unwrap().reshape((2, 5, 3, 4)).unwrap();
         let want = (conv.forward(&spatial).unwrap() + &residual).unwrap();
-        assert!(crate::compute::max_abs_diff(&back, &want) < 1e-5);
+        assert!(crate::max_abs_diff(&back, &want) < 1e-5);
 
         // Only 1x1 convolutions project tokens; the token count must form the image.
         assert!(random_conv(5, 5, 3, 1, 1).forward_to_tokens(&x).is_err());

@@ -1,6 +1,6 @@
 //! CLIP's byte-pair-encoding tokenizer, as SD1 text encoders expect it.
 //!
-//! The vocabulary is OpenAI's `bpe_simple_vocab_16e6.txt.gz`, shipped in `host/assets/clip/`
+//! The vocabulary is OpenAI's `bpe_simple_vocab_16e6.txt.gz`, shipped in `compute/assets/clip/`
 //! under its MIT licence (see the `LICENSE` there) and compiled into the binary, so nothing
 //! is fetched at run time. The algorithm follows CLIP's `SimpleTokenizer`: whitespace is
 //! collapsed, text lower-cased, split by CLIP's pattern, each piece mapped through the
@@ -23,7 +23,7 @@ pub const EOS: u32 = 49407;
 /// Token positions of CLIP's text encoder.
 pub const CONTEXT_LENGTH: usize = 77;
 
-const VOCAB_GZ: &[u8] = include_bytes!("../../assets/clip/bpe_simple_vocab_16e6.txt.gz");
+const VOCAB_GZ: &[u8] = include_bytes!("../assets/clip/bpe_simple_vocab_16e6.txt.gz");
 /// CLIP uses the first 49152 - 256 - 2 merges of the file.
 const MERGES: usize = 49152 - 256 - 2;
 

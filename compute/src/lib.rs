@@ -1,21 +1,34 @@
-//! Host-side numeric work that nodes call instead of doing it in wasm: images today;
-//! tensors, samplers, models and audio as the product grows. Nothing here knows about
-//! wasm, jobs or HTTP.
+//! weft-compute: the host-side numeric engine that nodes call instead of doing the work in
+//! wasm. It knows nothing of wasm, jobs or HTTP, and chooses no global allocator (that is
+//! the binary's choice).
+//!
+//! Public face:
+//! - [`image`] and [`values`]: the values nodes pass by handle (image and mask batches,
+//!   latents, audio clips, opaque model objects) and the pixel work on images;
+//! - [`sampling`]: ComfyUI's schedulers, k-diffusion samplers and torch-identical seeded
+//!   noise, checked against ComfyUI's own numbers;
+//! - [`models`]: SD1.x checkpoints (validation, loading, weft's UNet, a model cache),
+//!   [`vae`] encode and decode, latent [`preview`]s and [`text_to_image`], the whole
+//!   pipeline; [`device`] picks the CPU or a CUDA GPU;
+//! - [`ComputeError`], how a compute operation fails.
+//!
+//! The CPU kernels behind the models (attention, convolution, norms, linear layers, SIMD
+//! helpers) and the tokenizer are internal.
 
-pub mod attention;
-pub mod conv;
+mod attention;
+mod conv;
 pub mod device;
-pub mod geglu;
+mod geglu;
 pub mod image;
-pub mod linear;
+mod linear;
 mod matmul;
 pub mod models;
-pub mod norm;
+mod norm;
 pub mod preview;
 pub mod sampling;
 mod simd;
 pub mod text_to_image;
-pub mod tokenizer;
+mod tokenizer;
 pub mod vae;
 pub mod values;
 

@@ -2,22 +2,22 @@
 //!
 //! Same architecture and parameter names as diffusers' `UNet2DConditionModel` (the names
 //! [`super::ldm_to_candle`] maps checkpoints onto). Unlike candle-transformers' version, its
-//! layers are weft's CPU kernels: fused attention ([`crate::compute::attention`]: the 1 GiB
+//! layers are weft's CPU kernels: fused attention ([`crate::attention`]: the 1 GiB
 //! score matrix of 4096-token self-attention is never allocated), convolutions written NCHW
-//! straight from one matrix product ([`crate::compute::conv`]), group norm + SiLU in one pass
-//! ([`crate::compute::norm`]), biased linear layers ([`crate::compute::linear`]) and a GEGLU
-//! with the exact, erf-based GELU as PyTorch ([`crate::compute::geglu`]; candle-transformers
+//! straight from one matrix product ([`crate::conv`]), group norm + SiLU in one pass
+//! ([`crate::norm`]), biased linear layers ([`crate::linear`]) and a GEGLU
+//! with the exact, erf-based GELU as PyTorch ([`crate::geglu`]; candle-transformers
 //! uses the tanh approximation). On other devices each falls back to candle's operations.
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{layer_norm, LayerNorm, VarBuilder};
 
 use super::Sd1Config;
-use crate::compute::attention::attention;
-use crate::compute::conv::Conv2d;
-use crate::compute::geglu::geglu;
-use crate::compute::linear::Linear;
-use crate::compute::norm::GroupNorm;
+use crate::attention::attention;
+use crate::conv::Conv2d;
+use crate::geglu::geglu;
+use crate::linear::Linear;
+use crate::norm::GroupNorm;
 
 /// Attention heads in every transformer block of SD1 (their width is channels / 8).
 const HEADS: usize = 8;
@@ -173,7 +173,7 @@ impl Sd1Unet {
     /// The predicted noise for `x: [b, c, h, w]` at `timestep` (the same for the whole
     /// batch) under `context: [b, tokens, context_dim]`.
     pub fn forward(&self, x: &Tensor, timestep: f64, context: &Tensor) -> Result<Tensor> {
-        crate::compute::on_workers(|| self.forward_here(x, timestep, context))
+        crate::on_workers(|| self.forward_here(x, timestep, context))
     }
 
     fn forward_here(&self, x: &Tensor, timestep: f64, context: &Tensor) -> Result<Tensor> {
@@ -436,7 +436,7 @@ mod tests {
             let got = ours.forward(&x, 421.0, &ctx).unwrap();
             assert_eq!(got.dims(), want.dims());
             let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-            let diff = crate::compute::max_abs_diff(&got, &want);
+            let diff = crate::max_abs_diff(&got, &want);
             assert!(scale > 0.1, "a degenerate output proves nothing: {scale}");
             assert!(
                 diff < 1e-3 * scale,

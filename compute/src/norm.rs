@@ -256,7 +256,7 @@ mod tests {
         let x = Tensor::randn(0f32, 1.0, (2, 64, 9, 7), &dev).unwrap();
         let theirs = candle_nn::GroupNorm::new(weight, bias, 64, 32, 1e-5).unwrap();
         let want = candle_nn::ops::silu(&theirs.forward(&x).unwrap()).unwrap();
-        assert!(crate::compute::max_abs_diff(&ours.forward(&x).unwrap(), &want) < 1e-4);
+        assert!(crate::max_abs_diff(&ours.forward(&x).unwrap(), &want) < 1e-4);
     }
 
     #[test]

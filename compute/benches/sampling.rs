@@ -3,7 +3,7 @@
 //! batch 1, on the tiny test UNet and on a full-size SD1.5 UNet with random weights (timing
 //! does not depend on the weight values).
 //!
-//! `cargo bench -p weft --bench sampling` prints candle's figures. With
+//! `cargo bench -p weft-compute --bench sampling` prints candle's figures. With
 //! `WEFT_BENCH_PYTHON=/path/to/python` (an interpreter with `torch` and `diffusers`), it also
 //! runs `benches/sampling_torch.py` on the same architectures and inputs and prints the
 //! ratio. `WEFT_BENCH_STEPS` (default 3) sets the timed steps; `WEFT_BENCH_MODELS` (default
@@ -13,9 +13,9 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor as CTensor};
 use candle_nn::{VarBuilder, VarMap};
-use weft::compute::models::{Sd1Config, Sd1Unet};
-use weft::compute::sampling::{sample, ModelSampling, SamplerKind, Scheduler, StepControl, Tensor, ZeroNoise};
-use weft::compute::text_to_image::GuidedUnet;
+use weft_compute::models::{Sd1Config, Sd1Unet};
+use weft_compute::sampling::{sample, ModelSampling, SamplerKind, Scheduler, StepControl, Tensor, ZeroNoise};
+use weft_compute::text_to_image::GuidedUnet;
 
 /// CPU seconds (user + system, all threads) this process has used so far; Linux only (0 elsewhere).
 /// Reported next to wall time because the build machine is shared: CPU time per step is far
@@ -67,13 +67,13 @@ fn bench_candle(name: &str, cfg: &Sd1Config, steps: usize, device: &Device) -> a
     let guided = GuidedUnet::new(&unet, &cond, &uncond, 7.5)?;
     let ms = ModelSampling::sd1();
     // One warm-up step (allocations, thread pools), then `steps` timed steps.
-    let sigmas = weft::compute::sampling::ksampler_sigmas(&ms, Scheduler::Normal, SamplerKind::Euler, steps + 1, 1.0);
+    let sigmas = weft_compute::sampling::ksampler_sigmas(&ms, Scheduler::Normal, SamplerKind::Euler, steps + 1, 1.0);
     let shape = vec![1, cfg.latent_channels, 64, 64];
-    let x = weft::compute::sampling::seeded_noise(0, &shape);
+    let x = weft_compute::sampling::seeded_noise(0, &shape);
     let x = x.with_data(x.data.iter().map(|v| v * sigmas[0]).collect());
     let mut started = None;
     let mut denoiser = |x: &Tensor, s: f32| guided.denoise(x, s);
-    let mut cb = |info: &weft::compute::sampling::StepInfo<'_>| {
+    let mut cb = |info: &weft_compute::sampling::StepInfo<'_>| {
         // The callback runs after the step's model call; start the clock after the first.
         if info.step == 0 {
             started = Some((Instant::now(), cpu_seconds()));
@@ -98,10 +98,10 @@ fn main() -> anyhow::Result<()> {
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
     let models = std::env::var("WEFT_BENCH_MODELS").unwrap_or_else(|_| "tiny,sd15".into());
-    let device = weft::compute::device::select_device();
+    let device = weft_compute::device::select_device();
     println!(
         "device: {}, {} threads available",
-        weft::compute::device::describe(&device),
+        weft_compute::device::describe(&device),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     );
     let python = std::env::var("WEFT_BENCH_PYTHON").ok();
