@@ -17,6 +17,9 @@ use weft_compute::models::{Sd1Config, Sd1Unet};
 use weft_compute::sampling::{sample, ModelSampling, SamplerKind, Scheduler, StepControl, Tensor, ZeroNoise};
 use weft_compute::text_to_image::GuidedUnet;
 
+// The server's allocator: the kernels' speed depends on it (see weft-allocator).
+weft_allocator::install!();
+
 /// CPU seconds (user + system, all threads) this process has used so far; Linux only (0 elsewhere).
 /// Reported next to wall time because the build machine is shared: CPU time per step is far
 /// less sensitive to other load than wall time.

@@ -19,6 +19,9 @@ use weft::runtime::{
 mod support;
 use support::{percentile, rss_mib, Server};
 
+// The runtime runs in this process: measure it with the server's allocator.
+weft_allocator::install!();
+
 struct Nothing;
 impl ProgressSink for Nothing {
     fn report(&self, _: u32, _: u32, _: Option<String>) {}

@@ -5,7 +5,6 @@
 //! with `store` holding everything persistent. The numeric engine is the `weft-compute`
 //! crate, below all of them.
 
-mod allocator;
 pub mod api;
 pub mod graph;
 pub mod jobs;

@@ -12,6 +12,8 @@ use weft::jobs::JobsConfig;
 use weft::runtime::{Capabilities, Limits, Runtime, RuntimeConfig};
 use weft::serve::{self, ServeConfig};
 
+weft_allocator::install!();
+
 #[derive(Parser)]
 #[command(
     name = "weft",

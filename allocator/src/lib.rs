@@ -1,5 +1,9 @@
-//! The global allocator: mimalloc for every binary built on this crate (the server, its
-//! benchmarks and tests), with two options set while the process loads.
+//! The global allocator of weft's binaries: mimalloc, with two options set while the process
+//! loads.
+//!
+//! The allocator is a process-wide choice, so it belongs to the binary, not to a library that
+//! others link: this crate only provides [`install!`], which each binary (the `weft` server,
+//! the benchmarks that run the compute engine in-process) invokes once.
 //!
 //! The sampling hot path allocates tens of megabytes per layer (84 MB for one SD1
 //! feed-forward projection); glibc maps each block over 32 MiB afresh and the first touch of
@@ -8,8 +12,8 @@
 
 use libmimalloc_sys::{mi_option_set, mi_option_t, mi_option_use_numa_nodes};
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+#[doc(hidden)]
+pub use mimalloc::MiMalloc;
 
 /// `mi_option_purge_delay`: it comes right before `mi_option_use_numa_nodes` in mimalloc's
 /// `mi_option_e`. The Rust bindings name neither this option nor [`ALLOW_THP`]; both indices
@@ -19,20 +23,29 @@ const PURGE_DELAY: mi_option_t = mi_option_use_numa_nodes - 1;
 /// `mi_option_allow_thp` in mimalloc 3's `mi_option_e`.
 const ALLOW_THP: mi_option_t = 43;
 
-/// Runs [`configure`] while the process loads, before `main` and before Rust's runtime
+/// Makes mimalloc the global allocator of the binary it is invoked in, and runs
+/// [`configure`] while the process loads (Linux), before `main` and before Rust's runtime
 /// allocates: mimalloc reserves its first arena on the first allocation, and transparent
-/// huge pages are decided there.
-#[cfg(target_os = "linux")]
-#[used]
-#[link_section = ".init_array"]
-static CONFIGURE: extern "C" fn() = {
-    extern "C" fn on_load() {
-        configure();
-    }
-    on_load
-};
+/// huge pages are decided there. Invoke it once, in a binary crate.
+#[macro_export]
+macro_rules! install {
+    () => {
+        #[global_allocator]
+        static WEFT_ALLOCATOR: $crate::MiMalloc = $crate::MiMalloc;
 
-/// Sets mimalloc's options:
+        #[cfg(target_os = "linux")]
+        #[used]
+        #[link_section = ".init_array"]
+        static WEFT_ALLOCATOR_CONFIGURE: extern "C" fn() = {
+            extern "C" fn on_load() {
+                $crate::configure();
+            }
+            on_load
+        };
+    };
+}
+
+/// Sets mimalloc's options ([`install!`] calls it while the process loads):
 /// - freed memory is kept for ten seconds (the default is 10 ms) before it goes back to the
 ///   OS: the sampler frees and reallocates the same tens of megabytes layer after layer, and
 ///   memory handed back in between returns as one page fault per 4 KiB. An SD1 UNet call
@@ -42,8 +55,7 @@ static CONFIGURE: extern "C" fn() = {
 ///   seconds still goes back;
 /// - transparent huge pages are left alone: with them (Linux's `madvise` mode), the idle
 ///   server's RSS was 51 MiB instead of 31.
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-fn configure() {
+pub fn configure() {
     // SAFETY: setting an option is a plain store into mimalloc's option table.
     unsafe {
         mi_option_set(PURGE_DELAY, 10_000);
@@ -54,6 +66,8 @@ fn configure() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    crate::install!();
 
     /// The option indices come from mimalloc 3's header, and the options are set before
     /// `main`.
