@@ -2,8 +2,8 @@
 //! job API; every node class is a sandboxed WebAssembly component.
 //!
 //! Layers, each depending only on those below it: `api` → `jobs` → `graph` → `runtime`,
-//! with `store` holding everything persistent. The numeric engine is the `weft-compute`
-//! crate, below all of them.
+//! with `store` holding everything persistent. The numeric engine (`weft-compute`) and
+//! the video-to-music engine (`weft-v2m`) are crates below all of them.
 
 pub mod api;
 pub mod graph;
@@ -11,4 +11,3 @@ pub mod jobs;
 pub mod runtime;
 pub mod serve;
 pub mod store;
-pub mod v2m;

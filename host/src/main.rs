@@ -236,10 +236,10 @@ struct ServeArgs {
     #[arg(long = "grant", env = "WEFT_GRANTS", value_delimiter = ',')]
     grants: Vec<String>,
     /// General MIDI SoundFont (.sf2) for video-to-music.
-    #[arg(long, env = "WEFT_V2M_SOUNDFONT", default_value = weft::v2m::DEFAULT_SOUNDFONT)]
+    #[arg(long, env = "WEFT_V2M_SOUNDFONT", default_value = weft_v2m::DEFAULT_SOUNDFONT)]
     v2m_soundfont: PathBuf,
     /// Largest video accepted by video-to-music, in bytes.
-    #[arg(long, env = "WEFT_V2M_MAX_UPLOAD_BYTES", default_value_t = 300_000_000)]
+    #[arg(long, env = "WEFT_V2M_MAX_UPLOAD_BYTES", default_value_t = weft_v2m::DEFAULT_MAX_UPLOAD_BYTES)]
     v2m_max_upload_bytes: u64,
     /// Longest video accepted by video-to-music, in seconds.
     #[arg(long, env = "WEFT_V2M_MAX_DURATION_SECS", default_value_t = 360)]
@@ -388,6 +388,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             plugins_dir: args.plugins_dir,
             grants: grants(&args.grants)?,
             concurrent_calls: 0,
+            music: None,
         },
         sweep_interval: Duration::from_secs(args.sweep_interval_secs.max(1)),
         initial_credits: args.initial_credits,

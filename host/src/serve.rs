@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use weft_v2m::Engine as V2mEngine;
+
+use crate::api::v2m::{V2mService, V2mSettings};
 use crate::api::{self, ApiConfig, AppState};
 use crate::jobs::{self, Jobs, JobsConfig};
 use crate::runtime::{Runtime, RuntimeConfig};
@@ -53,6 +56,17 @@ fn link_key(data_dir: &Path) -> anyhow::Result<[u8; 32]> {
     Ok(key)
 }
 
+/// The video-to-music engine, writing its videos under `<data_dir>/v2m-tmp` (emptied of
+/// leftovers); none, logged, when it cannot be made (for example without its SoundFont).
+fn v2m_engine(settings: &V2mSettings, data_dir: &Path) -> Option<Arc<V2mEngine>> {
+    let temp_dir = data_dir.join("v2m-tmp");
+    weft_v2m::prepare_temp_dir(&temp_dir)
+        .and_then(|()| V2mEngine::new(settings.engine_config(temp_dir)))
+        .map(Arc::new)
+        .map_err(|e| tracing::warn!(error = %e, "video-to-music is unavailable"))
+        .ok()
+}
+
 /// Opens the store of `data_dir`.
 pub fn open_store(data_dir: &Path) -> anyhow::Result<Arc<dyn Store>> {
     std::fs::create_dir_all(data_dir)?;
@@ -72,6 +86,7 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
     }
     let blobs = Blobs::open(&config.data_dir.join("blobs"))?;
     let links = api::links::Links::new(&config.api.mount_prefix, link_key(&config.data_dir)?, config.link_ttl);
+    let v2m_engine = v2m_engine(&config.api.v2m, &config.data_dir);
     let state = Arc::new(AppState {
         config: config.api.clone(),
         store: store.clone(),
@@ -80,10 +95,12 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
         links,
         streams: Default::default(),
         stopped: Default::default(),
-        v2m: api::v2m::V2mService::new(&config.api.v2m, &config.data_dir)
-            .map(Arc::new)
-            .map_err(|e| tracing::warn!(error = %e, "video-to-music is unavailable"))
-            .ok(),
+        v2m: v2m_engine.clone().and_then(|engine| {
+            V2mService::new(&config.api.v2m, engine)
+                .map(Arc::new)
+                .map_err(|e| tracing::warn!(error = %e, "video-to-music is unavailable"))
+                .ok()
+        }),
     });
     let routes = api::routes(state.clone());
     let (bound, server) = warp::serve(routes).try_bind_with_graceful_shutdown(config.addr, shutdown_signal())?;
@@ -93,6 +110,7 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
 
     config.runtime.cache_dir = Some(config.data_dir.join("cache"));
     config.runtime.concurrent_calls = config.jobs.workers as u32;
+    config.runtime.music = v2m_engine;
     let runtime_config = config.runtime.clone();
     let runtime = tokio::task::spawn_blocking(move || Runtime::load(runtime_config)).await??;
     tracing::info!(classes = runtime.catalog().len(), "plugins loaded");

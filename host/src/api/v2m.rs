@@ -33,7 +33,7 @@ use warp::{Filter, Reply};
 
 use super::auth::{self, AuthMode, Caller};
 use super::{ApiError, AppState};
-use crate::v2m::{self, Engine, Renderer, V2mConfig, V2mError, VideoInfo};
+use weft_v2m::{self as v2m, Engine, Renderer, TempVideo, V2mConfig, V2mError, VideoInfo};
 
 /// Room for the multipart framing and the text parts on top of the video's bytes.
 const MULTIPART_SLACK: u64 = 256 * 1024;
@@ -68,7 +68,7 @@ impl Default for V2mSettings {
     fn default() -> Self {
         Self {
             soundfont: PathBuf::from(v2m::DEFAULT_SOUNDFONT),
-            max_upload_bytes: 300_000_000,
+            max_upload_bytes: v2m::DEFAULT_MAX_UPLOAD_BYTES,
             max_duration_secs: 360,
             max_copies: 4,
             allow_url_hosts: Vec::new(),
@@ -78,47 +78,39 @@ impl Default for V2mSettings {
     }
 }
 
-/// The endpoint's engine, settings and temporary directory, made once at start-up.
+impl V2mSettings {
+    /// The engine's configuration for these settings, with its videos in `temp_dir`.
+    pub fn engine_config(&self, temp_dir: PathBuf) -> V2mConfig {
+        V2mConfig {
+            soundfont: self.soundfont.clone(),
+            max_duration: Duration::from_secs(self.max_duration_secs),
+            max_copies: self.max_copies,
+            max_upload_bytes: self.max_upload_bytes,
+            temp_dir,
+            ..V2mConfig::default()
+        }
+    }
+}
+
+/// The endpoint's engine (shared with the `VideoToMusic` node), settings and TLS client,
+/// made once at start-up.
 pub struct V2mService {
-    engine: Engine,
+    engine: Arc<Engine>,
     settings: V2mSettings,
-    tmp_dir: PathBuf,
     renders: Arc<Semaphore>,
     tls: TlsConnector,
 }
 
 impl V2mService {
-    /// Loads the SoundFont and prepares `<data_dir>/v2m-tmp` (emptied of leftovers).
-    pub fn new(settings: &V2mSettings, data_dir: &Path) -> Result<Self, V2mError> {
-        let tmp_dir = data_dir.join("v2m-tmp");
-        std::fs::create_dir_all(&tmp_dir)
-            .map_err(|e| V2mError::GenerationFailed(format!("creating {}: {e}", tmp_dir.display())))?;
-        if let Ok(entries) = std::fs::read_dir(&tmp_dir) {
-            for entry in entries.flatten() {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-        let engine = Engine::new(V2mConfig {
-            soundfont: settings.soundfont.clone(),
-            max_duration: Duration::from_secs(settings.max_duration_secs),
-            max_copies: settings.max_copies,
-            max_upload_bytes: settings.max_upload_bytes,
-            ..V2mConfig::default()
-        })?;
-        v2m::set_shared(engine.clone(), tmp_dir.clone());
+    /// The endpoint over `engine`; an error when the URL CA file cannot be used.
+    pub fn new(settings: &V2mSettings, engine: Arc<Engine>) -> Result<Self, V2mError> {
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         Ok(Self {
             engine,
             settings: settings.clone(),
-            tmp_dir,
             renders: Arc::new(Semaphore::new(cpus)),
             tls: tls_connector(settings.url_ca_file.as_deref())?,
         })
-    }
-
-    /// The engine (shared with the `VideoToMusic` node).
-    pub fn engine(&self) -> &Engine {
-        &self.engine
     }
 }
 
@@ -296,29 +288,6 @@ async fn authorize(state: &AppState, header: Option<&str>) -> Result<Caller, Det
     })
 }
 
-/// A file under the temporary directory, removed when dropped (unless it is borrowed).
-struct TempVideo {
-    path: PathBuf,
-    owned: bool,
-}
-
-impl TempVideo {
-    fn new(dir: &Path) -> Self {
-        Self {
-            path: dir.join(format!("{}.video", uuid::Uuid::new_v4().simple())),
-            owned: true,
-        }
-    }
-}
-
-impl Drop for TempVideo {
-    fn drop(&mut self) {
-        if self.owned {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
-
 /// The parts of the form, once read.
 #[derive(Default)]
 struct Form {
@@ -351,12 +320,12 @@ async fn text_part(mut field: multer::Field<'_>, max: u64) -> Result<String, Det
     String::from_utf8(bytes).map_err(|_| DetailError::InvalidRequest("a text part is not UTF-8".into()))
 }
 
-/// Writes a byte stream to a new temporary file, hashing it and enforcing `max` as it goes.
+/// Writes a byte stream to `temp`, hashing it and enforcing `max` as it goes.
 /// With `drain`, past `max` it stops writing but keeps reading (the caller bounds the whole
 /// body), so that a client that is still sending gets the 413 rather than a broken
 /// connection; without, it stops at once.
 async fn stream_to_temp<S, E>(
-    dir: &Path,
+    temp: TempVideo,
     mut chunks: S,
     max: u64,
     drain: bool,
@@ -365,12 +334,11 @@ where
     S: Stream<Item = Result<Bytes, E>> + Unpin,
     E: Into<DetailError>,
 {
-    let temp = TempVideo::new(dir);
     let failed = |e: std::io::Error| {
         tracing::error!(error = %e, "writing a temporary video");
         DetailError::GenerationFailed("the video could not be stored".into())
     };
-    let mut file = tokio::fs::File::create(&temp.path).await.map_err(failed)?;
+    let mut file = tokio::fs::File::create(temp.path()).await.map_err(failed)?;
     let mut hasher = blake3::Hasher::new();
     let mut size = 0u64;
     while let Some(chunk) = chunks.next().await {
@@ -411,7 +379,7 @@ where
                     return Err(DetailError::InvalidRequest("more than one `0.video` part".into()));
                 }
                 let chunks = field.map(|r| r.map_err(|e| multipart_error(e, max)));
-                let (temp, hash, size) = stream_to_temp(&svc.tmp_dir, Box::pin(chunks), max, true).await?;
+                let (temp, hash, size) = stream_to_temp(svc.engine.temp_video(), Box::pin(chunks), max, true).await?;
                 // Browsers send an empty file part when no file was chosen.
                 if size > 0 {
                     form.upload = Some((temp, hash));
@@ -499,7 +467,7 @@ where
             ))
         }
     };
-    let info = svc.engine.probe(&video.path).await?;
+    let info = svc.engine.probe(video.path()).await?;
     let seed = seed.unwrap_or_else(|| default_seed(&content_key, prompt.as_deref()));
 
     let (tx, rx) = mpsc::channel::<Bytes>(32);
@@ -544,15 +512,12 @@ async fn resolve_reference(
     })?;
     let blob = state.blobs.path(&asset.blob);
     // A hard link keeps the bytes readable even if the asset is deleted meanwhile.
-    let temp = TempVideo::new(&svc.tmp_dir);
-    let temp = match std::fs::hard_link(&blob, &temp.path) {
+    let temp = svc.engine.temp_video();
+    let temp = match std::fs::hard_link(&blob, temp.path()) {
         Ok(()) => temp,
         Err(_) => {
             drop(temp);
-            TempVideo {
-                path: blob,
-                owned: false,
-            }
+            TempVideo::borrowed(blob)
         }
     };
     Ok((temp, asset.blob))
@@ -693,7 +658,7 @@ async fn fetch_url(svc: &V2mService, text: &str) -> Result<(TempVideo, String), 
     let chunks = response
         .into_body()
         .map(|r| r.map_err(|e| DetailError::UnsupportedVideo(format!("fetching the video URL failed: {e}"))));
-    let (temp, hash, _) = stream_to_temp(&svc.tmp_dir, chunks, max, false).await?;
+    let (temp, hash, _) = stream_to_temp(svc.engine.temp_video(), chunks, max, false).await?;
     Ok((temp, hash.to_hex().to_string()))
 }
 
@@ -743,7 +708,7 @@ async fn produce(
         return;
     }
     let analysis = tokio::select! {
-        analysis = svc.engine.analyze_probed(&video.path, info) => analysis,
+        analysis = svc.engine.analyze_probed(video.path(), info) => analysis,
         _ = tx.closed() => return,
     };
     drop(video);

@@ -140,6 +140,7 @@ impl Runtime {
             hostcall_bytes: 0,
             hostcall_limit: self.limits.hostcall_bytes,
             hostcall_hit: false,
+            music: self.music.clone(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);

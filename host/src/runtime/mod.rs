@@ -44,6 +44,8 @@ pub struct RuntimeConfig {
     pub grants: HashMap<String, Capabilities>,
     /// Most node calls that run at once (sizes the instance pool).
     pub concurrent_calls: u32,
+    /// The video-to-music engine behind `weft:node/music`; without one, its calls fail.
+    pub music: Option<Arc<weft_v2m::Engine>>,
 }
 
 /// The loaded plugins and the machinery to call them.
@@ -52,6 +54,7 @@ pub struct Runtime {
     plugins: Vec<LoadedPlugin>,
     catalog: Catalog,
     limits: Limits,
+    music: Option<Arc<weft_v2m::Engine>>,
     _ticker: engine::EpochTicker,
 }
 
@@ -78,6 +81,7 @@ impl Runtime {
             plugins: Vec::new(),
             catalog: Catalog::default(),
             limits: config.limits.clone(),
+            music: config.music.clone(),
             _ticker: ticker,
         };
         let compiled = compile_all(&runtime.engine, &sources, config.cache_dir.as_deref())?;

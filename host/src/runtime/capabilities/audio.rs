@@ -1,7 +1,6 @@
-//! `weft:node/music`: video-to-music for the `VideoToMusic` node, rendered by the host's
-//! [`crate::v2m`] engine. The guest only ever holds the resulting `audio` handle.
+//! `weft:node/music`: video-to-music for the `VideoToMusic` node, rendered by the server's
+//! [`weft_v2m::Engine`]. The guest only ever holds the resulting `audio` handle.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use wasmtime::component::Resource;
@@ -10,22 +9,13 @@ use super::CallState;
 use crate::runtime::bindings::weft::node::music::Host;
 use crate::runtime::bindings::wit::{AssetRef, NodeError};
 use crate::runtime::value::AudioRes;
-use crate::v2m::{self, V2mError};
 use weft_compute::values::AudioClip;
+use weft_v2m::{self as v2m, V2mError};
 
 fn node_error(e: V2mError) -> NodeError {
     NodeError {
         code: e.code().to_string(),
         message: e.to_string(),
-    }
-}
-
-/// The video's bytes on disk for ffmpeg, removed when dropped.
-struct TempVideo(PathBuf);
-
-impl Drop for TempVideo {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
     }
 }
 
@@ -40,19 +30,20 @@ impl Host for CallState {
             Ok(bytes) => bytes,
             Err(e) => return Ok(Err(e)),
         };
-        let (engine, tmp_dir) = match v2m::shared() {
-            Ok(shared) => shared,
-            Err(e) => return Ok(Err(node_error(e))),
+        let Some(engine) = self.music.clone() else {
+            return Ok(Err(node_error(V2mError::GenerationFailed(
+                "video-to-music is not available on this server (see its start-up log)".into(),
+            ))));
         };
-        let temp = TempVideo(tmp_dir.join(format!("{}.node-video", uuid::Uuid::new_v4().simple())));
-        if let Err(e) = std::fs::write(&temp.0, &bytes) {
+        let temp = engine.temp_video();
+        if let Err(e) = std::fs::write(temp.path(), &bytes) {
             return Ok(Err(node_error(V2mError::GenerationFailed(format!(
                 "writing the video for analysis: {e}"
             )))));
         }
         drop(bytes);
         let cancel = self.call.cancel.clone();
-        let samples = match engine.generate_blocking(&temp.0, Some(&prompt), seed, &|| cancel.is_canceled()) {
+        let samples = match engine.generate_blocking(temp.path(), Some(&prompt), seed, &|| cancel.is_canceled()) {
             Ok(Some(samples)) => samples,
             Ok(None) => {
                 return Ok(Err(NodeError {

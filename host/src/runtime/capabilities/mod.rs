@@ -29,6 +29,8 @@ pub struct CallState {
     pub hostcall_limit: usize,
     /// Set when the guest went over `hostcall_limit`.
     pub hostcall_hit: bool,
+    /// The video-to-music engine of `weft:node/music`, when the server has one.
+    pub music: Option<std::sync::Arc<weft_v2m::Engine>>,
 }
 
 impl CallState {

@@ -435,7 +435,7 @@ impl Iterator for Renderer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::v2m::{plan, Analysis, DEFAULT_SOUNDFONT};
+    use crate::{plan, Analysis, DEFAULT_SOUNDFONT};
 
     fn sf() -> Arc<SoundFont> {
         load_soundfont(Path::new(DEFAULT_SOUNDFONT)).unwrap()
@@ -492,9 +492,9 @@ mod tests {
     fn renderer_is_send() {
         fn send<T: Send + 'static>() {}
         send::<Renderer>();
-        send::<crate::v2m::Engine>();
+        send::<crate::Engine>();
         fn sync<T: Sync>() {}
-        sync::<crate::v2m::Engine>();
+        sync::<crate::Engine>();
     }
 
     #[test]

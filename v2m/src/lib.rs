@@ -1,4 +1,6 @@
-//! Video-to-music engine.
+//! weft-v2m: the video-to-music engine. It knows nothing of HTTP, jobs or wasm: the server
+//! builds one [`Engine`] at start-up and passes it to its endpoint and to the `VideoToMusic`
+//! node's capability.
 //!
 //! This is a **procedural, deterministic** composer, not a neural model: it
 //! measures simple visual features of the video (brightness, colour, motion,
@@ -14,9 +16,9 @@
 //! pulling to cancel). The chunks of one stream concatenated are one valid
 //! WAV file of exactly `TrackPlan::total_frames` frames.
 //!
-//! The HTTP endpoint (`crate::api::v2m`) maps [`V2mError`] onto its own
-//! `{detail: {code, message}}` errors; the `VideoToMusic` node calls
-//! [`Engine::generate_blocking`] on the engine [`shared`] by the server.
+//! Callers map [`V2mError`] onto their own errors (the server's HTTP endpoint onto
+//! `{detail: {code, message}}`); the `VideoToMusic` node calls [`Engine::generate_blocking`].
+//! Videos are written for ffmpeg as [`TempVideo`]s under [`V2mConfig::temp_dir`].
 //!
 //! ```ignore
 //! let engine = Engine::new(V2mConfig::default())?;          // once, at startup
@@ -34,15 +36,17 @@
 pub mod analysis;
 pub mod compose;
 pub mod synth;
+mod temp;
 pub mod wav;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use analysis::{Analysis, AnalyzeOptions, DecodeMode, VideoInfo};
 pub use compose::{plan, Score, TrackPlan};
 pub use synth::{RenderOptions, Renderer};
+pub use temp::{prepare_temp_dir, TempVideo};
 
 /// Output sample rate in Hz.
 pub const SAMPLE_RATE: u32 = 44_100;
@@ -50,6 +54,8 @@ pub const SAMPLE_RATE: u32 = 44_100;
 pub const CHANNELS: u16 = 2;
 /// SoundFont used when none is configured.
 pub const DEFAULT_SOUNDFONT: &str = "/usr/share/sounds/sf2/TimGM6mb.sf2";
+/// Largest video accepted when no limit is configured, in bytes.
+pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 300_000_000;
 
 /// Errors of the engine; [`V2mError::code`] gives a stable snake_case code.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +129,8 @@ pub struct V2mConfig {
     /// Analysis options (ffmpeg/ffprobe paths, decode mode...);
     /// `max_duration_s` is overridden by `max_duration`.
     pub analysis: AnalyzeOptions,
+    /// Where videos are written for ffmpeg to read (see [`TempVideo`]).
+    pub temp_dir: PathBuf,
 }
 
 impl Default for V2mConfig {
@@ -131,9 +139,10 @@ impl Default for V2mConfig {
             soundfont: PathBuf::from(DEFAULT_SOUNDFONT),
             max_duration: Duration::from_secs(360),
             max_copies: 4,
-            max_upload_bytes: 512 * 1024 * 1024,
+            max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             render: RenderOptions::default(),
             analysis: AnalyzeOptions::default(),
+            temp_dir: std::env::temp_dir(),
         }
     }
 }
@@ -161,6 +170,11 @@ impl Engine {
     /// The configuration.
     pub fn config(&self) -> &V2mConfig {
         &self.cfg
+    }
+
+    /// A fresh video file name under the configured temporary directory.
+    pub fn temp_video(&self) -> TempVideo {
+        TempVideo::new(&self.cfg.temp_dir)
     }
 
     fn analyze_options(&self) -> AnalyzeOptions {
@@ -224,26 +238,6 @@ impl Engine {
     pub fn render(&self, plan: &TrackPlan) -> Result<Renderer, V2mError> {
         Renderer::new(self.soundfont.clone(), plan, &self.cfg.render)
     }
-}
-
-/// The engine and temporary directory [`shared`] returns, once set.
-static SHARED: OnceLock<(Engine, PathBuf)> = OnceLock::new();
-
-/// Makes `engine` and `tmp_dir` (where videos are written for ffmpeg) the ones [`shared`]
-/// returns. The server calls it at start-up; the first call wins.
-pub fn set_shared(engine: Engine, tmp_dir: PathBuf) {
-    let _ = SHARED.set((engine, tmp_dir));
-}
-
-/// The server's engine and temporary directory, or a default engine and the system's
-/// temporary directory when none was set.
-pub fn shared() -> Result<(&'static Engine, &'static Path), V2mError> {
-    if SHARED.get().is_none() {
-        let engine = Engine::new(V2mConfig::default())?;
-        let _ = SHARED.set((engine, std::env::temp_dir()));
-    }
-    let (engine, dir) = SHARED.get().expect("set above");
-    Ok((engine, dir.as_path()))
 }
 
 impl Engine {
