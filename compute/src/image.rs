@@ -1,5 +1,5 @@
-//! Image batches and the pixel work done on them: creation, inversion, scaling, decoding
-//! uploads and PNG encoding. Layout follows ComfyUI's `IMAGE`: float32 in 0..=1,
+//! Image batches and the pixel work done on them: creation, inversion, scaling and decoding
+//! uploads (PNG encoding is in [`crate::codecs`]). Layout follows ComfyUI's `IMAGE`: float32 in 0..=1,
 //! `[batch, height, width, channels]`.
 
 use std::io::Cursor;
@@ -61,7 +61,7 @@ fn check_size(width: u32, height: u32, batch: u32, channels: u32) -> Result<(), 
 
 impl ImageBatch {
     /// Number of values in one image of the batch.
-    fn frame_len(&self) -> usize {
+    pub(crate) fn frame_len(&self) -> usize {
         (self.width * self.height * self.channels) as usize
     }
 
@@ -71,42 +71,6 @@ impl ImageBatch {
         let start = index as usize * len;
         let pixels = self.data[start..start + len].to_vec();
         ImageBuffer::from_raw(self.width, self.height, pixels).expect("frame length matches size")
-    }
-
-    /// Encodes image `index` of the batch as an 8-bit RGB PNG, with `text` as tEXt chunks
-    /// (ComfyUI stores `prompt` and `workflow` there).
-    pub fn encode_png(&self, index: u32, text: &[(String, String)]) -> Result<Vec<u8>, ComputeError> {
-        if index >= self.batch {
-            return Err(ComputeError::invalid(format!(
-                "no image {index} in a batch of {}",
-                self.batch
-            )));
-        }
-        let len = self.frame_len();
-        let start = index as usize * len;
-        let bytes: Vec<u8> = self.data[start..start + len]
-            .iter()
-            .map(|v| (v.clamp(0.0, 1.0) * 255.0).round() as u8)
-            .collect();
-        let mut out = Vec::with_capacity(bytes.len() / 2 + 1024);
-        {
-            let mut encoder = png::Encoder::new(&mut out, self.width, self.height);
-            encoder.set_color(png::ColorType::Rgb);
-            encoder.set_depth(png::BitDepth::Eight);
-            encoder.set_compression(png::Compression::Fast);
-            for (key, value) in text {
-                encoder
-                    .add_text_chunk(key.clone(), value.clone())
-                    .map_err(|e| ComputeError::Failed(format!("png text chunk: {e}")))?;
-            }
-            let mut writer = encoder
-                .write_header()
-                .map_err(|e| ComputeError::Failed(e.to_string()))?;
-            writer
-                .write_image_data(&bytes)
-                .map_err(|e| ComputeError::Failed(e.to_string()))?;
-        }
-        Ok(out)
     }
 }
 
@@ -335,16 +299,5 @@ mod tests {
         assert!((half.data[0] - 128.0 / 255.0).abs() < 1e-6);
         let cropped = scale(&img, ScaleMethod::Bilinear, 2, 2, true).unwrap();
         assert_eq!((cropped.width, cropped.height), (2, 2));
-    }
-
-    #[test]
-    fn png_round_trips_through_decode() {
-        let img = empty(3, 5, 1, 0x00ff00).unwrap();
-        let png = img.encode_png(0, &[("prompt".into(), "{}".into())]).unwrap();
-        let (back, mask) = decode(&png).unwrap();
-        assert_eq!((back.width, back.height), (3, 5));
-        assert_eq!(&back.data[..3], &[0.0, 1.0, 0.0]);
-        assert!(mask.data.iter().all(|m| *m == 0.0));
-        assert!(decode(b"not an image").is_err());
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! Public face:
 //! - [`image`] and [`values`]: the values nodes pass by handle (image and mask batches,
-//!   latents, audio clips, opaque model objects) and the pixel work on images;
+//!   latents, audio clips, opaque model objects) and the pixel work on images; [`codecs`]
+//!   writes them as files (PNG, safetensors);
 //! - [`sampling`]: ComfyUI's schedulers, k-diffusion samplers and torch-identical seeded
 //!   noise, checked against ComfyUI's own numbers;
 //! - [`models`]: SD1.x checkpoints (validation, loading, weft's UNet, a model cache),
@@ -16,6 +17,7 @@
 //! helpers) and the tokenizer are internal.
 
 mod attention;
+pub mod codecs;
 mod conv;
 pub mod device;
 mod geglu;

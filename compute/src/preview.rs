@@ -72,6 +72,6 @@ mod tests {
         assert_eq!(&img.data[..3], &[1.0, 1.0, 1.0]);
         assert_eq!(&img.data[3..], &[0.0, 0.0, 0.0]);
         assert!(latent_to_rgb(&Tensor::zeros(vec![1, 3, 2, 2])).is_err());
-        assert!(img.encode_png(0, &[]).is_ok());
+        assert!(crate::codecs::encode_png(&img, 0, &[]).is_ok());
     }
 }

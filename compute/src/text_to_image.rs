@@ -167,6 +167,7 @@ pub fn text_to_image(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codecs;
     use crate::models::candle_sd1::tiny_test_models;
 
     /// Generations running at once share rayon's workers, which run each other's tasks
@@ -220,17 +221,17 @@ mod tests {
         })?;
         assert_eq!(steps, 4);
         assert_eq!((a.width, a.height, a.batch, a.channels), (24, 16, 1, 3));
-        let png_a = a.encode_png(0, &[("prompt".into(), "{}".into())])?;
+        let png_a = codecs::encode_png(&a, 0, &[("prompt".into(), "{}".into())])?;
         let b = text_to_image(&m, &req, &mut |_| StepControl::Continue)?;
         assert_eq!(
             png_a,
-            b.encode_png(0, &[("prompt".into(), "{}".into())])?,
+            codecs::encode_png(&b, 0, &[("prompt".into(), "{}".into())])?,
             "same seed, same bytes"
         );
         req.seed = 43;
         let c = text_to_image(&m, &req, &mut |_| StepControl::Continue)?;
         assert_ne!(a.data, c.data, "another seed, another image");
-        assert_ne!(png_a, c.encode_png(0, &[("prompt".into(), "{}".into())])?);
+        assert_ne!(png_a, codecs::encode_png(&c, 0, &[("prompt".into(), "{}".into())])?);
         // Cancellation.
         let stopped = text_to_image(&m, &req, &mut |s| {
             if s.step == 1 {

@@ -515,7 +515,10 @@ fn main() -> anyhow::Result<()> {
                 sampling::StepControl::Continue
             })?;
             let params = format!("{req:?}");
-            std::fs::write(&out, image.encode_png(0, &[("parameters".to_string(), params)])?)?;
+            std::fs::write(
+                &out,
+                weft_compute::codecs::encode_png(&image, 0, &[("parameters".to_string(), params)])?,
+            )?;
             println!("wrote {}x{} image to {}", image.width, image.height, out.display());
             Ok(())
         }

@@ -217,7 +217,8 @@ pub struct Renderer {
     /// Output frames emitted so far.
     pos: u64,
     chunk_frames: u64,
-    header_sent: bool,
+    /// The WAV header, until the first chunk takes it.
+    header: Option<[u8; wav::HEADER_LEN]>,
     /// Output rate / internal rate (1 or 2).
     ratio: u64,
     /// Internal samples rendered and post-processed, from index `ibase`.
@@ -243,9 +244,11 @@ impl std::fmt::Debug for Renderer {
 }
 
 impl Renderer {
-    /// Prepares a renderer for `plan`.
+    /// Prepares a renderer for `plan`; an error when the track is too long for a WAV file.
     pub fn new(soundfont: Arc<SoundFont>, plan: &TrackPlan, opts: &RenderOptions) -> Result<Self, V2mError> {
         let score = plan.score.clone();
+        let header = wav::header(score.sample_rate, CHANNELS, wav::data_len(score.total_frames, CHANNELS))
+            .map_err(|e| V2mError::GenerationFailed(e.to_string()))?;
         let ratio: u64 = if opts.half_rate { 2 } else { 1 };
         let rate = score.sample_rate as i32 / ratio as i32;
         let mut settings = SynthesizerSettings::new(rate);
@@ -259,7 +262,7 @@ impl Renderer {
             next_event: 0,
             pos: 0,
             chunk_frames,
-            header_sent: false,
+            header: Some(header),
             ratio,
             il: Vec::new(),
             ir: Vec::new(),
@@ -343,14 +346,13 @@ impl Renderer {
     /// Renders the next chunk; `None` once the whole file has been emitted.
     pub fn next_chunk(&mut self) -> Option<Vec<u8>> {
         let total = self.score.total_frames;
-        if self.pos >= total && self.header_sent {
+        if self.pos >= total && self.header.is_none() {
             return None;
         }
         let n = self.chunk_frames.min(total - self.pos) as usize;
         let mut out = Vec::with_capacity(n * 4 + wav::HEADER_LEN);
-        if !self.header_sent {
-            out.extend_from_slice(&wav::header(self.score.sample_rate, CHANNELS, total));
-            self.header_sent = true;
+        if let Some(header) = self.header.take() {
+            out.extend_from_slice(&header);
         }
         let start = self.pos;
         self.out_l.clear();

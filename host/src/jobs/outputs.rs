@@ -1,11 +1,14 @@
-//! Turning what an output node returned into files: PNGs (with the workflow in text chunks,
-//! as ComfyUI writes them), WAVs, safetensors latents and guest bytes, named after
-//! `filename_prefix` with ComfyUI's `_%05d_` numbering.
+//! Turning what an output node returned into files, named after `filename_prefix` with
+//! ComfyUI's `_%05d_` numbering: PNGs with the workflow in a `prompt` text chunk (as ComfyUI
+//! writes them), WAVs, safetensors latents and guest bytes. The byte encodings are the
+//! codecs' ([`weft_compute::codecs`], [`weft_v2m::wav`]).
 
 use std::collections::HashMap;
 
+use weft_compute::codecs;
+use weft_compute::values::AudioClip;
+
 use crate::runtime::{FileData, OutputFile, OutputKind};
-use weft_compute::values::{AudioClip, LatentBatch};
 
 /// One encoded file, ready to store.
 #[derive(Debug)]
@@ -80,7 +83,7 @@ pub fn encode(file: &OutputFile, numbering: &mut Numbering, workflow: &str) -> R
                     name: numbering.name(&file.filename_prefix, "png"),
                     kind: OutputKind::Image,
                     content_type: "image/png".into(),
-                    bytes: image.encode_png(index, &text).map_err(|e| e.to_string())?,
+                    bytes: codecs::encode_png(image, index, &text).map_err(|e| e.to_string())?,
                 });
             }
         }
@@ -88,13 +91,13 @@ pub fn encode(file: &OutputFile, numbering: &mut Numbering, workflow: &str) -> R
             name: numbering.name(&file.filename_prefix, "wav"),
             kind: OutputKind::Audio,
             content_type: "audio/wav".into(),
-            bytes: wav(audio),
+            bytes: wav(audio)?,
         }),
         FileData::Latent(latent) => out.push(EncodedFile {
             name: numbering.name(&file.filename_prefix, "latent"),
             kind: OutputKind::Latent,
             content_type: "application/octet-stream".into(),
-            bytes: safetensors(latent),
+            bytes: codecs::encode_latent(latent),
         }),
     }
     Ok(out)
@@ -122,46 +125,10 @@ fn default_content_type(kind: OutputKind) -> &'static str {
 }
 
 /// 16-bit PCM WAV.
-fn wav(audio: &AudioClip) -> Vec<u8> {
-    let data_len = (audio.samples.len() * 2) as u32;
-    let channels = audio.channels.max(1) as u16;
-    let mut out = Vec::with_capacity(44 + data_len as usize);
-    out.extend_from_slice(b"RIFF");
-    out.extend_from_slice(&(36 + data_len).to_le_bytes());
-    out.extend_from_slice(b"WAVEfmt ");
-    out.extend_from_slice(&16u32.to_le_bytes());
-    out.extend_from_slice(&1u16.to_le_bytes());
-    out.extend_from_slice(&channels.to_le_bytes());
-    out.extend_from_slice(&audio.sample_rate.to_le_bytes());
-    out.extend_from_slice(&(audio.sample_rate * channels as u32 * 2).to_le_bytes());
-    out.extend_from_slice(&(channels * 2).to_le_bytes());
-    out.extend_from_slice(&16u16.to_le_bytes());
-    out.extend_from_slice(b"data");
-    out.extend_from_slice(&data_len.to_le_bytes());
-    for s in &audio.samples {
-        out.extend_from_slice(&((s.clamp(-1.0, 1.0) * 32767.0).round() as i16).to_le_bytes());
-    }
-    out
-}
-
-/// A one-tensor safetensors file named `latent_tensor`, as ComfyUI's SaveLatent writes.
-fn safetensors(latent: &LatentBatch) -> Vec<u8> {
-    let bytes = latent.data.len() * 4;
-    let header = serde_json::json!({
-        "latent_tensor": {"dtype": "F32", "shape": latent.shape, "data_offsets": [0, bytes]}
-    })
-    .to_string();
-    let mut header = header.into_bytes();
-    while !header.len().is_multiple_of(8) {
-        header.push(b' ');
-    }
-    let mut out = Vec::with_capacity(8 + header.len() + bytes);
-    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
-    out.extend_from_slice(&header);
-    for v in &latent.data {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
-    out
+fn wav(audio: &AudioClip) -> Result<Vec<u8>, String> {
+    let channels = u16::try_from(audio.channels.max(1))
+        .map_err(|_| format!("{} audio channels do not fit a WAV file", audio.channels))?;
+    weft_v2m::wav::encode_pcm16(audio.sample_rate, channels, &audio.samples).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

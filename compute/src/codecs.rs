@@ -1,0 +1,98 @@
+//! Values as files: image batches as PNG (with text chunks, where ComfyUI keeps the
+//! workflow) and latent batches as safetensors (as ComfyUI's `SaveLatent` writes them).
+
+use super::image::ImageBatch;
+use super::values::LatentBatch;
+use super::ComputeError;
+
+/// Encodes image `index` of `image` as an 8-bit RGB PNG, with `text` as tEXt chunks
+/// (ComfyUI stores `prompt` and `workflow` there).
+pub fn encode_png(image: &ImageBatch, index: u32, text: &[(String, String)]) -> Result<Vec<u8>, ComputeError> {
+    if index >= image.batch {
+        return Err(ComputeError::invalid(format!(
+            "no image {index} in a batch of {}",
+            image.batch
+        )));
+    }
+    let len = image.frame_len();
+    let start = index as usize * len;
+    let bytes: Vec<u8> = image.data[start..start + len]
+        .iter()
+        .map(|v| (v.clamp(0.0, 1.0) * 255.0).round() as u8)
+        .collect();
+    let mut out = Vec::with_capacity(bytes.len() / 2 + 1024);
+    {
+        let mut encoder = png::Encoder::new(&mut out, image.width, image.height);
+        encoder.set_color(png::ColorType::Rgb);
+        encoder.set_depth(png::BitDepth::Eight);
+        encoder.set_compression(png::Compression::Fast);
+        for (key, value) in text {
+            encoder
+                .add_text_chunk(key.clone(), value.clone())
+                .map_err(|e| ComputeError::Failed(format!("png text chunk: {e}")))?;
+        }
+        let mut writer = encoder
+            .write_header()
+            .map_err(|e| ComputeError::Failed(e.to_string()))?;
+        writer
+            .write_image_data(&bytes)
+            .map_err(|e| ComputeError::Failed(e.to_string()))?;
+    }
+    Ok(out)
+}
+
+/// Encodes `latent` as a one-tensor safetensors file whose tensor is named `latent_tensor`.
+pub fn encode_latent(latent: &LatentBatch) -> Vec<u8> {
+    let bytes = latent.data.len() * 4;
+    let header = serde_json::json!({
+        "latent_tensor": {"dtype": "F32", "shape": latent.shape, "data_offsets": [0, bytes]}
+    })
+    .to_string();
+    let mut header = header.into_bytes();
+    while !header.len().is_multiple_of(8) {
+        header.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + header.len() + bytes);
+    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    out.extend_from_slice(&header);
+    for v in &latent.data {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::{decode, empty};
+
+    #[test]
+    fn png_round_trips_through_decode() {
+        let img = empty(3, 5, 1, 0x00ff00).unwrap();
+        let png = encode_png(&img, 0, &[("prompt".into(), "{}".into())]).unwrap();
+        let (back, mask) = decode(&png).unwrap();
+        assert_eq!((back.width, back.height), (3, 5));
+        assert_eq!(&back.data[..3], &[0.0, 1.0, 0.0]);
+        assert!(mask.data.iter().all(|m| *m == 0.0));
+        assert!(decode(b"not an image").is_err());
+        assert!(encode_png(&img, 1, &[]).is_err(), "no image 1 in a batch of 1");
+    }
+
+    #[test]
+    fn latents_are_safetensors_with_one_tensor() {
+        let latent = LatentBatch {
+            shape: [1, 4, 1, 2],
+            data: (0..8).map(|i| i as f32).collect(),
+        };
+        let bytes = encode_latent(&latent);
+        let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        assert_eq!(header_len % 8, 0);
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+        assert_eq!(header["latent_tensor"]["dtype"], "F32");
+        assert_eq!(header["latent_tensor"]["shape"], serde_json::json!([1, 4, 1, 2]));
+        assert_eq!(header["latent_tensor"]["data_offsets"], serde_json::json!([0, 32]));
+        let data = &bytes[8 + header_len..];
+        assert_eq!(data.len(), 32);
+        assert_eq!(f32::from_le_bytes(data[28..32].try_into().unwrap()), 7.0);
+    }
+}
