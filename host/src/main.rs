@@ -1,4 +1,5 @@
-//! The `weft` command: `serve`, `nodes`, `keys`, `credits`.
+//! The `weft` command: `serve`, `nodes`, `keys`, `credits`, `dev`, `models`. Argument
+//! parsing and dispatch; the longer command bodies live in [`cli`].
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -11,6 +12,10 @@ use weft::api::{ApiConfig, AuthMode, Surface};
 use weft::jobs::JobsConfig;
 use weft::runtime::{Capabilities, Limits, Runtime, RuntimeConfig};
 use weft::serve::{self, ServeConfig};
+
+use cli::models::ModelsCommand;
+
+mod cli;
 
 weft_allocator::install!();
 
@@ -68,59 +73,6 @@ enum DevCommand {
     CheckVectors {
         /// The vector file (format of tests/fixtures/comfyui-sampling.json).
         file: PathBuf,
-    },
-}
-
-#[derive(Subcommand)]
-enum ModelsCommand {
-    /// Writes a tiny random-weight SD1.x checkpoint in the single-file original layout.
-    TinySd {
-        /// Output .safetensors file.
-        #[arg(long)]
-        out: PathBuf,
-        /// Seed of the random weights.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-    },
-    /// Text to image with an SD1.x checkpoint on the compute core (CPU, or CUDA when built
-    /// with `--features cuda`); writes a PNG with the parameters in a `parameters` text chunk.
-    Generate {
-        /// The .safetensors checkpoint (original single-file layout).
-        #[arg(long)]
-        checkpoint: PathBuf,
-        /// The checkpoint has the tiny test layout (`weft models tiny-sd`).
-        #[arg(long)]
-        tiny: bool,
-        /// Positive prompt.
-        #[arg(long, default_value = "")]
-        prompt: String,
-        /// Negative prompt.
-        #[arg(long, default_value = "")]
-        negative: String,
-        /// Noise seed.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Sampler steps.
-        #[arg(long, default_value_t = 20)]
-        steps: usize,
-        /// Guidance scale.
-        #[arg(long, default_value_t = 8.0)]
-        cfg: f32,
-        /// Image width (a multiple of 8; of 2 with --tiny).
-        #[arg(long, default_value_t = 512)]
-        width: u32,
-        /// Image height.
-        #[arg(long, default_value_t = 512)]
-        height: u32,
-        /// Sampler, by ComfyUI name.
-        #[arg(long, default_value = "euler")]
-        sampler: String,
-        /// Scheduler, by ComfyUI name.
-        #[arg(long, default_value = "normal")]
-        scheduler: String,
-        /// Output PNG.
-        #[arg(long)]
-        out: PathBuf,
     },
 }
 
@@ -463,65 +415,7 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Models {
-            command: ModelsCommand::TinySd { out, seed },
-        } => {
-            weft_compute::models::write_random_checkpoint(&out, &weft_compute::models::Sd1Config::tiny(), seed)?;
-            println!("wrote a tiny random-weight SD1 checkpoint to {}", out.display());
-            Ok(())
-        }
-        Command::Models {
-            command:
-                ModelsCommand::Generate {
-                    checkpoint,
-                    tiny,
-                    prompt,
-                    negative,
-                    seed,
-                    steps,
-                    cfg,
-                    width,
-                    height,
-                    sampler,
-                    scheduler,
-                    out,
-                },
-        } => {
-            use weft_compute::{models, sampling, text_to_image};
-            let layout = if tiny {
-                models::Sd1Config::tiny()
-            } else {
-                models::Sd1Config::sd1()
-            };
-            let device = weft_compute::device::select_device();
-            let m = models::load_sd1_with_config(&checkpoint, &layout, &device)?;
-            let req = text_to_image::TextToImage {
-                prompt,
-                negative,
-                width,
-                height,
-                seed,
-                steps,
-                cfg,
-                sampler: sampler
-                    .parse::<sampling::SamplerKind>()
-                    .map_err(|e| anyhow::anyhow!("{e}"))?,
-                scheduler: scheduler
-                    .parse::<sampling::Scheduler>()
-                    .map_err(|e| anyhow::anyhow!("{e}"))?,
-            };
-            let image = text_to_image::text_to_image(&m, &req, &mut |s| {
-                eprintln!("step {}/{} sigma {:.4}", s.step + 1, s.total, s.sigma);
-                sampling::StepControl::Continue
-            })?;
-            let params = format!("{req:?}");
-            std::fs::write(
-                &out,
-                weft_compute::codecs::encode_png(&image, 0, &[("parameters".to_string(), params)])?,
-            )?;
-            println!("wrote {}x{} image to {}", image.width, image.height, out.display());
-            Ok(())
-        }
+        Command::Models { command } => command.run(),
         Command::Credits {
             command:
                 CreditsCommand::Add {

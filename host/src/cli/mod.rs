@@ -1,0 +1,3 @@
+//! The bodies of the `weft` command's longer subcommands (the binary's, not the library's).
+
+pub(crate) mod models;

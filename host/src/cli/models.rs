@@ -1,0 +1,120 @@
+//! `weft models`: SD1.x checkpoints on the compute engine, from the command line.
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use weft_compute::{codecs, device, models, sampling, text_to_image};
+
+/// The `weft models` subcommands.
+#[derive(Subcommand)]
+pub(crate) enum ModelsCommand {
+    /// Writes a tiny random-weight SD1.x checkpoint in the single-file original layout.
+    TinySd {
+        /// Output .safetensors file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Text to image with an SD1.x checkpoint on the compute core (CPU, or CUDA when built
+    /// with `--features cuda`); writes a PNG with the parameters in a `parameters` text chunk.
+    Generate(GenerateArgs),
+}
+
+/// The arguments of `weft models generate`.
+#[derive(clap::Args)]
+pub(crate) struct GenerateArgs {
+    /// The .safetensors checkpoint (original single-file layout).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The checkpoint has the tiny test layout (`weft models tiny-sd`).
+    #[arg(long)]
+    tiny: bool,
+    /// Positive prompt.
+    #[arg(long, default_value = "")]
+    prompt: String,
+    /// Negative prompt.
+    #[arg(long, default_value = "")]
+    negative: String,
+    /// Noise seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Sampler steps.
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    /// Guidance scale.
+    #[arg(long, default_value_t = 8.0)]
+    cfg: f32,
+    /// Image width (a multiple of 8; of 2 with --tiny).
+    #[arg(long, default_value_t = 512)]
+    width: u32,
+    /// Image height.
+    #[arg(long, default_value_t = 512)]
+    height: u32,
+    /// Sampler, by ComfyUI name.
+    #[arg(long, default_value = "euler")]
+    sampler: String,
+    /// Scheduler, by ComfyUI name.
+    #[arg(long, default_value = "normal")]
+    scheduler: String,
+    /// Output PNG.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+impl ModelsCommand {
+    /// Runs the subcommand.
+    pub(crate) fn run(self) -> anyhow::Result<()> {
+        match self {
+            ModelsCommand::TinySd { out, seed } => tiny_sd(out, seed),
+            ModelsCommand::Generate(args) => generate(args),
+        }
+    }
+}
+
+/// Writes the tiny random-weight checkpoint.
+fn tiny_sd(out: PathBuf, seed: u64) -> anyhow::Result<()> {
+    models::write_random_checkpoint(&out, &models::Sd1Config::tiny(), seed)?;
+    println!("wrote a tiny random-weight SD1 checkpoint to {}", out.display());
+    Ok(())
+}
+
+/// Loads the checkpoint, runs text to image with progress on stderr, and writes the PNG.
+fn generate(args: GenerateArgs) -> anyhow::Result<()> {
+    let layout = if args.tiny {
+        models::Sd1Config::tiny()
+    } else {
+        models::Sd1Config::sd1()
+    };
+    let device = device::select_device();
+    let m = models::load_sd1_with_config(&args.checkpoint, &layout, &device)?;
+    let req = text_to_image::TextToImage {
+        prompt: args.prompt,
+        negative: args.negative,
+        width: args.width,
+        height: args.height,
+        seed: args.seed,
+        steps: args.steps,
+        cfg: args.cfg,
+        sampler: args
+            .sampler
+            .parse::<sampling::SamplerKind>()
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+        scheduler: args
+            .scheduler
+            .parse::<sampling::Scheduler>()
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+    };
+    let image = text_to_image::text_to_image(&m, &req, &mut |s| {
+        eprintln!("step {}/{} sigma {:.4}", s.step + 1, s.total, s.sigma);
+        sampling::StepControl::Continue
+    })?;
+    let params = format!("{req:?}");
+    std::fs::write(
+        &args.out,
+        codecs::encode_png(&image, 0, &[("parameters".to_string(), params)])?,
+    )?;
+    println!("wrote {}x{} image to {}", image.width, image.height, args.out.display());
+    Ok(())
+}
