@@ -688,13 +688,17 @@ impl TimeMap {
     }
 }
 
+/// A stretch of the track between two kept cuts.
 struct Section {
     start: f64,
     end: f64,
+    /// Whole bars, at a tempo bent to fill the section (the last one's final hold aside).
     bars: u32,
+    /// Note density, 0 (sparse) to 3 (busy).
     density: u8,
+    /// Loudness, 0.35 to 1.
     intensity: f32,
-    summary: Summary,
+    /// Seconds the final chord is held at the end of the last section; 0 elsewhere.
     final_hold: f64,
 }
 
@@ -868,7 +872,9 @@ pub fn plan(analysis: &Analysis, prompts: &[&str], copies: u32, seed: u64) -> Ve
     out
 }
 
-/// Composes a single track (see module docs).
+/// Composes a single track (see module docs): its character and tempo from the prompt and
+/// the video, its sections at the video's cuts, the notes bar by bar, and the plan that
+/// describes it.
 pub fn compose_track(
     analysis: &Analysis,
     prompt: Option<&str>,
@@ -883,11 +889,63 @@ pub fn compose_track(
     let words = words_of(prompt);
     let global = analysis.summary(0.0, dur);
 
-    // Mood, mode, key.
+    let character = choose_character(&words, &global, copy_index, &mut rng);
+    let bpm = choose_tempo(character.mood, &words, &global, copy_index);
+    let sections = split_at_cuts(analysis, &global, dur, bpm, character.mood);
+
+    let mut bld = Builder::new(f64::from(sr), total);
+    let reverb = reverb_send(character.style);
+    set_up_channels(&mut bld, &character, reverb, copy_index);
+    let harmony = choose_harmony(&character, copy_index, &mut rng);
+    write_sections(&mut bld, &sections, &character, &harmony);
+
+    let (fade_in_s, fade_out_s) = fades(dur, &sections);
+    let score = Score {
+        sample_rate: sr,
+        total_frames: total,
+        events: bld.finish(),
+        fade_in_frames: (fade_in_s * f64::from(sr)) as u64,
+        fade_out_frames: (fade_out_s * f64::from(sr)) as u64,
+        reverb_wet: f32::from(reverb) / 127.0 * 0.6,
+    };
+    let description = describe_track(&character, &sections, bpm, dur, &mut rng);
+    TrackPlan {
+        stream_index: 0,
+        prompt_index,
+        copy_index,
+        prompt: prompt.map(str::to_string),
+        title: description.title,
+        summary: description.summary,
+        display_tags: description.display_tags,
+        duration_s: total as f64 / f64::from(sr),
+        sample_rate: sr,
+        channels: CHANNELS,
+        total_frames: total,
+        tempo_bpm: description.tempo_bpm,
+        key: character.key.name(),
+        mood: character.mood.name().to_string(),
+        style: character.style.name().to_string(),
+        instruments: description.instruments,
+        sections: description.sections,
+        score: Arc::new(score),
+    }
+}
+
+/// What a track sounds like: mood, key, style and the band that plays it.
+struct Character {
+    mood: Mood,
+    key: Key,
+    style: Style,
+    band: Band,
+}
+
+/// Mood and mode from the prompt's words or the video, the key from the video's colour (or
+/// brightness) turned per copy, the style from the words or the mood, and the band for it.
+fn choose_character(words: &[String], global: &Summary, copy_index: u32, rng: &mut Rng) -> Character {
     let mood = words
         .iter()
         .find_map(|w| Mood::from_word(w))
-        .unwrap_or_else(|| mood_from_video(&global));
+        .unwrap_or_else(|| mood_from_video(global));
     let mut minor = mood.minor();
     if words.iter().any(|w| w == "major") {
         minor = false;
@@ -907,18 +965,21 @@ pub fn compose_track(
         minor,
     };
 
-    // Style and band.
     let style = words
         .iter()
         .find_map(|w| Style::from_word(w))
         .unwrap_or_else(|| style_for_mood(mood, copy_index));
-    let mut band = default_band(style, &mut rng);
+    let mut band = default_band(style, rng);
     if mood == Mood::Epic && style == Style::Orchestral {
         band.drums = true;
     }
-    apply_instrument_words(&mut band, &words);
+    apply_instrument_words(&mut band, words);
+    Character { mood, key, style, band }
+}
 
-    // Tempo.
+/// The main tempo in BPM: the mood's, moved by the video's motion, the words `slow`/`fast`,
+/// the copy, or set outright by a `120bpm` word.
+fn choose_tempo(mood: Mood, words: &[String], global: &Summary, copy_index: u32) -> f64 {
     let mut bpm = mood.base_bpm() + (f64::from(global.motion) - 0.4) * 40.0;
     if words.iter().any(|w| w == "slow") {
         bpm -= 15.0;
@@ -927,13 +988,18 @@ pub fn compose_track(
         bpm += 15.0;
     }
     bpm *= [1.0, 1.07, 0.94, 1.12, 0.9][copy_index as usize % 5];
-    if let Some(b) = explicit_bpm(&words) {
+    if let Some(b) = explicit_bpm(words) {
         bpm = b;
     }
-    let bpm = bpm.clamp(54.0, 168.0);
-    let bar_s = 240.0 / bpm;
+    bpm.clamp(54.0, 168.0)
+}
 
-    // Sections from cuts.
+/// Sections between the video's cuts (cuts closer than two bars or four seconds to the last
+/// kept one, or to the end, are merged), each with a whole number of bars at its own tempo,
+/// its density and intensity from its motion and brightness; the last one keeps time for
+/// the final held chord.
+fn split_at_cuts(analysis: &Analysis, global: &Summary, dur: f64, bpm: f64, mood: Mood) -> Vec<Section> {
+    let bar_s = 240.0 / bpm;
     let min_len = (2.0 * bar_s).max(4.0);
     let mut bounds = vec![0.0];
     for &c in &analysis.cuts {
@@ -974,20 +1040,25 @@ pub fn compose_track(
             bars,
             density,
             intensity,
-            summary: s,
             final_hold,
         });
     }
+    sections
+}
 
-    let mut bld = Builder::new(f64::from(sr), total);
-
-    // Channel setup.
-    let reverb: u8 = match style {
+/// The reverb send (MIDI controller 91) for `style`.
+fn reverb_send(style: Style) -> u8 {
+    match style {
         Style::Ambient => 110,
         Style::Orchestral | Style::Piano => 80,
         Style::Rock => 40,
         _ => 60,
-    };
+    }
+}
+
+/// Programs, volumes, pans and effect sends of the band's channels, at time 0.
+fn set_up_channels(bld: &mut Builder, character: &Character, reverb: u8, copy_index: u32) {
+    let (band, style) = (&character.band, character.style);
     let mut setup = |ch: u8, voice: Option<Voice>, vol: u8, pan: u8| {
         if let Some(vc) = voice {
             bld.cc(0.0, ch, 0, 0);
@@ -1008,225 +1079,152 @@ pub fn compose_track(
         bld.cc(0.0, CH_DRUMS, 7, 92);
         bld.cc(0.0, CH_DRUMS, 91, reverb / 2);
     }
+}
 
-    // Progressions: A/B alternate between sections.
-    let progs: &[[i32; 4]] = if key.minor { &MINOR_PROGS } else { &MAJOR_PROGS };
+/// The track's harmony: two progressions that alternate between sections, where chords
+/// are voiced, and the seed of the melody's motifs.
+struct Harmony {
+    prog_a: [i32; 4],
+    prog_b: [i32; 4],
+    chord_center: i32,
+    motif_seed: u64,
+}
+
+/// Picks two different progressions for the key's mode and the motif seed.
+fn choose_harmony(character: &Character, copy_index: u32, rng: &mut Rng) -> Harmony {
+    let progs: &[[i32; 4]] = if character.key.minor {
+        &MINOR_PROGS
+    } else {
+        &MAJOR_PROGS
+    };
     let prog_a = *rng.pick(progs);
     let mut prog_b = *rng.pick(progs);
     if prog_b == prog_a {
         prog_b = progs[(progs.iter().position(|p| *p == prog_a).unwrap() + 1) % progs.len()];
     }
-    let chord_center = [60, 57, 64, 55][copy_index as usize % 4];
-    let motif_seed = rng.next_u64();
-    let mut mel_pos: i32 = 7 * (band.melody_octave - 4) + 2;
-    let mel_lo = 7 * (band.melody_octave - 4) - 3;
-    let mel_hi = mel_lo + 12;
-    let swing = if band.swing { 0.16 } else { 0.0 };
-    let sw = |b: f64| -> f64 {
-        if swing > 0.0 && (b.fract() - 0.5).abs() < 1e-6 {
-            b + swing
+    Harmony {
+        prog_a,
+        prog_b,
+        chord_center: [60, 57, 64, 55][copy_index as usize % 4],
+        motif_seed: rng.next_u64(),
+    }
+}
+
+/// Where the melody is, as a scale index, and the range it moves in.
+struct MelodyLine {
+    pos: i32,
+    lo: i32,
+    hi: i32,
+}
+
+/// One bar being written: its chord and timing, and what it is part of.
+struct Bar<'a> {
+    key: &'a Key,
+    band: &'a Band,
+    tm: &'a TimeMap,
+    /// The bar's first beat within its section.
+    b0: f64,
+    /// Scale degree of its chord.
+    deg: i32,
+    /// Its chord, voiced.
+    chord: Vec<i32>,
+    chord_center: i32,
+    density: u8,
+    intensity: f32,
+    in_intro: bool,
+    swing: f64,
+}
+
+impl Bar<'_> {
+    /// Seconds at beat `b` of the bar.
+    fn t(&self, b: f64) -> f64 {
+        self.tm.t(self.b0 + b)
+    }
+
+    /// Beat `b`, moved later when it is an off-beat eighth and the band swings.
+    fn sw(&self, b: f64) -> f64 {
+        if self.swing > 0.0 && (b.fract() - 0.5).abs() < 1e-6 {
+            b + self.swing
         } else {
             b
         }
+    }
+
+    /// Velocity `base` scaled by the section's intensity.
+    fn vel(&self, base: f32) -> f32 {
+        base * (0.7 + 0.4 * self.intensity)
+    }
+}
+
+/// Writes every section bar by bar (pad, chords, bass, melody, counter-melody, drums), and
+/// the final held chord after the last.
+fn write_sections(bld: &mut Builder, sections: &[Section], character: &Character, harmony: &Harmony) {
+    let (key, band, style) = (&character.key, &character.band, character.style);
+    let mel_lo = 7 * (band.melody_octave - 4) - 3;
+    let mut melody = MelodyLine {
+        pos: 7 * (band.melody_octave - 4) + 2,
+        lo: mel_lo,
+        hi: mel_lo + 12,
     };
-    let mut bar_counter = 0u32;
+    let swing = if band.swing { 0.16 } else { 0.0 };
 
     for (si, sec) in sections.iter().enumerate() {
         let last_sec = si + 1 == sections.len();
-        let prog = if si % 2 == 0 { prog_a } else { prog_b };
-        let mut mrng = Rng::new(mix(motif_seed, (si % 2) as u64 * 7 + u64::from(sec.density)));
+        let prog = if si % 2 == 0 { harmony.prog_a } else { harmony.prog_b };
+        let mut mrng = Rng::new(mix(harmony.motif_seed, (si % 2) as u64 * 7 + u64::from(sec.density)));
         let motif = make_motif(&mut mrng, sec.density);
-        let body_len = sec.end - sec.start - sec.final_hold;
         let tm = TimeMap {
             start: sec.start,
-            len: body_len,
+            len: sec.end - sec.start - sec.final_hold,
             beats: f64::from(sec.bars) * 4.0,
             ritard: last_sec && sec.bars > 0,
-        };
-        let local_bpm = if sec.bars > 0 {
-            f64::from(sec.bars) * 240.0 / body_len
-        } else {
-            bpm
         };
         let expr = (sec.intensity * 127.0) as u8;
         for ch in [CH_CHORDS, CH_PAD, CH_COUNTER] {
             bld.cc(sec.start, ch, 11, expr);
         }
-        let vel = |base: f32| base * (0.7 + 0.4 * sec.intensity);
         let intro_bars = if si == 0 && sec.bars >= 3 {
             1 + u32::from(sec.bars >= 12 && sec.density <= 1)
         } else {
             0
         };
-        let _ = sec.summary;
 
-        for bar in 0..sec.bars {
-            let b0 = f64::from(bar) * 4.0;
-            let deg = prog[(bar % 4) as usize];
-            let in_intro = bar < intro_bars;
-            let last_bar_of_sec = bar + 1 == sec.bars;
-            let chord = voice_chord(&key, deg, band.sevenths, chord_center);
-            let t = |b: f64| tm.t(b0 + b);
-            bar_counter += 1;
-
-            // Pad.
-            if band.pad.is_some() {
-                for &p in &voice_chord(&key, deg, false, chord_center - 5) {
-                    bld.note(CH_PAD, p, vel(62.0), t(0.0), t(4.0) + 0.02);
-                }
+        for index in 0..sec.bars {
+            let deg = prog[(index % 4) as usize];
+            let bar = Bar {
+                key,
+                band,
+                tm: &tm,
+                b0: f64::from(index) * 4.0,
+                deg,
+                chord: voice_chord(key, deg, band.sevenths, harmony.chord_center),
+                chord_center: harmony.chord_center,
+                density: sec.density,
+                intensity: sec.intensity,
+                in_intro: index < intro_bars,
+                swing,
+            };
+            let last_bar_of_sec = index + 1 == sec.bars;
+            play_pad(bld, &bar);
+            play_chords(bld, &bar);
+            play_bass(bld, &bar);
+            // The melody rests in the intro and, at density 0, on alternate bars.
+            if !(bar.in_intro || (sec.density == 0 && index % 2 == 1)) {
+                let phrase_end = index % 4 == 3 || last_bar_of_sec;
+                play_melody(bld, &bar, &motif, &mut melody, phrase_end, &mut mrng);
             }
-            // Chords.
-            let comp = if in_intro { Comp::Sustain } else { band.comp };
-            match comp {
-                Comp::Sustain => {
-                    for &p in &chord {
-                        bld.note(
-                            CH_CHORDS,
-                            p,
-                            vel(if in_intro { 58.0 } else { 70.0 }),
-                            t(0.0),
-                            t(4.0) + 0.02,
-                        );
-                    }
-                }
-                Comp::Block => {
-                    let hits: &[(f64, f64)] = match sec.density {
-                        0 => &[(0.0, 4.0)],
-                        1 => &[(0.0, 2.0), (2.0, 2.0)],
-                        2 => &[(0.0, 1.5), (1.5, 1.0), (2.5, 1.5)],
-                        _ => &[(0.0, 1.0), (1.0, 0.5), (1.5, 1.0), (2.5, 0.5), (3.0, 1.0)],
-                    };
-                    for &(on, len) in hits {
-                        let accent = if on == 0.0 { 1.0 } else { 0.85 };
-                        for &p in &chord {
-                            bld.note(CH_CHORDS, p, vel(74.0 * accent), t(sw(on)), t(sw(on) + len * 0.95));
-                        }
-                    }
-                }
-                Comp::Arpeggio => {
-                    let step = match sec.density {
-                        0 => 1.0,
-                        1 | 2 => 0.5,
-                        _ => 0.25,
-                    };
-                    let mut tones = chord.clone();
-                    tones.insert(0, chord[0] - 12);
-                    let up_down: Vec<i32> = {
-                        let mut v = tones.clone();
-                        v.extend(tones.iter().rev().skip(1).take(tones.len() - 2));
-                        v
-                    };
-                    let n = (4.0 / step) as usize;
-                    for k in 0..n {
-                        let on = k as f64 * step;
-                        let p = up_down[k % up_down.len()];
-                        bld.note(
-                            CH_CHORDS,
-                            p,
-                            vel(if k == 0 { 72.0 } else { 60.0 }),
-                            t(sw(on)),
-                            t(sw(on) + step * 1.8),
-                        );
-                    }
-                }
+            if band.counter.is_some() && !bar.in_intro && sec.density >= 1 && index % 2 == 1 {
+                play_counter(bld, &bar, &mut mrng);
             }
-            // Bass.
-            if band.bass.is_some() {
-                let root = key.pitch(deg - 14);
-                let root = if root > 50 { root - 12 } else { root };
-                let fifth = key.pitch(deg + 4 - 14);
-                let fifth = if fifth - root > 12 { fifth - 12 } else { fifth };
-                let pat: Vec<(f64, f64, i32)> = if in_intro {
-                    vec![(0.0, 4.0, root)]
-                } else {
-                    match sec.density {
-                        0 => vec![(0.0, 4.0, root)],
-                        1 => vec![(0.0, 2.0, root), (2.0, 2.0, fifth)],
-                        2 => vec![
-                            (0.0, 1.0, root),
-                            (1.0, 1.0, root),
-                            (2.0, 1.0, fifth),
-                            (3.0, 1.0, root + 12),
-                        ],
-                        _ => (0..8)
-                            .map(|k| {
-                                let p = if k % 4 == 3 {
-                                    fifth
-                                } else if k == 6 {
-                                    root + 12
-                                } else {
-                                    root
-                                };
-                                (k as f64 * 0.5, 0.5, p)
-                            })
-                            .collect(),
-                    }
-                };
-                for (on, len, p) in pat {
-                    bld.note(CH_BASS, p, vel(84.0), t(sw(on)), t(sw(on) + len * 0.92));
-                }
-            }
-            // Melody (rests in intro and, at density 0, on alternate bars).
-            let plays = !(in_intro || (sec.density == 0 && bar % 2 == 1));
-            if plays {
-                let tones = chord_tones(deg, band.sevenths);
-                let phrase_end = bar % 4 == 3 || last_bar_of_sec;
-                let vary = mrng.chance(0.3);
-                for (j, &(on, len)) in motif.rhythm.iter().enumerate() {
-                    if phrase_end && on >= 2.0 {
-                        break;
-                    }
-                    let mut step = motif.steps[j];
-                    if vary && j % 2 == 1 {
-                        step = -step;
-                    }
-                    let mut target = mel_pos + step;
-                    if target > mel_hi {
-                        target = mel_hi - (target - mel_hi);
-                    }
-                    if target < mel_lo {
-                        target = mel_lo + (mel_lo - target);
-                    }
-                    let strong = on.fract() == 0.0 && (on as i32) % 2 == 0;
-                    if strong || phrase_end {
-                        // Snap to the nearest chord tone.
-                        target = (target - 3..=target + 3)
-                            .filter(|s| tones.iter().any(|c| (s - c).rem_euclid(7) == 0))
-                            .min_by_key(|s| ((s - target).abs(), *s))
-                            .unwrap_or(target);
-                    }
-                    mel_pos = target;
-                    let len = if phrase_end && j + 1 < motif.rhythm.len() && motif.rhythm[j + 1].0 >= 2.0 {
-                        4.0 - on
-                    } else {
-                        len
-                    };
-                    let accent = if on == 0.0 { 1.0 } else { 0.88 };
-                    bld.note(
-                        CH_MELODY,
-                        key.pitch(mel_pos),
-                        vel(88.0 * accent) + mrng.range_i(-6, 6) as f32,
-                        t(sw(on)),
-                        t(sw(on) + len * 0.9),
-                    );
-                }
-            }
-            // Counter-melody: sparse bell/harp answer on beat 3.
-            if band.counter.is_some() && !in_intro && sec.density >= 1 && bar % 2 == 1 {
-                let p = key.pitch(chord_tones(deg, false)[mrng.below(3)] + 14);
-                bld.note(CH_COUNTER, p, vel(64.0), t(2.0), t(3.5));
-                bld.note(CH_COUNTER, p - 12 + key.scale()[2], vel(56.0), t(3.0), t(4.0));
-            }
-            // Drums.
-            if band.drums && !in_intro {
+            if band.drums && !bar.in_intro {
                 drum_bar(
-                    &mut bld,
+                    bld,
                     &tm,
-                    b0,
+                    bar.b0,
                     sec.density,
                     style,
-                    vel(1.0),
-                    bar == 0 && si > 0,
+                    bar.vel(1.0),
+                    index == 0 && si > 0,
                     last_bar_of_sec && !last_sec,
                     &mut mrng,
                     swing,
@@ -1234,47 +1232,247 @@ pub fn compose_track(
             }
         }
 
-        // Final chord.
         if last_sec {
-            let tf = sec.end - sec.final_hold;
-            let end = sec.end + 0.5;
-            for &p in &voice_chord(&key, 0, band.sevenths && !key.minor, chord_center) {
-                bld.note(CH_CHORDS, p, 76.0, tf, end);
-            }
-            if band.pad.is_some() {
-                for &p in &voice_chord(&key, 0, false, chord_center - 5) {
-                    bld.note(CH_PAD, p, 66.0, tf, end);
-                }
-            }
-            if band.bass.is_some() {
-                let r = key.pitch(-14);
-                bld.note(CH_BASS, if r > 50 { r - 12 } else { r }, 86.0, tf, end);
-            }
-            bld.note(CH_MELODY, key.pitch(7 * (band.melody_octave - 4)), 80.0, tf, end);
-            if band.drums {
-                bld.note(CH_DRUMS, 49, 84.0, tf, end);
-                bld.note(CH_DRUMS, 36, 90.0, tf, tf + 0.3);
+            play_final_chord(bld, key, band, harmony.chord_center, sec);
+        }
+    }
+}
+
+/// The pad holds the chord (without sevenths) for the whole bar, a fourth below the chords.
+fn play_pad(bld: &mut Builder, bar: &Bar<'_>) {
+    if bar.band.pad.is_some() {
+        for &p in &voice_chord(bar.key, bar.deg, false, bar.chord_center - 5) {
+            bld.note(CH_PAD, p, bar.vel(62.0), bar.t(0.0), bar.t(4.0) + 0.02);
+        }
+    }
+}
+
+/// The chords in the band's comping pattern (held in the intro), busier at higher density.
+fn play_chords(bld: &mut Builder, bar: &Bar<'_>) {
+    let comp = if bar.in_intro { Comp::Sustain } else { bar.band.comp };
+    let chord = &bar.chord;
+    match comp {
+        Comp::Sustain => {
+            for &p in chord {
+                bld.note(
+                    CH_CHORDS,
+                    p,
+                    bar.vel(if bar.in_intro { 58.0 } else { 70.0 }),
+                    bar.t(0.0),
+                    bar.t(4.0) + 0.02,
+                );
             }
         }
-        let _ = local_bpm;
+        Comp::Block => {
+            let hits: &[(f64, f64)] = match bar.density {
+                0 => &[(0.0, 4.0)],
+                1 => &[(0.0, 2.0), (2.0, 2.0)],
+                2 => &[(0.0, 1.5), (1.5, 1.0), (2.5, 1.5)],
+                _ => &[(0.0, 1.0), (1.0, 0.5), (1.5, 1.0), (2.5, 0.5), (3.0, 1.0)],
+            };
+            for &(on, len) in hits {
+                let accent = if on == 0.0 { 1.0 } else { 0.85 };
+                for &p in chord {
+                    bld.note(
+                        CH_CHORDS,
+                        p,
+                        bar.vel(74.0 * accent),
+                        bar.t(bar.sw(on)),
+                        bar.t(bar.sw(on) + len * 0.95),
+                    );
+                }
+            }
+        }
+        Comp::Arpeggio => {
+            let step = match bar.density {
+                0 => 1.0,
+                1 | 2 => 0.5,
+                _ => 0.25,
+            };
+            let mut tones = chord.clone();
+            tones.insert(0, chord[0] - 12);
+            let up_down: Vec<i32> = {
+                let mut v = tones.clone();
+                v.extend(tones.iter().rev().skip(1).take(tones.len() - 2));
+                v
+            };
+            let n = (4.0 / step) as usize;
+            for k in 0..n {
+                let on = k as f64 * step;
+                let p = up_down[k % up_down.len()];
+                bld.note(
+                    CH_CHORDS,
+                    p,
+                    bar.vel(if k == 0 { 72.0 } else { 60.0 }),
+                    bar.t(bar.sw(on)),
+                    bar.t(bar.sw(on) + step * 1.8),
+                );
+            }
+        }
     }
-    let _ = bar_counter;
+}
 
+/// The bass: the chord's root (and fifth, and octave) two octaves down, in a pattern that
+/// gets busier with density; one held root in the intro.
+fn play_bass(bld: &mut Builder, bar: &Bar<'_>) {
+    if bar.band.bass.is_none() {
+        return;
+    }
+    let (key, deg) = (bar.key, bar.deg);
+    let root = key.pitch(deg - 14);
+    let root = if root > 50 { root - 12 } else { root };
+    let fifth = key.pitch(deg + 4 - 14);
+    let fifth = if fifth - root > 12 { fifth - 12 } else { fifth };
+    let pat: Vec<(f64, f64, i32)> = if bar.in_intro {
+        vec![(0.0, 4.0, root)]
+    } else {
+        match bar.density {
+            0 => vec![(0.0, 4.0, root)],
+            1 => vec![(0.0, 2.0, root), (2.0, 2.0, fifth)],
+            2 => vec![
+                (0.0, 1.0, root),
+                (1.0, 1.0, root),
+                (2.0, 1.0, fifth),
+                (3.0, 1.0, root + 12),
+            ],
+            _ => (0..8)
+                .map(|k| {
+                    let p = if k % 4 == 3 {
+                        fifth
+                    } else if k == 6 {
+                        root + 12
+                    } else {
+                        root
+                    };
+                    (k as f64 * 0.5, 0.5, p)
+                })
+                .collect(),
+        }
+    };
+    for (on, len, p) in pat {
+        bld.note(
+            CH_BASS,
+            p,
+            bar.vel(84.0),
+            bar.t(bar.sw(on)),
+            bar.t(bar.sw(on) + len * 0.92),
+        );
+    }
+}
+
+/// The melody: the section's motif walked from where the line is, reflected at the edges
+/// of its range, snapped to chord tones on strong beats; a phrase's last bar ends on beat 3
+/// with a held note.
+fn play_melody(
+    bld: &mut Builder,
+    bar: &Bar<'_>,
+    motif: &Motif,
+    line: &mut MelodyLine,
+    phrase_end: bool,
+    mrng: &mut Rng,
+) {
+    let tones = chord_tones(bar.deg, bar.band.sevenths);
+    let vary = mrng.chance(0.3);
+    for (j, &(on, len)) in motif.rhythm.iter().enumerate() {
+        if phrase_end && on >= 2.0 {
+            break;
+        }
+        let mut step = motif.steps[j];
+        if vary && j % 2 == 1 {
+            step = -step;
+        }
+        let mut target = line.pos + step;
+        if target > line.hi {
+            target = line.hi - (target - line.hi);
+        }
+        if target < line.lo {
+            target = line.lo + (line.lo - target);
+        }
+        let strong = on.fract() == 0.0 && (on as i32) % 2 == 0;
+        if strong || phrase_end {
+            // Snap to the nearest chord tone.
+            target = (target - 3..=target + 3)
+                .filter(|s| tones.iter().any(|c| (s - c).rem_euclid(7) == 0))
+                .min_by_key(|s| ((s - target).abs(), *s))
+                .unwrap_or(target);
+        }
+        line.pos = target;
+        let len = if phrase_end && j + 1 < motif.rhythm.len() && motif.rhythm[j + 1].0 >= 2.0 {
+            4.0 - on
+        } else {
+            len
+        };
+        let accent = if on == 0.0 { 1.0 } else { 0.88 };
+        bld.note(
+            CH_MELODY,
+            bar.key.pitch(line.pos),
+            bar.vel(88.0 * accent) + mrng.range_i(-6, 6) as f32,
+            bar.t(bar.sw(on)),
+            bar.t(bar.sw(on) + len * 0.9),
+        );
+    }
+}
+
+/// The counter-melody: a sparse bell or harp answer on beat 3.
+fn play_counter(bld: &mut Builder, bar: &Bar<'_>, mrng: &mut Rng) {
+    let key = bar.key;
+    let p = key.pitch(chord_tones(bar.deg, false)[mrng.below(3)] + 14);
+    bld.note(CH_COUNTER, p, bar.vel(64.0), bar.t(2.0), bar.t(3.5));
+    bld.note(
+        CH_COUNTER,
+        p - 12 + key.scale()[2],
+        bar.vel(56.0),
+        bar.t(3.0),
+        bar.t(4.0),
+    );
+}
+
+/// The tonic chord held through the last section's final hold, by every role.
+fn play_final_chord(bld: &mut Builder, key: &Key, band: &Band, chord_center: i32, sec: &Section) {
+    let tf = sec.end - sec.final_hold;
+    let end = sec.end + 0.5;
+    for &p in &voice_chord(key, 0, band.sevenths && !key.minor, chord_center) {
+        bld.note(CH_CHORDS, p, 76.0, tf, end);
+    }
+    if band.pad.is_some() {
+        for &p in &voice_chord(key, 0, false, chord_center - 5) {
+            bld.note(CH_PAD, p, 66.0, tf, end);
+        }
+    }
+    if band.bass.is_some() {
+        let r = key.pitch(-14);
+        bld.note(CH_BASS, if r > 50 { r - 12 } else { r }, 86.0, tf, end);
+    }
+    bld.note(CH_MELODY, key.pitch(7 * (band.melody_octave - 4)), 80.0, tf, end);
+    if band.drums {
+        bld.note(CH_DRUMS, 49, 84.0, tf, end);
+        bld.note(CH_DRUMS, 36, 90.0, tf, tf + 0.3);
+    }
+}
+
+/// Fade-in and fade-out lengths in seconds: the fade-out covers the final hold.
+fn fades(dur: f64, sections: &[Section]) -> (f64, f64) {
     let fade_in_s = 0.03f64.min(dur * 0.1);
     let fade_out_s = match sections.last() {
         Some(s) if s.final_hold > 0.0 => (s.final_hold + 0.5).min(dur * 0.5),
         _ => 1.0f64.min(dur * 0.3),
     };
-    let score = Score {
-        sample_rate: sr,
-        total_frames: total,
-        events: bld.finish(),
-        fade_in_frames: (fade_in_s * f64::from(sr)) as u64,
-        fade_out_frames: (fade_out_s * f64::from(sr)) as u64,
-        reverb_wet: f32::from(reverb) / 127.0 * 0.6,
-    };
+    (fade_in_s, fade_out_s)
+}
 
-    // Description.
+/// What a [`TrackPlan`] tells the client about the music.
+struct Description {
+    title: String,
+    summary: String,
+    display_tags: Vec<String>,
+    tempo_bpm: u32,
+    instruments: Vec<String>,
+    sections: Vec<SectionInfo>,
+}
+
+/// The track's instruments, title, section layout, average tempo, summary sentence and tags.
+fn describe_track(character: &Character, sections: &[Section], bpm: f64, dur: f64, rng: &mut Rng) -> Description {
+    let (mood, key, style, band) = (character.mood, &character.key, character.style, &character.band);
     let mut instruments: Vec<String> = Vec::new();
     let mut add = |n: &str| {
         if !instruments.iter().any(|x| x == n) {
@@ -1348,25 +1546,13 @@ pub fn compose_track(
     ];
     display_tags.extend(instruments.iter().cloned());
 
-    TrackPlan {
-        stream_index: 0,
-        prompt_index,
-        copy_index,
-        prompt: prompt.map(str::to_string),
+    Description {
         title,
         summary,
         display_tags,
-        duration_s: total as f64 / f64::from(sr),
-        sample_rate: sr,
-        channels: CHANNELS,
-        total_frames: total,
         tempo_bpm: tempo,
-        key: key.name(),
-        mood: mood.name().to_string(),
-        style: style.name().to_string(),
         instruments,
         sections: section_infos,
-        score: Arc::new(score),
     }
 }
 
