@@ -4,13 +4,13 @@
 use std::sync::Arc;
 
 use wasmtime::component::Resource;
+use weft_compute::values::AudioClip;
+use weft_v2m::{self as v2m, V2mError};
 
 use super::CallState;
 use crate::runtime::bindings::weft::node::music::Host;
 use crate::runtime::bindings::wit::{AssetRef, NodeError};
 use crate::runtime::value::AudioRes;
-use weft_compute::values::AudioClip;
-use weft_v2m::{self as v2m, V2mError};
 
 fn node_error(e: V2mError) -> NodeError {
     NodeError {

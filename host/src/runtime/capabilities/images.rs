@@ -3,12 +3,12 @@
 use std::sync::Arc;
 
 use wasmtime::component::Resource;
+use weft_compute::{self as compute, ComputeError};
 
 use super::CallState;
 use crate::runtime::bindings::weft::node::images::Host;
 use crate::runtime::bindings::wit::{AssetRef, NodeError};
 use crate::runtime::value::{ImageRes, MaskRes};
-use weft_compute::{self as compute, ComputeError};
 
 fn node_error(e: ComputeError) -> NodeError {
     NodeError {
