@@ -115,7 +115,6 @@ async fn metrics(state: &AppState) -> Result<warp::reply::Response, ApiError> {
         );
         let _ = writeln!(out, "weft_queue_capacity {}", jobs.queue().capacity());
         let counts = jobs
-            .store()
             .count_by_status()
             .await
             .map_err(|e| ApiError::upstream("counting jobs", e))?;
@@ -123,7 +122,7 @@ async fn metrics(state: &AppState) -> Result<warp::reply::Response, ApiError> {
             out,
             "# HELP weft_jobs Jobs in the store, by status.\n# TYPE weft_jobs gauge"
         );
-        for status in crate::store::JobStatus::ALL {
+        for status in crate::jobs::JobStatus::ALL {
             let n = counts.iter().find(|(s, _)| *s == status).map_or(0, |(_, n)| *n);
             let _ = writeln!(out, "weft_jobs{{status=\"{}\"}} {n}", status.as_str());
         }

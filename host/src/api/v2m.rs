@@ -533,7 +533,7 @@ async fn resolve_reference(
     if reference.contains("://") {
         return fetch_url(svc, reference).await;
     }
-    let asset = state.store.asset(&caller.tenant, reference).await.map_err(|e| {
+    let asset = state.assets.get(&caller.tenant, reference).await.map_err(|e| {
         tracing::error!(error = %e, "reading an asset");
         DetailError::GenerationFailed("the video reference could not be looked up".into())
     })?;
@@ -542,7 +542,7 @@ async fn resolve_reference(
             "`video` names no asset of yours: {reference:?} (give an asset id or a URL)"
         ))
     })?;
-    let blob = state.blobs.path(&asset.blob);
+    let blob = state.assets.blob_path(&asset);
     // A hard link keeps the bytes readable even if the asset is deleted meanwhile.
     let temp = TempVideo::new(&svc.tmp_dir);
     let temp = match std::fs::hard_link(&blob, &temp.path) {

@@ -76,23 +76,6 @@ pub async fn sweep(jobs: &Arc<Jobs>) -> Result<Swept, StoreError> {
         .purge_idempotency(now - chrono::Duration::from_std(IDEMPOTENCY_TTL).unwrap_or_default())
         .await?;
     blobs.extend(jobs.store.delete_expired_assets(now).await?);
-    swept.blobs = collect_garbage(jobs, blobs).await?;
+    swept.blobs = jobs.assets.collect_garbage(blobs).await?;
     Ok(swept)
-}
-
-/// Deletes those of `candidates` that no asset references.
-pub async fn collect_garbage(jobs: &Jobs, mut candidates: Vec<String>) -> Result<usize, StoreError> {
-    candidates.sort();
-    candidates.dedup();
-    if candidates.is_empty() {
-        return Ok(0);
-    }
-    let _guard = jobs.blob_lock.lock().await;
-    let orphans = jobs.store.unreferenced_blobs(candidates).await?;
-    for hash in &orphans {
-        if let Err(e) = jobs.blobs.remove(hash) {
-            tracing::warn!(blob = %hash, error = %e, "cannot remove blob");
-        }
-    }
-    Ok(orphans.len())
 }
