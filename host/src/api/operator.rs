@@ -78,7 +78,7 @@ async fn drain(state: &AppState, authorization: Option<&str>) -> Result<warp::re
             "operator routes are disabled; start weft with --admin-token".into(),
         ));
     };
-    let given = authorization.and_then(|h| h.strip_prefix("Bearer ")).unwrap_or("");
+    let given = super::auth::bearer(authorization).unwrap_or("");
     if blake3::hash(given.as_bytes()) != blake3::hash(expected.as_bytes()) {
         // A caller the job API knows (a tenant key, the static token) is authenticated but
         // not allowed here: 403. Anyone else: 401.

@@ -277,11 +277,7 @@ struct Request {
 
 /// The caller: a bearer token is required even under `--auth none`, where any is accepted.
 async fn authorize(state: &AppState, header: Option<&str>) -> Result<Caller, DetailError> {
-    let token = header
-        .map(str::trim)
-        .and_then(|h| h.split_once(' '))
-        .filter(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty());
-    if token.is_none() {
+    if auth::bearer(header).is_none() {
         return Err(DetailError::Unauthorized);
     }
     if state.config.auth == AuthMode::None {
