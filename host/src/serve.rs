@@ -9,6 +9,7 @@ use weft_v2m::Engine as V2mEngine;
 
 use crate::api::v2m::{V2mService, V2mSettings};
 use crate::api::{self, ApiConfig, AppState};
+use crate::jobs::assets::Assets;
 use crate::jobs::{self, Jobs, JobsConfig};
 use crate::runtime::{Runtime, RuntimeConfig};
 use crate::store::{sqlite::SqliteStore, Blobs, Store};
@@ -84,13 +85,13 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
             .ensure_tenant(api::auth::DEFAULT_TENANT, config.initial_credits)
             .await?;
     }
-    let blobs = Blobs::open(&config.data_dir.join("blobs"))?;
+    let assets = Arc::new(Assets::new(store.clone(), Blobs::open(&config.data_dir.join("blobs"))?));
     let links = api::links::Links::new(&config.api.mount_prefix, link_key(&config.data_dir)?, config.link_ttl);
     let v2m_engine = v2m_engine(&config.api.v2m, &config.data_dir);
     let state = Arc::new(AppState {
         config: config.api.clone(),
         store: store.clone(),
-        blobs: blobs.clone(),
+        assets: assets.clone(),
         jobs: std::sync::OnceLock::new(),
         links,
         streams: Default::default(),
@@ -114,7 +115,7 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
     let runtime_config = config.runtime.clone();
     let runtime = tokio::task::spawn_blocking(move || Runtime::load(runtime_config)).await??;
     tracing::info!(classes = runtime.catalog().len(), "plugins loaded");
-    let jobs = Jobs::new(store, blobs, runtime, config.jobs.clone());
+    let jobs = Jobs::new(store, assets, runtime, config.jobs.clone());
     let recovered = jobs::recovery::recover(&jobs).await?;
     if recovered != Default::default() {
         tracing::info!(?recovered, "recovered unfinished jobs");

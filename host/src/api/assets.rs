@@ -15,9 +15,7 @@ use warp::{Filter, Reply};
 use super::auth::{self, Caller};
 use super::error::ApiError;
 use super::{render, respond, AppState};
-use crate::jobs::retention;
-use crate::store::blobs::is_hex_hash;
-use crate::store::{AssetRecord, Deleted};
+use crate::jobs::assets::{parse_hash, UploadDetails};
 
 /// Bounds of `expires_in`, in seconds.
 const EXPIRES_IN: std::ops::RangeInclusive<i64> = 60..=604_800;
@@ -104,12 +102,6 @@ fn reply(status: StatusCode, body: &Json) -> warp::reply::Response {
     warp::reply::with_status(warp::reply::json(body), status).into_response()
 }
 
-/// `blake3:<hex>` or bare hex, as a hex digest.
-fn parse_hash(text: &str) -> Option<String> {
-    let hex = text.strip_prefix("blake3:").unwrap_or(text).to_ascii_lowercase();
-    is_hex_hash(&hex).then_some(hex)
-}
-
 fn expires_at(expires_in: Option<i64>) -> Result<Option<chrono::DateTime<Utc>>, ApiError> {
     match expires_in {
         None => Ok(None),
@@ -138,7 +130,7 @@ async fn part_text(part: Part) -> Result<String, ApiError> {
 }
 
 async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<warp::reply::Response, ApiError> {
-    let jobs = state.jobs()?;
+    state.jobs()?;
     let mut form = form;
     let mut file_path = None;
     let mut content_type = None;
@@ -154,24 +146,19 @@ async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<
                 if file_path.is_none() {
                     file_path = part.filename().map(String::from);
                 }
-                let mut writer = state
-                    .blobs
-                    .writer()
-                    .map_err(|e| ApiError::upstream("creating a blob", e))?;
+                let mut upload = state.assets.receive()?;
                 let mut stream = part.stream();
                 while let Some(chunk) = stream.next().await {
                     let chunk = chunk.map_err(multipart_error)?;
-                    if writer.size() + chunk.remaining() as u64 > state.config.max_upload_bytes {
+                    if upload.size() + chunk.remaining() as u64 > state.config.max_upload_bytes {
                         return Err(ApiError::PayloadTooLarge(format!(
                             "uploads are limited to {} bytes",
                             state.config.max_upload_bytes
                         )));
                     }
-                    writer
-                        .write_chunk(chunk.chunk())
-                        .map_err(|e| ApiError::upstream("writing a blob", e))?;
+                    upload.write(chunk.chunk())?;
                 }
-                written = Some(writer);
+                written = Some(upload);
             }
             "file_path" => file_path = Some(part_text(part).await?),
             "content_type" => content_type = Some(part_text(part).await?),
@@ -190,64 +177,27 @@ async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<
             }
         }
     }
-    let writer = written.ok_or_else(|| ApiError::bad_request("missing_file", "the upload needs a `file` part"))?;
+    let upload = written.ok_or_else(|| ApiError::bad_request("missing_file", "the upload needs a `file` part"))?;
     let file_path = file_path
         .filter(|p| !p.is_empty())
         .ok_or_else(|| ApiError::bad_request("missing_file_path", "the upload needs a `file_path` part"))?;
     let expires_at = expires_at(expires_in)?;
-    let expected = match expected_hash.filter(|h| !h.is_empty()) {
+    let expected_hash = match expected_hash.filter(|h| !h.is_empty()) {
         Some(h) => Some(
             parse_hash(&h)
                 .ok_or_else(|| ApiError::bad_request("invalid_hash", "expected_hash must be blake3:<64 hex digits>"))?,
         ),
         None => None,
     };
-    let _guard = jobs.blob_lock.lock().await;
-    let (hash, size) = tokio::task::spawn_blocking(move || writer.finish())
-        .await
-        .map_err(|e| ApiError::upstream("storing an upload", e))?
-        .map_err(|e| ApiError::upstream("storing an upload", e))?;
-    if let Some(expected) = expected {
-        if expected != hash {
-            drop(_guard);
-            let _ = retention::collect_garbage(jobs, vec![hash.clone()]).await;
-            return Err(ApiError::HashMismatch {
-                expected: format!("blake3:{expected}"),
-                actual: format!("blake3:{hash}"),
-            });
-        }
-    }
-    let existing = state
-        .store
-        .asset_by_blob(&caller.tenant, &hash)
-        .await
-        .map_err(|e| ApiError::upstream("deduplicating an upload", e))?;
-    let content_type = content_type
-        .filter(|c| !c.is_empty())
-        .or(part_type)
-        .or_else(|| existing.as_ref().map(|a| a.content_type.clone()))
-        .unwrap_or_else(|| guess_content_type(&file_path).to_string());
-    let asset = AssetRecord {
-        id: uuid::Uuid::new_v4().to_string(),
-        tenant: caller.tenant,
-        blob: hash,
-        size_bytes: size as i64,
-        content_type,
+    let details = UploadDetails {
+        tenant: caller.tenant.clone(),
         file_path,
-        job_id: None,
-        node_id: None,
-        kind: None,
+        content_type: content_type.filter(|c| !c.is_empty()).or(part_type),
         tags,
-        created_at: Utc::now(),
         expires_at,
-        output_index: None,
+        expected_hash,
     };
-    state
-        .store
-        .insert_asset(asset.clone())
-        .await
-        .map_err(|e| ApiError::upstream("recording an asset", e))?;
-    let created_new = existing.is_none();
+    let (asset, created_new) = state.assets.upload(upload, details).await?;
     let status = if created_new {
         StatusCode::CREATED
     } else {
@@ -265,26 +215,6 @@ fn multipart_error(e: warp::Error) -> ApiError {
         ApiError::PayloadTooLarge(format!("the upload is larger than allowed: {text}"))
     } else {
         ApiError::bad_request("invalid_multipart", format!("the multipart body is malformed: {text}"))
-    }
-}
-
-fn guess_content_type(path: &str) -> &'static str {
-    let lower = path.to_ascii_lowercase();
-    let ext = lower.rsplit('.').next().unwrap_or("");
-    match ext {
-        "png" => "image/png",
-        "jpg" | "jpeg" => "image/jpeg",
-        "webp" => "image/webp",
-        "gif" => "image/gif",
-        "mp4" => "video/mp4",
-        "webm" => "video/webm",
-        "mov" => "video/quicktime",
-        "wav" => "audio/wav",
-        "mp3" => "audio/mpeg",
-        "flac" => "audio/flac",
-        "txt" => "text/plain",
-        "json" => "application/json",
-        _ => "application/octet-stream",
     }
 }
 
@@ -310,31 +240,10 @@ async fn from_hash(
         .ok_or_else(|| ApiError::bad_request("invalid_hash", "hash must be blake3:<64 hex digits>"))?;
     let expires_at = expires_at(request.expires_in)?;
     // Only a blob the caller already uses can be adopted: another tenant's is not found.
-    let existing = state
-        .store
-        .asset_by_blob(&caller.tenant, &hash)
-        .await
-        .map_err(|e| ApiError::upstream("finding a blob", e))?;
-    let Some(existing) = existing.filter(|_| state.blobs.exists(&hash)) else {
-        return Err(ApiError::BlobNotFound);
-    };
-    let asset = AssetRecord {
-        id: uuid::Uuid::new_v4().to_string(),
-        file_path: request.file_path.unwrap_or_else(|| existing.file_path.clone()),
-        job_id: None,
-        node_id: None,
-        kind: None,
-        tags: request.tags,
-        created_at: Utc::now(),
-        expires_at,
-        output_index: None,
-        ..existing
-    };
-    state
-        .store
-        .insert_asset(asset.clone())
-        .await
-        .map_err(|e| ApiError::upstream("recording an asset", e))?;
+    let asset = state
+        .assets
+        .adopt(&caller.tenant, &hash, request.file_path, request.tags, expires_at)
+        .await?;
     Ok(reply(
         StatusCode::CREATED,
         &render::asset(&state.links.at(caller.origin.as_deref()), &asset, false),
@@ -343,12 +252,7 @@ async fn from_hash(
 
 async fn by_hash(state: Arc<AppState>, caller: Caller, hash: String) -> Result<warp::reply::Response, ApiError> {
     let found = match parse_hash(&hash) {
-        Some(hex) => state
-            .store
-            .asset_by_blob(&caller.tenant, &hex)
-            .await
-            .map_err(|e| ApiError::upstream("finding a blob", e))?
-            .is_some(),
+        Some(hex) => state.assets.has_blob(&caller.tenant, &hex).await?,
         None => false,
     };
     let status = if found { StatusCode::OK } else { StatusCode::NOT_FOUND };
@@ -357,11 +261,10 @@ async fn by_hash(state: Arc<AppState>, caller: Caller, hash: String) -> Result<w
 
 async fn get(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::reply::Response, ApiError> {
     let asset = state
-        .store
-        .asset(&caller.tenant, &id)
-        .await
-        .map_err(|e| ApiError::upstream("reading an asset", e))?;
-    let asset = asset.ok_or(ApiError::NotFound("asset".into()))?;
+        .assets
+        .get(&caller.tenant, &id)
+        .await?
+        .ok_or(ApiError::NotFound("asset".into()))?;
     Ok(reply(
         StatusCode::OK,
         &render::asset(&state.links.at(caller.origin.as_deref()), &asset, false),
@@ -369,15 +272,11 @@ async fn get(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::r
 }
 
 async fn delete(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::reply::Response, ApiError> {
-    let jobs = state.jobs()?;
-    match state.store.delete_asset(&caller.tenant, &id).await {
-        Ok(Deleted::Yes { blob }) => {
-            let _ = retention::collect_garbage(jobs, vec![blob]).await;
-            Ok(StatusCode::NO_CONTENT.into_response())
-        }
-        Ok(Deleted::NotFound) => Err(ApiError::NotFound("asset".into())),
-        Err(crate::store::StoreError::InUse) => Err(ApiError::AssetInUse),
-        Err(e) => Err(ApiError::upstream("deleting an asset", e)),
+    state.jobs()?;
+    if state.assets.delete(&caller.tenant, &id).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::NotFound("asset".into()))
     }
 }
 
@@ -426,28 +325,19 @@ async fn content(
         _ => false,
     };
     let asset = if signed {
-        state.store.asset_any(&id).await
+        state.assets.get_any(&id).await?
     } else {
         let caller = auth::authenticate(&state, authorization.as_deref()).await?;
-        state.store.asset(&caller.tenant, &id).await
+        state.assets.get(&caller.tenant, &id).await?
     };
-    let asset = asset
-        .map_err(|e| ApiError::upstream("reading an asset", e))?
-        .ok_or(ApiError::NotFound("asset".into()))?;
-    let path = state.blobs.path(&asset.blob);
+    let asset = asset.ok_or(ApiError::NotFound("asset".into()))?;
     let size = asset.size_bytes.max(0) as u64;
     let range = parse_range(range.as_deref(), size).map_err(|_| ApiError::RangeNotSatisfiable { size })?;
     let (start, len, status) = match range {
         Some((start, end)) => (start, end - start + 1, StatusCode::PARTIAL_CONTENT),
         None => (0, size, StatusCode::OK),
     };
-    let mut file = tokio::fs::File::open(&path)
-        .await
-        .map_err(|e| ApiError::upstream("opening a blob", e))?;
-    use tokio::io::AsyncSeekExt;
-    file.seek(std::io::SeekFrom::Start(start))
-        .await
-        .map_err(|e| ApiError::upstream("reading a blob", e))?;
+    let file = state.assets.open(&asset, start).await?;
     use tokio::io::AsyncReadExt;
     let body = tokio_util::io::ReaderStream::new(file.take(len));
     let mut response = warp::http::Response::new(warp::hyper::Body::wrap_stream(body));

@@ -42,7 +42,10 @@ pub fn new_key() -> String {
     format!("weft_{}", uuid::Uuid::new_v4().simple())
 }
 
-fn bearer(header: Option<&str>) -> Option<&str> {
+/// The token of an `Authorization: Bearer <token>` header (RFC 6750 over RFC 7235: the
+/// scheme is case-insensitive, whitespace around the token is ignored). `None` when the
+/// header is absent, names another scheme, or has an empty token.
+pub fn bearer(header: Option<&str>) -> Option<&str> {
     let value = header?.trim();
     let (scheme, token) = value.split_once(' ')?;
     scheme
@@ -138,6 +141,7 @@ mod tests {
     fn bearer_parsing() {
         assert_eq!(bearer(Some("Bearer abc")), Some("abc"));
         assert_eq!(bearer(Some("bearer   abc ")), Some("abc"));
+        assert_eq!(bearer(Some("  BEARER abc")), Some("abc"));
         assert_eq!(bearer(Some("Basic abc")), None);
         assert_eq!(bearer(Some("Bearer ")), None);
         assert_eq!(bearer(None), None);

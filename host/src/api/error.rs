@@ -6,6 +6,8 @@ use warp::http::{HeaderValue, StatusCode};
 use warp::reply::Response;
 use warp::{Rejection, Reply};
 
+use crate::jobs::assets::AssetError;
+
 /// Every error code of the job API.
 #[derive(Debug, Clone)]
 pub enum ApiError {
@@ -149,6 +151,20 @@ impl ApiError {
 }
 
 impl warp::reject::Reject for ApiError {}
+
+impl From<AssetError> for ApiError {
+    fn from(e: AssetError) -> Self {
+        match e {
+            AssetError::HashMismatch { expected, actual } => ApiError::HashMismatch {
+                expected: format!("blake3:{expected}"),
+                actual: format!("blake3:{actual}"),
+            },
+            AssetError::BlobNotFound => ApiError::BlobNotFound,
+            AssetError::InUse => ApiError::AssetInUse,
+            AssetError::Failed { doing, message } => ApiError::upstream(doing, message),
+        }
+    }
+}
 
 impl Reply for ApiError {
     fn into_response(self) -> Response {

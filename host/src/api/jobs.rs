@@ -102,9 +102,8 @@ async fn submit(
     // A key presented before is rejected whatever this body holds, even one that would fail
     // validation. (Claiming happens atomically with the insert, in the store.)
     if let Some(key) = key.as_deref().filter(|k| !k.is_empty()) {
-        let claimed = state
-            .store
-            .idempotency_claim(&caller.tenant, key, chrono::Utc::now())
+        let claimed = jobs
+            .idempotency_claim(&caller.tenant, key)
             .await
             .map_err(|e| ApiError::upstream("checking an idempotency key", e))?;
         if let Some(job_id) = claimed {
@@ -314,8 +313,7 @@ async fn list(state: Arc<AppState>, caller: Caller, query: String) -> Result<war
                     ApiError::bad_request("invalid_cursor", "the cursor is not one this server issued")
                 })?;
                 let known = jobs
-                    .store()
-                    .job_seq_exists(&caller.tenant, seq)
+                    .is_position(&caller.tenant, seq)
                     .await
                     .map_err(|e| ApiError::upstream("checking a cursor", e))?;
                 if !known {
@@ -333,8 +331,7 @@ async fn list(state: Arc<AppState>, caller: Caller, query: String) -> Result<war
         }
     }
     let page = jobs
-        .store()
-        .list_jobs(&caller.tenant, limit, before, &labels)
+        .list(&caller.tenant, limit, before, &labels)
         .await
         .map_err(|e| ApiError::upstream("listing jobs", e))?;
     let links = state.links.at(caller.origin.as_deref());

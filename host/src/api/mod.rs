@@ -22,8 +22,9 @@ pub mod v2m;
 pub use auth::AuthMode;
 pub use error::ApiError;
 
+use crate::jobs::assets::Assets;
 use crate::jobs::Jobs;
-use crate::store::{Blobs, Store};
+use crate::store::Store;
 
 /// Which kind of surface this server presents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
@@ -64,10 +65,11 @@ pub struct ApiConfig {
 pub struct AppState {
     /// Settings.
     pub config: ApiConfig,
-    /// The store (available before plugins finish loading, for auth).
+    /// The store, for what is read before plugins finish loading: API keys, and a job's
+    /// workflow.
     pub store: Arc<dyn Store>,
-    /// Blobs.
-    pub blobs: Blobs,
+    /// Uploads and outputs, with their content.
+    pub assets: Arc<Assets>,
     /// The job service, set once plugins are loaded.
     pub jobs: OnceLock<Arc<Jobs>>,
     /// Follow-up links.

@@ -78,7 +78,7 @@ async fn drain(state: &AppState, authorization: Option<&str>) -> Result<warp::re
             "operator routes are disabled; start weft with --admin-token".into(),
         ));
     };
-    let given = authorization.and_then(|h| h.strip_prefix("Bearer ")).unwrap_or("");
+    let given = super::auth::bearer(authorization).unwrap_or("");
     if blake3::hash(given.as_bytes()) != blake3::hash(expected.as_bytes()) {
         // A caller the job API knows (a tenant key, the static token) is authenticated but
         // not allowed here: 403. Anyone else: 401.
@@ -115,7 +115,6 @@ async fn metrics(state: &AppState) -> Result<warp::reply::Response, ApiError> {
         );
         let _ = writeln!(out, "weft_queue_capacity {}", jobs.queue().capacity());
         let counts = jobs
-            .store()
             .count_by_status()
             .await
             .map_err(|e| ApiError::upstream("counting jobs", e))?;
@@ -123,7 +122,7 @@ async fn metrics(state: &AppState) -> Result<warp::reply::Response, ApiError> {
             out,
             "# HELP weft_jobs Jobs in the store, by status.\n# TYPE weft_jobs gauge"
         );
-        for status in crate::store::JobStatus::ALL {
+        for status in crate::jobs::JobStatus::ALL {
             let n = counts.iter().find(|(s, _)| *s == status).map_or(0, |(_, n)| *n);
             let _ = writeln!(out, "weft_jobs{{status=\"{}\"}} {n}", status.as_str());
         }

@@ -3,8 +3,7 @@
 use serde_json::{json, Value as Json};
 
 use super::links::Links;
-use crate::jobs::JobView;
-use crate::store::{AssetRecord, JobRecord};
+use crate::jobs::{AssetRecord, JobRecord, JobView};
 
 fn time(t: chrono::DateTime<chrono::Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)

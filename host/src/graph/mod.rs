@@ -5,9 +5,11 @@
 
 mod plan;
 mod validate;
+mod workflow;
 
 pub use plan::{Plan, PlanInput, PlannedNode};
-pub use validate::{asset_refs, validate};
+pub use validate::validate;
+pub use workflow::asset_refs;
 
 use std::collections::BTreeMap;
 

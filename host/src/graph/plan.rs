@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use super::validate::{as_link, RawNode};
+use super::workflow::{as_link, RawNode};
 use crate::runtime::{NodeDef, Value};
 
 /// Where one input of a planned node comes from.
@@ -53,8 +53,14 @@ impl Plan {
     }
 }
 
-fn links<'a>(node: &'a RawNode) -> impl Iterator<Item = &'a str> + 'a {
-    node.inputs.values().filter_map(|raw| as_link(raw).map(|(n, _)| n))
+impl PlanInput {
+    /// The literal value, when this input is not a link.
+    pub fn literal(&self) -> Option<&Value> {
+        match self {
+            PlanInput::Literal(v) => Some(v),
+            PlanInput::Link { .. } => None,
+        }
+    }
 }
 
 /// `outputs` and everything they depend on.
@@ -66,7 +72,7 @@ pub(super) fn ancestors<'a>(outputs: &[&'a str], nodes: &HashMap<&'a str, RawNod
             continue;
         };
         if seen.insert(key) {
-            stack.extend(links(node).filter(|n| nodes.contains_key(n)));
+            stack.extend(node.links().filter(|n| nodes.contains_key(n)));
         }
     }
     seen
@@ -115,7 +121,7 @@ pub(super) fn cycles(needed: &BTreeSet<&str>, nodes: &HashMap<&str, RawNode>) ->
                             break;
                         }
                     }
-                    let self_loop = links(&self.nodes[id]).any(|n| n == id);
+                    let self_loop = self.nodes[id].links().any(|n| n == id);
                     if component.len() > 1 || self_loop {
                         component.reverse();
                         self.found.push(component);
@@ -130,7 +136,8 @@ pub(super) fn cycles(needed: &BTreeSet<&str>, nodes: &HashMap<&str, RawNode>) ->
             self.next += 1;
             self.stack.push(id);
             self.on_stack.insert(id);
-            let succ: Vec<&'a str> = links(&self.nodes[id])
+            let succ: Vec<&'a str> = self.nodes[id]
+                .links()
                 .filter_map(|n| self.nodes.get_key_value(n).map(|(k, _)| *k))
                 .filter(|n| self.needed.contains(n))
                 .collect();
@@ -177,7 +184,7 @@ pub(super) fn build(
                 continue;
             }
             stack.push((id, true));
-            for dep in links(&nodes[id]) {
+            for dep in nodes[id].links() {
                 if let Some((&key, _)) = nodes.get_key_value(dep) {
                     if !placed.contains(key) {
                         stack.push((key, false));

@@ -1,18 +1,14 @@
 //! Validation of API-format workflows: structure, classes, links and their types, literal
 //! types, ranges, combos, cycles and output nodes. It collects every error it finds.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value as Json;
 
-use super::plan::{self, Plan, PlanInput};
+use super::plan::{self, Plan};
+use super::workflow::{as_asset_ref, as_link, RawNode};
 use super::{FieldError, GraphError};
-use crate::runtime::{AssetRef, Catalog, InputSpec, NodeDef, Value};
-
-/// A parsed node: its raw inputs.
-pub(super) struct RawNode<'a> {
-    pub inputs: &'a serde_json::Map<String, Json>,
-}
+use crate::runtime::{Catalog, InputSpec, NodeDef, Value};
 
 /// Checks `workflow` against `catalog`, collecting every error, and plans it.
 pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> {
@@ -199,30 +195,6 @@ fn kind_of(v: &Json) -> &'static str {
     }
 }
 
-/// A link is exactly a two-element list of a node id (string) and an output index.
-pub(super) fn as_link(raw: &Json) -> Option<(&str, u64)> {
-    match raw.as_array()?.as_slice() {
-        [Json::String(node), Json::Number(index)] => Some((node.as_str(), index.as_u64()?)),
-        _ => None,
-    }
-}
-
-/// A `{"__type": "core/ASSET", "info": {"id": ...}}` reference.
-pub fn as_asset_ref(raw: &Json) -> Option<Result<AssetRef, String>> {
-    let object = raw.as_object()?;
-    if object.get("__type").and_then(Json::as_str) != Some("core/ASSET") {
-        return None;
-    }
-    let parsed = object
-        .get("info")
-        .cloned()
-        .ok_or_else(|| "a core/ASSET reference needs an info object".to_string())
-        .and_then(|info| {
-            serde_json::from_value::<AssetRef>(info).map_err(|e| format!("bad core/ASSET reference: {e}"))
-        });
-    Some(parsed)
-}
-
 fn types_compatible(output: &str, input: &InputSpec) -> bool {
     output == input.type_name
         || output == "*"
@@ -378,37 +350,4 @@ fn check_range(spec: &InputSpec, v: f64) -> Result<(), FieldError> {
         }
     }
     Ok(())
-}
-
-/// Every asset reference in the workflow's inputs: (node id, reference).
-pub fn asset_refs(workflow: &Json) -> Vec<(String, AssetRef)> {
-    let mut refs = Vec::new();
-    let mut seen = BTreeSet::new();
-    if let Some(object) = workflow.as_object() {
-        for (id, node) in object {
-            for raw in node
-                .get("inputs")
-                .and_then(Json::as_object)
-                .into_iter()
-                .flat_map(|m| m.values())
-            {
-                if let Some(Ok(asset)) = as_asset_ref(raw) {
-                    if seen.insert((id.clone(), asset.id.clone())) {
-                        refs.push((id.clone(), asset));
-                    }
-                }
-            }
-        }
-    }
-    refs
-}
-
-impl PlanInput {
-    /// The literal value, when this input is not a link.
-    pub fn literal(&self) -> Option<&Value> {
-        match self {
-            PlanInput::Literal(v) => Some(v),
-            PlanInput::Link { .. } => None,
-        }
-    }
 }

@@ -220,9 +220,9 @@ impl Jobs {
         };
         let mut assets = HashMap::new();
         for (_, asset) in graph::asset_refs(&job.workflow) {
-            match self.store.asset(&job.tenant, &asset.id).await {
+            match self.assets.get(&job.tenant, &asset.id).await {
                 Ok(Some(record)) => {
-                    assets.insert(asset.id, self.blobs.path(&record.blob));
+                    assets.insert(asset.id, self.assets.blob_path(&record));
                 }
                 _ => return Err(fail("missing_asset", format!("asset {} no longer exists", asset.id))),
             }
@@ -306,7 +306,7 @@ impl Jobs {
                             .map_err(|m| node_error("output_encoding_failed", m, None))?;
                         for e in encoded {
                             let (blob, size) = self
-                                .blobs
+                                .assets
                                 .put(&e.bytes)
                                 .map_err(|io| node_error("output_commit_failed", io.to_string(), None))?;
                             let cached = CachedFile {
@@ -344,10 +344,6 @@ impl Jobs {
 
     /// Records `file` as an output asset of `job` and announces it.
     async fn commit(&self, job: &JobRecord, node_id: &str, file: CachedFile, index: &mut i64) -> Result<(), String> {
-        let _guard = self.blob_lock.lock().await;
-        if !self.blobs.exists(&file.blob) {
-            return Err(format!("blob {} is missing", file.blob));
-        }
         let asset = AssetRecord {
             id: uuid::Uuid::new_v4().to_string(),
             tenant: job.tenant.clone(),
@@ -368,10 +364,7 @@ impl Jobs {
             expires_at: None,
             output_index: Some(*index),
         };
-        self.store
-            .insert_asset(asset.clone())
-            .await
-            .map_err(|e| e.to_string())?;
+        self.assets.commit_output(asset.clone()).await?;
         self.hub.publish(&job.id, JobEvent::Output(Box::new(asset)));
         Ok(())
     }

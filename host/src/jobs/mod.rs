@@ -2,7 +2,8 @@
 //! the fair run queue and its workers, cancellation, and the maintenance services
 //! (retention, recovery).
 //!
-//! Public face: [`Jobs`] and its config, errors and views.
+//! Public face: [`Jobs`] and its config, errors and views, and [`assets::Assets`], through
+//! which everything reaches assets and their blobs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -13,8 +14,11 @@ use serde_json::Value as Json;
 
 use crate::graph::{self, GraphError};
 use crate::runtime::{CancelToken, Runtime};
-use crate::store::{AssetRecord, Blobs, JobRecord, JobStatus, JobUpdate, Progress, Store, StoreError};
+use crate::store::{JobPage, JobUpdate, Progress, Store, StoreError};
 
+pub use crate::store::{AssetRecord, JobRecord, JobStatus};
+
+pub mod assets;
 pub mod cache;
 pub mod events;
 mod executor;
@@ -25,6 +29,7 @@ pub mod recovery;
 pub mod retention;
 pub mod state;
 
+use assets::Assets;
 use events::{Hub, JobEvent};
 use state::Trigger;
 
@@ -114,33 +119,29 @@ struct Running {
 /// The job service.
 pub struct Jobs {
     store: Arc<dyn Store>,
-    blobs: Blobs,
+    assets: Arc<Assets>,
     runtime: Arc<Runtime>,
     config: JobsConfig,
     queue: queue::Queue,
     hub: Hub,
     cache: cache::NodeCache,
     running: Mutex<HashMap<String, Running>>,
-    /// Held while a blob is linked to a new asset, and while unreferenced blobs are removed,
-    /// so garbage collection never removes a blob that is being adopted.
-    pub(crate) blob_lock: tokio::sync::Mutex<()>,
     /// Counters and histograms for `/metrics`.
     pub metrics: metrics::Metrics,
 }
 
 impl Jobs {
-    /// A job service over `store`, `blobs` and `runtime`.
-    pub fn new(store: Arc<dyn Store>, blobs: Blobs, runtime: Arc<Runtime>, config: JobsConfig) -> Arc<Self> {
+    /// A job service over `store`, `assets` (over the same store) and `runtime`.
+    pub fn new(store: Arc<dyn Store>, assets: Arc<Assets>, runtime: Arc<Runtime>, config: JobsConfig) -> Arc<Self> {
         Arc::new(Self {
             queue: queue::Queue::new(config.queue_depth),
             cache: cache::NodeCache::new(config.cache_bytes),
             store,
-            blobs,
+            assets,
             runtime,
             config,
             hub: Hub::default(),
             running: Mutex::new(HashMap::new()),
-            blob_lock: tokio::sync::Mutex::new(()),
             metrics: metrics::Metrics::default(),
         })
     }
@@ -156,16 +157,6 @@ impl Jobs {
                 }
             });
         }
-    }
-
-    /// The store.
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
-    }
-
-    /// The blob directory.
-    pub fn blobs(&self) -> &Blobs {
-        &self.blobs
     }
 
     /// The runtime.
@@ -186,6 +177,34 @@ impl Jobs {
     /// The configuration.
     pub fn config(&self) -> &JobsConfig {
         &self.config
+    }
+
+    /// Whether `tenant`'s idempotency `key` was presented within its lifetime: `Some` with
+    /// the job it made, if any. A fast pre-check; [`submit`](Self::submit) decides races.
+    pub async fn idempotency_claim(&self, tenant: &str, key: &str) -> Result<Option<Option<String>>, StoreError> {
+        self.store.idempotency_claim(tenant, key, Utc::now()).await
+    }
+
+    /// `tenant`'s jobs, newest first: at most `limit`, older than the job at position
+    /// `before`, with every label in `labels`.
+    pub async fn list(
+        &self,
+        tenant: &str,
+        limit: usize,
+        before: Option<i64>,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<JobPage, StoreError> {
+        self.store.list_jobs(tenant, limit, before, labels).await
+    }
+
+    /// Whether `seq` is the position of one of `tenant`'s jobs (a list cursor).
+    pub async fn is_position(&self, tenant: &str, seq: i64) -> Result<bool, StoreError> {
+        self.store.job_seq_exists(tenant, seq).await
+    }
+
+    /// How many jobs are stored, by status.
+    pub async fn count_by_status(&self) -> Result<Vec<(JobStatus, i64)>, StoreError> {
+        self.store.count_by_status().await
     }
 
     /// Validates and durably records a job, then queues it.

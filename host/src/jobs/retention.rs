@@ -1,7 +1,8 @@
 //! Retention: a small service that wakes periodically. Jobs past `expires_at` that have
 //! not finished become `expired` (a running one is stopped); expired jobs are removed after
-//! a grace period, finished ones at once; then idempotency keys older than 24 hours and
-//! uploads past their own expiry go, and blobs no asset references are deleted.
+//! a grace period, finished ones at once; then idempotency keys past their lifetime
+//! ([`IDEMPOTENCY_TTL`], 24 hours) and uploads past their own expiry go, and blobs no asset
+//! references are deleted.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,10 +11,7 @@ use chrono::Utc;
 
 use super::state::Trigger;
 use super::Jobs;
-use crate::store::{JobStatus, JobUpdate, StoreError};
-
-/// How long an idempotency key stays claimed.
-pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
+use crate::store::{JobStatus, JobUpdate, StoreError, IDEMPOTENCY_TTL};
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -72,27 +70,8 @@ pub async fn sweep(jobs: &Arc<Jobs>) -> Result<Swept, StoreError> {
         jobs.hub.remove(&id);
         swept.removed += 1;
     }
-    jobs.store
-        .purge_idempotency(now - chrono::Duration::from_std(IDEMPOTENCY_TTL).unwrap_or_default())
-        .await?;
+    jobs.store.purge_idempotency(now - IDEMPOTENCY_TTL).await?;
     blobs.extend(jobs.store.delete_expired_assets(now).await?);
-    swept.blobs = collect_garbage(jobs, blobs).await?;
+    swept.blobs = jobs.assets.collect_garbage(blobs).await?;
     Ok(swept)
-}
-
-/// Deletes those of `candidates` that no asset references.
-pub async fn collect_garbage(jobs: &Jobs, mut candidates: Vec<String>) -> Result<usize, StoreError> {
-    candidates.sort();
-    candidates.dedup();
-    if candidates.is_empty() {
-        return Ok(0);
-    }
-    let _guard = jobs.blob_lock.lock().await;
-    let orphans = jobs.store.unreferenced_blobs(candidates).await?;
-    for hash in &orphans {
-        if let Err(e) = jobs.blobs.remove(hash) {
-            tracing::warn!(blob = %hash, error = %e, "cannot remove blob");
-        }
-    }
-    Ok(orphans.len())
 }

@@ -17,6 +17,10 @@ pub mod sqlite;
 pub use blobs::Blobs;
 pub use records::*;
 
+/// How long an idempotency key stays claimed after its first use. An older claim no longer
+/// counts (see [`Store::insert_job`]), and retention purges it.
+pub const IDEMPOTENCY_TTL: chrono::TimeDelta = chrono::TimeDelta::hours(24);
+
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -85,8 +89,8 @@ pub trait Store: Send + Sync {
     /// Records a new job durably; with `idempotency_key`, claims the key in the same
     /// transaction (fails with [`StoreError::IdempotencyReuse`] if it was claimed before).
     async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>) -> Result<(), StoreError>;
-    /// Whether `tenant`'s idempotency `key` is claimed and live at `now` (claimed less than 24
-    /// hours before): `Some(job id)` if so. A fast pre-check; `insert_job` decides races.
+    /// Whether `tenant`'s idempotency `key` is claimed and live at `now` (claimed less than
+    /// [`IDEMPOTENCY_TTL`] before): `Some(job id)` if so. A fast pre-check; `insert_job` decides races.
     async fn idempotency_claim(
         &self,
         tenant: &str,

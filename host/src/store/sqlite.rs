@@ -112,9 +112,6 @@ CREATE TABLE IF NOT EXISTS api_keys (
 );
 "#;
 
-/// How long an idempotency key stays claimed, in hours.
-pub const IDEMPOTENCY_KEY_HOURS: i64 = 24;
-
 fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
@@ -303,9 +300,9 @@ impl Store for SqliteStore {
     async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>) -> Result<(), StoreError> {
         self.write(Durability::Durable, move |c| {
             if let Some(key) = &idempotency_key {
-                // A key lives 24 hours from its first use, whether or not the sweeper has
-                // purged it yet: an older claim is replaced.
-                let live_after = time_text(job.created_at - chrono::Duration::hours(IDEMPOTENCY_KEY_HOURS));
+                // A key lives IDEMPOTENCY_TTL from its first use, whether or not the sweeper
+                // has purged it yet: an older claim is replaced.
+                let live_after = time_text(job.created_at - IDEMPOTENCY_TTL);
                 let existing: Option<Option<String>> = c
                     .prepare_cached(
                         "SELECT job_id FROM idempotency_keys WHERE tenant = ?1 AND key = ?2 AND created_at >= ?3",
@@ -696,7 +693,7 @@ impl Store for SqliteStore {
         now: DateTime<Utc>,
     ) -> Result<Option<Option<String>>, StoreError> {
         let (tenant, key) = (tenant.to_string(), key.to_string());
-        let live_after = time_text(now - chrono::Duration::hours(IDEMPOTENCY_KEY_HOURS));
+        let live_after = time_text(now - IDEMPOTENCY_TTL);
         self.read(move |c| {
             Ok(c.prepare_cached(
                 "SELECT job_id FROM idempotency_keys WHERE tenant = ?1 AND key = ?2 AND created_at >= ?3",

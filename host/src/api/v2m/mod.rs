@@ -148,11 +148,7 @@ struct Request {
 
 /// The caller: a bearer token is required even under `--auth none`, where any is accepted.
 async fn authorize(state: &AppState, header: Option<&str>) -> Result<Caller, DetailError> {
-    let token = header
-        .map(str::trim)
-        .and_then(|h| h.split_once(' '))
-        .filter(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty());
-    if token.is_none() {
+    if auth::bearer(header).is_none() {
         return Err(DetailError::Unauthorized);
     }
     if state.config.auth == AuthMode::None {
@@ -276,7 +272,7 @@ async fn resolve_reference(
             .fetch(reference, svc.engine.temp_video(), svc.settings.max_upload_bytes)
             .await;
     }
-    let asset = state.store.asset(&caller.tenant, reference).await.map_err(|e| {
+    let asset = state.assets.get(&caller.tenant, reference).await.map_err(|e| {
         tracing::error!(error = %e, "reading an asset");
         DetailError::GenerationFailed("the video reference could not be looked up".into())
     })?;
@@ -285,7 +281,7 @@ async fn resolve_reference(
             "`video` names no asset of yours: {reference:?} (give an asset id or a URL)"
         ))
     })?;
-    let blob = state.blobs.path(&asset.blob);
+    let blob = state.assets.blob_path(&asset);
     // A hard link keeps the bytes readable even if the asset is deleted meanwhile.
     let temp = svc.engine.temp_video();
     let temp = match std::fs::hard_link(&blob, temp.path()) {

@@ -1,0 +1,318 @@
+//! Assets: uploads, blobs adopted by hash, job outputs, reads and deletes, over the store's
+//! records and the content-addressed blob directory.
+//!
+//! The blob-lock rule lives here and only here: a blob is never garbage-collected while an
+//! asset is being linked to it (an upload finished, a blob adopted by hash, an output
+//! committed). Garbage collection takes the same lock, so it sees either no asset yet (and
+//! the blob is not yet in place or is re-linked after) or the new asset (and keeps the blob).
+//! Reads need no lock: an open blob stays readable when its file is removed.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use tokio::io::AsyncSeekExt;
+use tokio::sync::Mutex;
+
+use crate::store::blobs::{is_hex_hash, BlobWriter};
+use crate::store::{AssetRecord, Blobs, Deleted, Store, StoreError};
+
+/// Why an asset operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AssetError {
+    /// The uploaded bytes do not have the hash the caller announced (both hex digests).
+    #[error("the upload's hash is {actual}, not the expected {expected}")]
+    HashMismatch {
+        /// The hash the caller announced.
+        expected: String,
+        /// The hash of the bytes received.
+        actual: String,
+    },
+    /// The caller has no asset over a blob with this hash, or the blob is gone.
+    #[error("no such blob")]
+    BlobNotFound,
+    /// The asset is an output of a job that still exists.
+    #[error("the asset is in use")]
+    InUse,
+    /// The store or the blob directory failed while `doing` something.
+    #[error("{doing}: {message}")]
+    Failed {
+        /// What was being done, for the log.
+        doing: &'static str,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl AssetError {
+    fn failed(doing: &'static str, error: impl std::fmt::Display) -> Self {
+        AssetError::Failed {
+            doing,
+            message: error.to_string(),
+        }
+    }
+}
+
+/// The bytes of an upload as they arrive: hashed on the way into a temporary file, which
+/// is removed if the upload is abandoned.
+pub struct Upload(BlobWriter);
+
+impl Upload {
+    /// Appends `chunk`.
+    pub fn write(&mut self, chunk: &[u8]) -> Result<(), AssetError> {
+        self.0
+            .write_chunk(chunk)
+            .map_err(|e| AssetError::failed("writing a blob", e))
+    }
+
+    /// Bytes received so far.
+    pub fn size(&self) -> u64 {
+        self.0.size()
+    }
+}
+
+/// What the caller says about an uploaded file.
+#[derive(Debug, Clone)]
+pub struct UploadDetails {
+    /// The tenant the asset belongs to.
+    pub tenant: String,
+    /// The file's name or path.
+    pub file_path: String,
+    /// Its content type; none: that of an earlier upload of the same bytes, else a guess
+    /// from the file name.
+    pub content_type: Option<String>,
+    /// Tags.
+    pub tags: Vec<String>,
+    /// When the asset expires; none: never.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// The hash (hex) the bytes must have.
+    pub expected_hash: Option<String>,
+}
+
+/// The assets of every tenant and the blobs they point at.
+pub struct Assets {
+    store: Arc<dyn Store>,
+    blobs: Blobs,
+    /// Held while a blob is linked to a new asset and while unreferenced blobs are removed.
+    link_lock: Mutex<()>,
+}
+
+impl Assets {
+    /// Assets recorded in `store`, with their bytes in `blobs`.
+    pub fn new(store: Arc<dyn Store>, blobs: Blobs) -> Self {
+        Self {
+            store,
+            blobs,
+            link_lock: Mutex::new(()),
+        }
+    }
+
+    /// Starts receiving an upload's bytes.
+    pub fn receive(&self) -> Result<Upload, AssetError> {
+        self.blobs
+            .writer()
+            .map(Upload)
+            .map_err(|e| AssetError::failed("creating a blob", e))
+    }
+
+    /// Stores a received upload as a new asset. Returns it, and whether its bytes were new to
+    /// the tenant (false when the tenant already had an asset with the same content).
+    pub async fn upload(&self, upload: Upload, details: UploadDetails) -> Result<(AssetRecord, bool), AssetError> {
+        let guard = self.link_lock.lock().await;
+        let (hash, size) = tokio::task::spawn_blocking(move || upload.0.finish())
+            .await
+            .map_err(|e| AssetError::failed("storing an upload", e))?
+            .map_err(|e| AssetError::failed("storing an upload", e))?;
+        if let Some(expected) = details.expected_hash {
+            if expected != hash {
+                drop(guard);
+                let _ = self.collect_garbage(vec![hash.clone()]).await;
+                return Err(AssetError::HashMismatch { expected, actual: hash });
+            }
+        }
+        let existing = self
+            .store
+            .asset_by_blob(&details.tenant, &hash)
+            .await
+            .map_err(|e| AssetError::failed("deduplicating an upload", e))?;
+        let content_type = details
+            .content_type
+            .or_else(|| existing.as_ref().map(|a| a.content_type.clone()))
+            .unwrap_or_else(|| guess_content_type(&details.file_path).to_string());
+        let asset = AssetRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            tenant: details.tenant,
+            blob: hash,
+            size_bytes: size as i64,
+            content_type,
+            file_path: details.file_path,
+            job_id: None,
+            node_id: None,
+            kind: None,
+            tags: details.tags,
+            created_at: Utc::now(),
+            expires_at: details.expires_at,
+            output_index: None,
+        };
+        self.insert(asset.clone()).await?;
+        drop(guard);
+        Ok((asset, existing.is_none()))
+    }
+
+    /// A new asset of `tenant` over a blob (hash `hash`, hex) that one of the tenant's
+    /// assets already uses; another tenant's blob is [`AssetError::BlobNotFound`]. The new
+    /// asset keeps the existing one's name unless `file_path` is given.
+    pub async fn adopt(
+        &self,
+        tenant: &str,
+        hash: &str,
+        file_path: Option<String>,
+        tags: Vec<String>,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Result<AssetRecord, AssetError> {
+        let _guard = self.link_lock.lock().await;
+        let existing = self
+            .store
+            .asset_by_blob(tenant, hash)
+            .await
+            .map_err(|e| AssetError::failed("finding a blob", e))?;
+        let Some(existing) = existing.filter(|_| self.blobs.exists(hash)) else {
+            return Err(AssetError::BlobNotFound);
+        };
+        let asset = AssetRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            file_path: file_path.unwrap_or_else(|| existing.file_path.clone()),
+            job_id: None,
+            node_id: None,
+            kind: None,
+            tags,
+            created_at: Utc::now(),
+            expires_at,
+            output_index: None,
+            ..existing
+        };
+        self.insert(asset.clone()).await?;
+        Ok(asset)
+    }
+
+    /// Whether `tenant` has an asset over the blob with hash `hash` (hex).
+    pub async fn has_blob(&self, tenant: &str, hash: &str) -> Result<bool, AssetError> {
+        let found = self
+            .store
+            .asset_by_blob(tenant, hash)
+            .await
+            .map_err(|e| AssetError::failed("finding a blob", e))?;
+        Ok(found.is_some())
+    }
+
+    /// `tenant`'s asset `id`.
+    pub async fn get(&self, tenant: &str, id: &str) -> Result<Option<AssetRecord>, AssetError> {
+        self.store
+            .asset(tenant, id)
+            .await
+            .map_err(|e| AssetError::failed("reading an asset", e))
+    }
+
+    /// Asset `id` of whichever tenant (for signed content links).
+    pub async fn get_any(&self, id: &str) -> Result<Option<AssetRecord>, AssetError> {
+        self.store
+            .asset_any(id)
+            .await
+            .map_err(|e| AssetError::failed("reading an asset", e))
+    }
+
+    /// Deletes `tenant`'s uploaded asset `id`, and its blob when no other asset uses it.
+    /// `Ok(false)` when there is no such asset.
+    pub async fn delete(&self, tenant: &str, id: &str) -> Result<bool, AssetError> {
+        match self.store.delete_asset(tenant, id).await {
+            Ok(Deleted::Yes { blob }) => {
+                let _ = self.collect_garbage(vec![blob]).await;
+                Ok(true)
+            }
+            Ok(Deleted::NotFound) => Ok(false),
+            Err(StoreError::InUse) => Err(AssetError::InUse),
+            Err(e) => Err(AssetError::failed("deleting an asset", e)),
+        }
+    }
+
+    /// The content of `asset`, opened at byte `start`.
+    pub async fn open(&self, asset: &AssetRecord, start: u64) -> Result<tokio::fs::File, AssetError> {
+        let mut file = tokio::fs::File::open(self.blob_path(asset))
+            .await
+            .map_err(|e| AssetError::failed("opening a blob", e))?;
+        file.seek(std::io::SeekFrom::Start(start))
+            .await
+            .map_err(|e| AssetError::failed("reading a blob", e))?;
+        Ok(file)
+    }
+
+    /// Where the content of `asset` lives on disk (to read it, or hard-link it).
+    pub fn blob_path(&self, asset: &AssetRecord) -> PathBuf {
+        self.blobs.path(&asset.blob)
+    }
+
+    /// Stores `bytes` as a blob, returning (hash hex, size). It stays collectable until an
+    /// asset is recorded over it with [`commit_output`](Self::commit_output).
+    pub(super) fn put(&self, bytes: &[u8]) -> std::io::Result<(String, u64)> {
+        self.blobs.put(bytes)
+    }
+
+    /// Records a job output over a blob stored before (or cached from an earlier run).
+    pub(super) async fn commit_output(&self, asset: AssetRecord) -> Result<(), String> {
+        let _guard = self.link_lock.lock().await;
+        if !self.blobs.exists(&asset.blob) {
+            return Err(format!("blob {} is missing", asset.blob));
+        }
+        self.store.insert_asset(asset).await.map_err(|e| e.to_string())
+    }
+
+    /// Deletes those of `candidates` (blob hashes) that no asset references; returns how many.
+    pub(super) async fn collect_garbage(&self, mut candidates: Vec<String>) -> Result<usize, StoreError> {
+        candidates.sort();
+        candidates.dedup();
+        if candidates.is_empty() {
+            return Ok(0);
+        }
+        let _guard = self.link_lock.lock().await;
+        let orphans = self.store.unreferenced_blobs(candidates).await?;
+        for hash in &orphans {
+            if let Err(e) = self.blobs.remove(hash) {
+                tracing::warn!(blob = %hash, error = %e, "cannot remove blob");
+            }
+        }
+        Ok(orphans.len())
+    }
+
+    async fn insert(&self, asset: AssetRecord) -> Result<(), AssetError> {
+        self.store
+            .insert_asset(asset)
+            .await
+            .map_err(|e| AssetError::failed("recording an asset", e))
+    }
+}
+
+/// `blake3:<hex>` or bare hex, as a hex digest.
+pub fn parse_hash(text: &str) -> Option<String> {
+    let hex = text.strip_prefix("blake3:").unwrap_or(text).to_ascii_lowercase();
+    is_hex_hash(&hex).then_some(hex)
+}
+
+fn guess_content_type(path: &str) -> &'static str {
+    let lower = path.to_ascii_lowercase();
+    let ext = lower.rsplit('.').next().unwrap_or("");
+    match ext {
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "webp" => "image/webp",
+        "gif" => "image/gif",
+        "mp4" => "video/mp4",
+        "webm" => "video/webm",
+        "mov" => "video/quicktime",
+        "wav" => "audio/wav",
+        "mp3" => "audio/mpeg",
+        "flac" => "audio/flac",
+        "txt" => "text/plain",
+        "json" => "application/json",
+        _ => "application/octet-stream",
+    }
+}
