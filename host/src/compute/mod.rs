@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod conv;
 pub mod device;
+pub mod diffusion;
 pub mod geglu;
 pub mod image;
 pub mod linear;

@@ -21,6 +21,7 @@ mod limits;
 mod logs;
 mod registry;
 mod value;
+mod worlds;
 
 pub use catalog::{Catalog, InputSpec, NodeDef, OutputSpec};
 pub use invoke::{AssetReader, CallContext, CancelToken, NodeFailure, NodeOutput, ProgressSink};
@@ -82,7 +83,7 @@ impl Runtime {
         };
         let compiled = compile_all(&runtime.engine, &sources, config.cache_dir.as_deref())?;
         for (source, component) in sources.into_iter().zip(compiled) {
-            let pre = registry::prelink(&linker, &component)
+            let pre = registry::prelink(&runtime.engine, &linker, &component)
                 .map_err(|e| anyhow::anyhow!("plugin {} ({}) cannot be linked: {e:#}", source.name, source.origin))?;
             let granted = config.grants.get(&source.name).cloned().unwrap_or_default();
             let mut plugin = LoadedPlugin {
@@ -97,7 +98,12 @@ impl Runtime {
             for def in &plugin.nodes {
                 runtime.catalog.insert(index, def.clone()).map_err(anyhow::Error::msg)?;
             }
-            tracing::info!(plugin = %plugin.name, classes = plugin.nodes.len(), "plugin loaded");
+            tracing::info!(
+                plugin = %plugin.name,
+                contract = plugin.pre.world().version(),
+                classes = plugin.nodes.len(),
+                "plugin loaded"
+            );
             runtime.plugins.push(plugin);
         }
         Ok(Arc::new(runtime))
@@ -140,16 +146,10 @@ impl Runtime {
             assets: Arc::new(Discard),
         };
         let mut store = self.new_store(plugin, ctx);
-        let mut describe = || -> wasmtime::Result<Vec<bindings::wit::NodeDef>> {
-            let instance = plugin.pre.instantiate(&mut store)?;
-            instance.call_describe(&mut store)
-        };
-        let defs = describe()
-            .map_err(|e| anyhow::anyhow!("plugin {} ({}): describe() failed: {e:#}", plugin.name, plugin.origin))?;
-        defs.into_iter()
-            .map(|d| NodeDef::from_wit(d, &plugin.name))
-            .collect::<Result<_, _>>()
-            .map_err(|e| anyhow::anyhow!("plugin {} ({}): {e}", plugin.name, plugin.origin))
+        plugin
+            .pre
+            .describe(&mut store, &plugin.name)
+            .map_err(|e| anyhow::anyhow!("plugin {} ({}): describe() failed: {e:#}", plugin.name, plugin.origin))
     }
 }
 

@@ -12,6 +12,7 @@ mod audio;
 mod images;
 mod progress;
 mod resources;
+mod since_v0_2;
 
 /// The state of one node call: a fresh one per call, dropped afterwards.
 pub struct CallState {
@@ -91,6 +92,18 @@ pub const ALL: &[(&str, LinkFn)] = &[
     }),
     ("music", |l| {
         super::bindings::weft::node::music::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
+    }),
+    ("resources@0.2.0", |l| {
+        super::worlds::v0_2::weft::node::types::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
+    }),
+    ("progress@0.2.0", |l| {
+        super::worlds::v0_2::weft::node::host::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
+    }),
+    ("images@0.2.0", |l| {
+        super::worlds::v0_2::weft::node::images::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
+    }),
+    ("music@0.2.0", |l| {
+        super::worlds::v0_2::weft::node::music::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
     }),
 ];
 
