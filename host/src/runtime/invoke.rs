@@ -8,6 +8,7 @@ use std::time::Instant;
 use wasmtime::component::ResourceTable;
 use wasmtime::{Store, Trap, UpdateDeadline};
 
+use super::capabilities::diffusion::DiffusionState;
 use super::capabilities::CallState;
 use super::limits::CallLimiter;
 use super::logs::TailLog;
@@ -91,9 +92,10 @@ impl NodeFailure {
     }
 }
 
-/// Why the epoch callback stopped a guest.
+/// Why a call was stopped: by the epoch callback in guest code, or by a host function that
+/// checks between steps of long work (sampling).
 #[derive(Debug, thiserror::Error)]
-enum Interrupt {
+pub(super) enum Interrupt {
     #[error("the node ran past its time limit")]
     Timeout,
     #[error("the job was canceled")]
@@ -131,6 +133,7 @@ impl Runtime {
         wasi.stdout(call.log.clone()).stderr(call.log.clone());
         plugin.grants.apply(&mut wasi);
         let cancel = call.cancel.clone();
+        let deadline = Instant::now() + self.limits.node_timeout;
         let state = CallState {
             table: ResourceTable::new(),
             wasi: wasi.build(),
@@ -139,10 +142,10 @@ impl Runtime {
             hostcall_bytes: 0,
             hostcall_limit: self.limits.hostcall_bytes,
             hostcall_hit: false,
+            diffusion: DiffusionState::new(self.diffusion.clone(), deadline),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
-        let deadline = Instant::now() + self.limits.node_timeout;
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
             if cancel.is_canceled() {

@@ -4,6 +4,7 @@
 //! Public face: [`Runtime`] (load, catalogue, [`Runtime::call`]), [`RuntimeConfig`],
 //! [`Limits`], [`CallContext`] and the value types.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,6 +24,7 @@ mod registry;
 mod value;
 mod worlds;
 
+pub use capabilities::diffusion::{DiffusionConfig, FOLDERS as MODEL_FOLDERS};
 pub use catalog::{Catalog, InputSpec, NodeDef, OutputSpec};
 pub use invoke::{AssetReader, CallContext, CancelToken, NodeFailure, NodeOutput, ProgressSink};
 pub use limits::Limits;
@@ -45,6 +47,8 @@ pub struct RuntimeConfig {
     pub grants: HashMap<String, Capabilities>,
     /// Most node calls that run at once (sizes the instance pool).
     pub concurrent_calls: u32,
+    /// The models folder and model cache of the diffusion nodes.
+    pub diffusion: DiffusionConfig,
 }
 
 /// The loaded plugins and the machinery to call them.
@@ -53,6 +57,7 @@ pub struct Runtime {
     plugins: Vec<LoadedPlugin>,
     catalog: Catalog,
     limits: Limits,
+    diffusion: Arc<capabilities::diffusion::Library>,
     _ticker: engine::EpochTicker,
 }
 
@@ -79,6 +84,7 @@ impl Runtime {
             plugins: Vec::new(),
             catalog: Catalog::default(),
             limits: config.limits.clone(),
+            diffusion: Arc::new(capabilities::diffusion::Library::new(&config.diffusion)),
             _ticker: ticker,
         };
         let compiled = compile_all(&runtime.engine, &sources, config.cache_dir.as_deref())?;
@@ -109,9 +115,10 @@ impl Runtime {
         Ok(Arc::new(runtime))
     }
 
-    /// The node catalogue.
-    pub fn catalog(&self) -> &Catalog {
-        &self.catalog
+    /// The node catalogue, with the choices of model-file combos (`ckpt_name`, ...) listed
+    /// from the models folder now, so a new file shows up without a restart.
+    pub fn catalog(&self) -> Cow<'_, Catalog> {
+        self.catalog.with_model_files(|folder| self.diffusion.list(folder))
     }
 
     /// The limits calls run under.

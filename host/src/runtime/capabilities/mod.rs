@@ -9,6 +9,7 @@ use super::invoke::CallContext;
 use super::limits::CallLimiter;
 
 mod audio;
+pub mod diffusion;
 mod images;
 mod progress;
 mod resources;
@@ -30,6 +31,8 @@ pub struct CallState {
     pub hostcall_limit: usize,
     /// Set when the guest went over `hostcall_limit`.
     pub hostcall_hit: bool,
+    /// The diffusion capability's part: shared models, the call's deadline.
+    pub diffusion: diffusion::DiffusionState,
 }
 
 impl CallState {
@@ -104,6 +107,9 @@ pub const ALL: &[(&str, LinkFn)] = &[
     }),
     ("music@0.2.0", |l| {
         super::worlds::v0_2::weft::node::music::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
+    }),
+    ("diffusion", |l| {
+        super::worlds::v0_2::weft::node::diffusion::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
     }),
 ];
 
