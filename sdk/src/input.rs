@@ -147,6 +147,11 @@ pub fn uint() -> Spec<u32> {
     spec()
 }
 
+/// An `INT` input read as `u64`, such as a seed (negative values are rejected).
+pub fn uint64() -> Spec<u64> {
+    spec()
+}
+
 /// A `FLOAT` input.
 pub fn float() -> Spec<f64> {
     spec()
@@ -336,7 +341,7 @@ macro_rules! numeric_spec {
     )*};
 }
 
-numeric_spec!(i64, u32, f64);
+numeric_spec!(i64, u32, u64, f64);
 
 fn check_range(
     name: &str,
@@ -408,6 +413,19 @@ impl InputType for u32 {
         let i = i64::from_value(name, value)?;
         u32::try_from(i)
             .map_err(|_| NodeError::invalid_input(format!("input `{name}`: {i} is out of range 0..=4294967295")))
+    }
+
+    fn validate(&self, name: &str, spec: &Spec<Self>) -> Result<(), NodeError> {
+        check_range(name, *self as f64, self, spec.min, spec.max)
+    }
+}
+
+impl InputType for u64 {
+    const TYPE_NAME: &'static str = "INT";
+
+    fn from_value(name: &str, value: Value) -> Result<Self, NodeError> {
+        let i = i64::from_value(name, value)?;
+        u64::try_from(i).map_err(|_| NodeError::invalid_input(format!("input `{name}`: {i} is negative")))
     }
 
     fn validate(&self, name: &str, spec: &Spec<Self>) -> Result<(), NodeError> {
