@@ -440,14 +440,17 @@ fn image_to_image_inpainting_hires_fix_and_latent_batches_run() {
     let pngs = out.iter().filter(|(_, b)| is_png(b)).count();
     assert_eq!(pngs, 4, "two saved and two previewed images");
     let latent = out.iter().find(|(_, b)| !is_png(b)).expect("the saved latent").1.clone();
-    // The saved latent loads back.
-    let uploaded = server.upload("first.latent", latent);
+    // The saved latent loads back unchanged.
+    let uploaded = server.upload("first.latent", latent.clone());
     let out = run_outputs(&server, base(json!({
         "21": {"class_type": "LoadLatent", "inputs": {"latent": {"__type": "core/ASSET", "info": {"id": uploaded["id"]}}}},
         "8": {"class_type": "VAEDecode", "inputs": {"samples": ["21", 0], "vae": ["4", 2]}},
         "9": save(json!(["8", 0])),
+        "22": {"class_type": "SaveLatent", "inputs": {"samples": ["21", 0], "filename_prefix": "again"}},
     })));
-    assert!(is_png(&out[0].1));
+    assert!(out.iter().any(|(_, b)| is_png(b)));
+    let again = out.iter().find(|(_, b)| !is_png(b)).expect("the latent saved again").1.clone();
+    assert_eq!(again, latent, "SaveLatent -> LoadLatent -> SaveLatent keeps every value");
 }
 
 #[test]

@@ -144,11 +144,13 @@ fn wav(audio: &AudioClip) -> Vec<u8> {
     out
 }
 
-/// A one-tensor safetensors file named `latent_tensor`, as ComfyUI's SaveLatent writes.
+/// A safetensors file as ComfyUI's SaveLatent writes it: the `latent_tensor`, and the empty
+/// `latent_format_version_0` marker that tells `LoadLatent` the values are not scaled.
 fn safetensors(latent: &LatentBatch) -> Vec<u8> {
     let bytes = latent.data.len() * 4;
     let header = serde_json::json!({
-        "latent_tensor": {"dtype": "F32", "shape": latent.shape, "data_offsets": [0, bytes]}
+        "latent_tensor": {"dtype": "F32", "shape": latent.shape, "data_offsets": [0, bytes]},
+        "latent_format_version_0": {"dtype": "F32", "shape": [0], "data_offsets": [bytes, bytes]}
     })
     .to_string();
     let mut header = header.into_bytes();

@@ -334,6 +334,12 @@ mod tests {
         file.extend_from_slice(&2.0f32.to_le_bytes());
         let l = read_latent_file(&file).unwrap();
         assert!((l.data[0] - 1.0 / 0.18215).abs() < 1e-5);
+        // With the format marker the values are read as they are.
+        let header = br#"{"latent_tensor":{"dtype":"F32","shape":[1,1,1,1],"data_offsets":[0,4]},"latent_format_version_0":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}}"#;
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(header);
+        file.extend_from_slice(&3.0f32.to_le_bytes());
+        assert_eq!(read_latent_file(&file).unwrap().data, vec![3.0]);
         assert!(read_latent_file(b"short").is_err());
         assert_eq!(half_to_f32(0x3c00), 1.0);
         assert_eq!(half_to_f32(0xc000), -2.0);
