@@ -490,28 +490,47 @@ fn area_composition_noisy_latent_composition_and_conditioning_nodes_run() {
 }
 
 #[test]
-fn lora_loaders_at_zero_strength_pass_the_model_through_and_missing_loras_are_node_errors() {
+fn loras_change_the_image_strength_zero_passes_through_and_foreign_or_missing_loras_are_node_errors() {
     let models = models_dir();
-    safetensors_with(&models.path().join("loras/style.safetensors"), &["lora_unet_down_blocks_0.alpha"]);
+    let status = Command::new(weft_bin())
+        .args(["models", "tiny-lora", "--seed", "3", "--out"])
+        .arg(models.path().join("loras/style.safetensors"))
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "weft models tiny-lora failed");
+    safetensors_with(
+        &models.path().join("loras/other-model.safetensors"),
+        &["lora_unet_foo_bar.lora_up.weight", "lora_unet_foo_bar.lora_down.weight"],
+    );
     let server = server(models.path(), None, &[]);
     let nodes: Value = server.get("/api/v2/nodes").json().unwrap();
-    assert_eq!(nodes["LoraLoader"]["input"]["required"]["lora_name"][0], json!(["style.safetensors"]));
-    let mut graph = default_graph(1, 64, 1);
-    graph["20"] = json!({"class_type": "LoraLoader", "inputs": {
-        "model": ["4", 0], "clip": ["4", 1], "lora_name": "style.safetensors", "strength_model": 0.0, "strength_clip": 0.0}});
-    graph["21"] = json!({"class_type": "LoraLoaderModelOnly", "inputs": {
-        "model": ["20", 0], "lora_name": "style.safetensors", "strength_model": 0.0}});
-    graph["3"]["inputs"]["model"] = json!(["21", 0]);
-    graph["6"]["inputs"]["clip"] = json!(["20", 1]);
+    assert_eq!(
+        nodes["LoraLoader"]["input"]["required"]["lora_name"][0],
+        json!(["other-model.safetensors", "style.safetensors"])
+    );
+    let with_lora = |lora: Value, strength: f64| {
+        let mut graph = default_graph(1, 64, 2);
+        graph["20"] = json!({"class_type": "LoraLoader", "inputs": {
+            "model": ["4", 0], "clip": ["4", 1], "lora_name": lora, "strength_model": strength, "strength_clip": strength}});
+        graph["21"] = json!({"class_type": "LoraLoaderModelOnly", "inputs": {
+            "model": ["20", 0], "lora_name": "style.safetensors", "strength_model": strength}});
+        graph["3"]["inputs"]["model"] = json!(["21", 0]);
+        graph["6"]["inputs"]["clip"] = json!(["20", 1]);
+        graph
+    };
     let pixels = |png: &[u8]| image::load_from_memory(png).unwrap().to_rgb8().into_raw();
-    let with_lora = run_outputs(&server, graph);
-    let without = run_outputs(&server, default_graph(1, 64, 1));
-    assert_eq!(pixels(&with_lora[0].1), pixels(&without[0].1), "strength 0 leaves the model as it was");
-    let mut missing = default_graph(1, 64, 1);
-    missing["20"] = json!({"class_type": "PrimitiveString", "inputs": {"value": "nope.safetensors"}});
-    missing["21"] = json!({"class_type": "LoraLoaderModelOnly", "inputs": {
-        "model": ["4", 0], "lora_name": ["20", 0], "strength_model": 1.0}});
-    missing["3"]["inputs"]["model"] = json!(["21", 0]);
+    let plain = pixels(&run_outputs(&server, default_graph(1, 64, 2))[0].1);
+    let zero = pixels(&run_outputs(&server, with_lora(json!("style.safetensors"), 0.0))[0].1);
+    assert_eq!(zero, plain, "strength 0 leaves the model as it was");
+    let styled = pixels(&run_outputs(&server, with_lora(json!("style.safetensors"), 1.0))[0].1);
+    assert_ne!(styled, plain, "the LoRA changes the image");
+
+    let job = server.run(with_lora(json!("other-model.safetensors"), 1.0));
+    assert_eq!(job["status"], "failed", "{job}");
+    assert!(job["error"]["message"].as_str().unwrap().contains("invalid_model"), "{job}");
+    let mut missing = with_lora(json!(["22", 0]), 1.0);
+    missing["22"] = json!({"class_type": "PrimitiveString", "inputs": {"value": "nope.safetensors"}});
     let job = server.run(missing);
     assert_eq!(job["status"], "failed", "{job}");
     assert!(job["error"]["message"].as_str().unwrap().contains("model_not_found"), "{job}");

@@ -83,6 +83,18 @@ enum ModelsCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Writes a tiny random LoRA (kohya layout) that fits `weft models tiny-sd` checkpoints.
+    TinyLora {
+        /// Output .safetensors file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Rank of every patch.
+        #[arg(long, default_value_t = 4)]
+        rank: usize,
+    },
     /// Text to image with an SD1.x checkpoint on the compute core (CPU, or CUDA when built
     /// with `--features cuda`); writes a PNG with the parameters in a `parameters` text chunk.
     Generate {
@@ -487,6 +499,14 @@ fn main() -> anyhow::Result<()> {
         } => {
             weft::compute::models::write_random_checkpoint(&out, &weft::compute::models::Sd1Config::tiny(), seed)?;
             println!("wrote a tiny random-weight SD1 checkpoint to {}", out.display());
+            Ok(())
+        }
+        Command::Models {
+            command: ModelsCommand::TinyLora { out, seed, rank },
+        } => {
+            let layout = weft::compute::models::Sd1Config::tiny();
+            weft::compute::diffusion::write_random_lora(&out, &layout, seed, rank.max(1))?;
+            println!("wrote a tiny random LoRA to {}", out.display());
             Ok(())
         }
         Command::Models {

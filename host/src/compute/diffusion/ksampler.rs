@@ -5,7 +5,6 @@
 
 use candle_core::{DType, Tensor as CTensor};
 
-use super::super::models::Sd1Models;
 use super::super::sampling::{
     cfg, ksampler_sigmas, sample, seeded_noise, ModelSampling, SampleError, SamplerKind, Scheduler, StepControl,
     Tensor, TorchGenerator, TorchNoise,
@@ -13,6 +12,7 @@ use super::super::sampling::{
 use super::super::values::LatentBatch;
 use super::super::ComputeError;
 use super::conditioning::{Area, CondEntry, Conditioning};
+use super::model::DiffusionModel;
 use super::resize::{resize_planes, Mode};
 
 /// SD1's latent scale factor (VAE space to sampler space).
@@ -54,17 +54,18 @@ pub enum SampleFailure {
     Compute(#[from] ComputeError),
 }
 
-/// Samples `latent` with `models`' UNet guided by `positive` against `negative`.
+/// Samples `latent` with `model`'s UNet guided by `positive` against `negative`.
 /// `on_step(step, steps)` runs after every step (1-based); [`StepControl::Stop`] ends the
 /// run with [`SampleFailure::Stopped`].
 pub fn ksample(
-    models: &Sd1Models,
+    model: &DiffusionModel,
     positive: &Conditioning,
     negative: &Conditioning,
     latent: &LatentBatch,
     settings: &SampleSettings,
     on_step: &mut dyn FnMut(usize, usize) -> StepControl,
 ) -> Result<LatentBatch, SampleFailure> {
+    let models = &model.checkpoint;
     let shape: Vec<usize> = latent.shape.iter().map(|&d| d as usize).collect();
     if shape[1] != models.config.latent_channels {
         return Err(ComputeError::invalid(format!(
@@ -100,7 +101,7 @@ pub fn ksample(
     });
     let x0 = ms.noise_scaling(sigmas[0], &noise, &latent_in, ms.is_max_denoise(sigmas[0]));
     let guide = Guidance {
-        models,
+        model,
         ms: &ms,
         shape: &shape,
         positive,
@@ -175,7 +176,7 @@ fn prepare_noise(seed: u64, shape: &[usize], batch_index: Option<&[u32]>) -> Vec
 
 /// Classifier-free guidance over conditioning lists.
 struct Guidance<'a> {
-    models: &'a Sd1Models,
+    model: &'a DiffusionModel,
     ms: &'a ModelSampling,
     shape: &'a [usize],
     positive: &'a Conditioning,
@@ -289,7 +290,7 @@ impl Guidance<'_> {
     /// One UNet call for `members` (one prompt length) on the cropped batch `crop`:
     /// every member's denoised prediction, one after the other.
     fn unet(&self, members: &[&CondEntry], crop: &[f32], shape: [usize; 4], sigma: f32) -> anyhow::Result<Vec<f32>> {
-        let device = &self.models.device;
+        let device = &self.model.checkpoint.device;
         let b = shape[0];
         let scale = (sigma * sigma + 1.0).sqrt();
         let scaled: Vec<f32> = crop.iter().map(|v| v / scale).collect();
@@ -301,7 +302,7 @@ impl Guidance<'_> {
             .collect::<candle_core::Result<Vec<_>>>()?;
         let context = CTensor::cat(&contexts, 0)?;
         let t = self.ms.timestep(sigma) as f64;
-        let eps = self.models.unet.forward(&input, t, &context)?;
+        let eps = self.model.unet().forward(&input, t, &context)?;
         let eps = eps.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
         Ok(eps
             .chunks_exact(crop.len())
@@ -334,13 +335,15 @@ mod tests {
 
     #[test]
     fn the_default_graph_matches_text_to_image() {
-        let (_dir, m) = tiny_test_models(5).unwrap();
+        let (dir, m) = tiny_test_models(5).unwrap();
+        let m = std::sync::Arc::new(m);
+        let model = DiffusionModel::new(m.clone(), dir.path().join("tiny.safetensors"));
         let encode = |t: &str| crate::compute::text_to_image::encode_text(&m, t).unwrap();
         let pos = Conditioning::from_context(encode("a lighthouse"));
         let neg = Conditioning::from_context(encode("blurry"));
         let empty = latent::empty(32, 16, 1).unwrap();
         let mut steps = Vec::new();
-        let out = ksample(&m, &pos, &neg, &empty, &settings(42), &mut |s, n| {
+        let out = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |s, n| {
             steps.push((s, n));
             StepControl::Continue
         })
@@ -370,12 +373,12 @@ mod tests {
             .fold(0f32, f32::max);
         assert!(worst < 1e-4, "node path and text_to_image differ by {worst}");
         // Same seed, same latent; another seed, another one.
-        let again = ksample(&m, &pos, &neg, &empty, &settings(42), &mut |_, _| StepControl::Continue).unwrap();
+        let again = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |_, _| StepControl::Continue).unwrap();
         assert_eq!(again.data, out.data);
-        let other = ksample(&m, &pos, &neg, &empty, &settings(43), &mut |_, _| StepControl::Continue).unwrap();
+        let other = ksample(&model, &pos, &neg, &empty, &settings(43), &mut |_, _| StepControl::Continue).unwrap();
         assert_ne!(other.data, out.data);
         // A stop ends the run.
-        let stopped = ksample(&m, &pos, &neg, &empty, &settings(42), &mut |s, _| {
+        let stopped = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |s, _| {
             if s == 1 {
                 StepControl::Stop
             } else {
@@ -387,14 +390,16 @@ mod tests {
 
     #[test]
     fn areas_masks_and_step_windows() {
-        let (_dir, m) = tiny_test_models(6).unwrap();
+        let (dir, m) = tiny_test_models(6).unwrap();
+        let m = std::sync::Arc::new(m);
+        let model = DiffusionModel::new(m.clone(), dir.path().join("tiny.safetensors"));
         let encode = |t: &str| crate::compute::text_to_image::encode_text(&m, t).unwrap();
         let pos = Conditioning::from_context(encode("sky")).combine(&Conditioning::from_context(encode("sea")).set_area(
             64, 64, 64, 0, 1.0,
         ));
         let neg = Conditioning::from_context(encode("")).zero_out().unwrap();
         let base = latent::empty(128, 64, 2).unwrap();
-        let go = |l: &LatentBatch, s: &SampleSettings| ksample(&m, &pos, &neg, l, s, &mut |_, _| StepControl::Continue);
+        let go = |l: &LatentBatch, s: &SampleSettings| ksample(&model, &pos, &neg, l, s, &mut |_, _| StepControl::Continue);
         let out = go(&base, &settings(1)).unwrap();
         assert_eq!(out.shape, base.shape);
         // A window past the schedule leaves the latent as it was.

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::super::image::MaskBatch;
+use super::super::models::safetensors::f16_to_f32;
 use super::super::values::LatentBatch;
 use super::super::ComputeError;
 use super::resize::{resize_planes, Mode};
@@ -250,7 +251,7 @@ pub fn read_latent_file(bytes: &[u8]) -> Result<LatentBatch, ComputeError> {
             .collect(),
         Some("F16") if raw.len() == len * 2 => raw
             .chunks_exact(2)
-            .map(|b| half_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
             .collect(),
         Some("BF16") if raw.len() == len * 2 => raw
             .chunks_exact(2)
@@ -264,24 +265,6 @@ pub fn read_latent_file(bytes: &[u8]) -> Result<LatentBatch, ComputeError> {
         }
     }
     Ok(plain(shape, data))
-}
-
-/// IEEE half to single precision.
-fn half_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h >> 15) << 31;
-    let exp = u32::from((h >> 10) & 0x1f);
-    let frac = u32::from(h & 0x3ff);
-    let bits = match (exp, frac) {
-        (0, 0) => sign,
-        (0, f) => {
-            // Subnormal: normalise.
-            let shift = f.leading_zeros() - 21;
-            sign | ((113 - shift) << 23) | (((f << shift) & 0x3ff) << 13)
-        }
-        (0x1f, f) => sign | 0x7f80_0000 | (f << 13),
-        (e, f) => sign | ((e + 112) << 23) | (f << 13),
-    };
-    f32::from_bits(bits)
 }
 
 #[cfg(test)]
@@ -341,7 +324,5 @@ mod tests {
         file.extend_from_slice(&3.0f32.to_le_bytes());
         assert_eq!(read_latent_file(&file).unwrap().data, vec![3.0]);
         assert!(read_latent_file(b"short").is_err());
-        assert_eq!(half_to_f32(0x3c00), 1.0);
-        assert_eq!(half_to_f32(0xc000), -2.0);
     }
 }

@@ -1,30 +1,32 @@
 //! The text encoder behind a `CLIP` handle: a checkpoint's CLIP, optionally stopped at an
-//! earlier layer (`CLIPSetLastLayer`), and `CLIPTextEncode`'s encoding.
+//! earlier layer (`CLIPSetLastLayer`) or with LoRAs applied, and `CLIPTextEncode`'s encoding.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use anyhow::Context;
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::clip::text_model::ClipTextTransformer;
 
 use super::super::models::candle_sd1::clip_config;
-use super::super::models::sd1::{ldm_to_candle, Component};
+use super::super::models::sd1::Component;
 use super::super::models::Sd1Models;
 use super::super::tokenizer::ClipTokenizer;
 use super::super::{on_workers, ComputeError};
+use super::checkpoint::ModelError;
+use super::lora::{load_component, Lora};
 
-/// A checkpoint's text encoder, run up to one of its layers.
+/// A checkpoint's text encoder, run up to one of its layers, with LoRAs applied.
 pub struct TextEncoder {
     /// The checkpoint's networks.
     pub models: Arc<Sd1Models>,
-    /// The checkpoint file, to build a shortened encoder from.
+    /// The checkpoint file, to build a shortened or patched encoder from.
     pub source: PathBuf,
     /// The last layer used: -1 is the last one, -2 the one before, ...
     pub last_layer: i32,
-    shortened: OnceLock<Result<Arc<ClipTextTransformer>, String>>,
+    /// The LoRAs applied, with their strengths.
+    pub loras: Vec<(Arc<Lora>, f64)>,
+    rebuilt: OnceLock<Result<Arc<ClipTextTransformer>, String>>,
 }
 
 impl TextEncoder {
@@ -34,7 +36,8 @@ impl TextEncoder {
             models,
             source,
             last_layer: -1,
-            shortened: OnceLock::new(),
+            loras: Vec::new(),
+            rebuilt: OnceLock::new(),
         }
     }
 
@@ -49,6 +52,19 @@ impl TextEncoder {
         }
         Ok(TextEncoder {
             last_layer,
+            loras: self.loras.clone(),
+            ..TextEncoder::new(self.models.clone(), self.source.clone())
+        })
+    }
+
+    /// This encoder with `lora` added at `strength` (`LoraLoader`).
+    pub fn with_lora(&self, lora: Arc<Lora>, strength: f64) -> Result<TextEncoder, ModelError> {
+        lora.check_fits(&self.models.config)?;
+        let mut loras = self.loras.clone();
+        loras.push((lora, strength));
+        Ok(TextEncoder {
+            last_layer: self.last_layer,
+            loras,
             ..TextEncoder::new(self.models.clone(), self.source.clone())
         })
     }
@@ -57,12 +73,12 @@ impl TextEncoder {
     /// norm applied to the chosen layer's output (ComfyUI's SD1 CLIP).
     pub fn encode(&self, text: &str) -> Result<Tensor, ComputeError> {
         let failed = |e: &dyn std::fmt::Display| ComputeError::Failed(format!("text encoding: {e}"));
-        if self.last_layer == -1 {
+        if self.last_layer == -1 && self.loras.is_empty() {
             return super::super::text_to_image::encode_text(&self.models, text).map_err(|e| failed(&e));
         }
         let clip = self
-            .shortened
-            .get_or_init(|| self.build_shortened().map(Arc::new).map_err(|e| format!("{e:#}")))
+            .rebuilt
+            .get_or_init(|| self.rebuild().map(Arc::new).map_err(|e| format!("{e:#}")))
             .as_ref()
             .map_err(|e| failed(e))?;
         let ids = ClipTokenizer::shared().encode_padded(text);
@@ -73,22 +89,15 @@ impl TextEncoder {
         run().map_err(|e| failed(&e))
     }
 
-    /// A CLIP of the checkpoint's first `layers + last_layer + 1` layers: candle's encoder
-    /// cannot stop early, so the layers are loaded again (shared with nothing).
-    fn build_shortened(&self) -> anyhow::Result<ClipTextTransformer> {
+    /// A CLIP of the checkpoint's first `layers + last_layer + 1` layers with the LoRAs
+    /// applied: candle's encoder cannot stop early, so the weights are loaded again.
+    fn rebuild(&self) -> anyhow::Result<ClipTextTransformer> {
         let cfg = &self.models.config;
         let mut config = clip_config(cfg);
         config.num_hidden_layers = (cfg.clip_layers as i32 + self.last_layer + 1) as usize;
-        // SAFETY: a checkpoint the cache validated and loaded; like every mmap-based loader
-        // this assumes the operator does not rewrite it while it is mapped.
-        let mm = unsafe { candle_core::safetensors::MmapedSafetensors::new(&self.source) }
-            .with_context(|| format!("memory-mapping {}", self.source.display()))?;
-        let mut tensors = HashMap::new();
-        for (name, _) in mm.tensors() {
-            if let Some((Component::Clip, target)) = ldm_to_candle(&name, cfg) {
-                let t = mm.load(&name, &self.models.device)?.to_dtype(DType::F32)?;
-                tensors.insert(target, t);
-            }
+        let mut tensors = load_component(&self.source, cfg, Component::Clip, &self.models.device)?;
+        for (lora, strength) in &self.loras {
+            lora.apply(*strength, Component::Clip, cfg, &mut tensors)?;
         }
         let vb = VarBuilder::from_tensors(tensors, DType::F32, &self.models.device);
         Ok(ClipTextTransformer::new(vb.pp("text_model"), &config)?)

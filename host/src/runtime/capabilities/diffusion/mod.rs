@@ -17,7 +17,9 @@ use std::time::Instant;
 use wasmtime::component::Resource;
 
 use super::CallState;
-use crate::compute::diffusion::{self as sd, Conditioning, ModelError, SampleFailure, SampleSettings, TextEncoder};
+use crate::compute::diffusion::{
+    self as sd, Conditioning, DiffusionModel, Lora, ModelError, SampleFailure, SampleSettings, TextEncoder,
+};
 use crate::compute::models::{ModelCache, Sd1Models};
 use crate::compute::sampling::{SamplerKind, Scheduler, StepControl};
 use crate::compute::values::{LatentBatch, Opaque};
@@ -189,9 +191,10 @@ impl Host for CallState {
         let library = self.diffusion.library.clone();
         let path = attempt!(library.resolve("checkpoints", &ckpt_name));
         let models = attempt!(sd::load_checkpoint(&library.cache, &path, &ckpt_name).map_err(model_error));
+        let model = Arc::new(DiffusionModel::new(models.clone(), path.clone()));
         let clip = Arc::new(TextEncoder::new(models.clone(), path));
         Ok(Ok(Checkpoint {
-            model: self.push_handle("MODEL", ckpt_name.clone(), 0, models.clone())?,
+            model: self.push_handle("MODEL", ckpt_name.clone(), 0, model)?,
             clip: self.push_handle("CLIP", ckpt_name.clone(), 0, clip)?,
             vae: self.push_handle("VAE", ckpt_name, 0, models)?,
         }))
@@ -207,17 +210,32 @@ impl Host for CallState {
 
     fn load_lora(
         &mut self,
-        _model: Resource<HandleRes>,
-        _clip: Option<Resource<HandleRes>>,
+        model: Resource<HandleRes>,
+        clip: Option<Resource<HandleRes>>,
         lora_name: String,
-        _strength_model: f64,
-        _strength_clip: f64,
+        strength_model: f64,
+        strength_clip: f64,
     ) -> wasmtime::Result<Result<(Resource<HandleRes>, Option<Resource<HandleRes>>), NodeError>> {
-        attempt!(self.diffusion.library.resolve("loras", &lora_name));
-        fail!(node_error(
-            "not_supported",
-            format!("{lora_name:?}: applying LoRA weights is not supported yet"),
-        ))
+        let base = attempt!(self.payload::<DiffusionModel>(&model, "MODEL")?);
+        let encoder = match &clip {
+            Some(clip) => Some(attempt!(self.payload::<TextEncoder>(clip, "CLIP")?)),
+            None => None,
+        };
+        let path = attempt!(self.diffusion.library.resolve("loras", &lora_name));
+        let lora = Arc::new(attempt!(Lora::read(&path, &lora_name).map_err(model_error)));
+        let patched = attempt!(base.with_lora(lora.clone(), strength_model).map_err(model_error));
+        let label = |name: &str| format!("{name} + {lora_name}");
+        let model_name = label(&self.table.get(&model)?.0.object.name);
+        let model = self.push_handle("MODEL", model_name, 0, Arc::new(patched))?;
+        let clip = match (encoder, clip) {
+            (Some(encoder), Some(handle)) => {
+                let name = label(&self.table.get(&handle)?.0.object.name);
+                let patched = attempt!(encoder.with_lora(lora, strength_clip).map_err(model_error));
+                Some(self.push_handle("CLIP", name, 0, Arc::new(patched))?)
+            }
+            _ => None,
+        };
+        Ok(Ok((model, clip)))
     }
 
     fn clip_set_last_layer(
@@ -374,7 +392,7 @@ impl Host for CallState {
         latent: Resource<LatentRes>,
         options: SampleOptions,
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
-        let models = attempt!(self.payload::<Sd1Models>(&model, "MODEL")?);
+        let model = attempt!(self.payload::<DiffusionModel>(&model, "MODEL")?);
         let positive = attempt!(self.payload::<Conditioning>(&positive, "CONDITIONING")?);
         let negative = attempt!(self.payload::<Conditioning>(&negative, "CONDITIONING")?);
         let latent = self.latent(&latent)?;
@@ -407,7 +425,7 @@ impl Host for CallState {
         let mut stopped_by = None;
         let result = {
             let state = &*self;
-            sd::ksample(&models, &positive, &negative, &latent, &settings, &mut |step, steps| {
+            sd::ksample(&model, &positive, &negative, &latent, &settings, &mut |step, steps| {
                 state.call.progress.report(step as u32, steps as u32, None);
                 match state.interruption() {
                     None => StepControl::Continue,
