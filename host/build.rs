@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Built-in plugin crates, by directory under `plugins/`.
-const BUILTINS: &[&str] = &["core", "image", "audio"];
+const BUILTINS: &[&str] = &["core", "image", "audio", "diffusion"];
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());

@@ -41,11 +41,14 @@ pub fn encode_png(image: &ImageBatch, index: u32, text: &[(String, String)]) -> 
     Ok(out)
 }
 
-/// Encodes `latent` as a one-tensor safetensors file whose tensor is named `latent_tensor`.
+/// Encodes `latent` as ComfyUI's `SaveLatent` writes it: a safetensors file with the
+/// `latent_tensor` and the empty `latent_format_version_0` marker, which tells `LoadLatent`
+/// that the values are not scaled.
 pub fn encode_latent(latent: &LatentBatch) -> Vec<u8> {
     let bytes = latent.data.len() * 4;
     let header = serde_json::json!({
-        "latent_tensor": {"dtype": "F32", "shape": latent.shape, "data_offsets": [0, bytes]}
+        "latent_tensor": {"dtype": "F32", "shape": latent.shape, "data_offsets": [0, bytes]},
+        "latent_format_version_0": {"dtype": "F32", "shape": [0], "data_offsets": [bytes, bytes]}
     })
     .to_string();
     let mut header = header.into_bytes();
@@ -79,10 +82,12 @@ mod tests {
     }
 
     #[test]
-    fn latents_are_safetensors_with_one_tensor() {
+    fn latents_are_safetensors_as_comfyui_saves_them() {
         let latent = LatentBatch {
             shape: [1, 4, 1, 2],
             data: (0..8).map(|i| i as f32).collect(),
+            noise_mask: None,
+            batch_index: None,
         };
         let bytes = encode_latent(&latent);
         let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
@@ -91,6 +96,7 @@ mod tests {
         assert_eq!(header["latent_tensor"]["dtype"], "F32");
         assert_eq!(header["latent_tensor"]["shape"], serde_json::json!([1, 4, 1, 2]));
         assert_eq!(header["latent_tensor"]["data_offsets"], serde_json::json!([0, 32]));
+        assert_eq!(header["latent_format_version_0"]["shape"], serde_json::json!([0]));
         let data = &bytes[8 + header_len..];
         assert_eq!(data.len(), 32);
         assert_eq!(f32::from_le_bytes(data[28..32].try_into().unwrap()), 7.0);

@@ -20,6 +20,7 @@ mod attention;
 pub mod codecs;
 mod conv;
 pub mod device;
+pub mod diffusion;
 mod geglu;
 pub mod image;
 mod linear;

@@ -4,13 +4,20 @@
 use std::any::Any;
 use std::sync::Arc;
 
-/// A batch of latents, `[batch, channels, height/8, width/8]`, float32.
+/// A batch of latents, `[batch, channels, height/8, width/8]`, float32: ComfyUI's `LATENT`
+/// dictionary (`samples`, `noise_mask`, `batch_index`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LatentBatch {
     /// `[batch, channels, height, width]` of the latent tensor itself.
     pub shape: [u32; 4],
     /// Row-major values.
     pub data: Vec<f32>,
+    /// Where sampling may change the latent (1) or must keep it (0), at pixel resolution:
+    /// one mask, or one per latent of the batch. Set by `SetLatentNoiseMask` and inpainting.
+    pub noise_mask: Option<std::sync::Arc<crate::image::MaskBatch>>,
+    /// Which noise of a seed each latent of the batch gets (`LatentFromBatch`,
+    /// `RepeatLatentBatch`); none means latent `i` gets noise `i`.
+    pub batch_index: Option<Vec<u32>>,
 }
 
 /// A clip of audio, float32 samples interleaved by channel.

@@ -95,7 +95,7 @@ fn validation(runtime: &Runtime) {
         let mut samples = Vec::new();
         for _ in 0..200 {
             let t = Instant::now();
-            weft::graph::validate(&graph, runtime.catalog()).unwrap();
+            weft::graph::validate(&graph, &runtime.catalog()).unwrap();
             samples.push(t.elapsed());
         }
         samples.sort();

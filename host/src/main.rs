@@ -40,6 +40,9 @@ enum Command {
         /// Extra plugins directory.
         #[arg(long, env = "WEFT_PLUGINS_DIR")]
         plugins_dir: Option<PathBuf>,
+        /// Models directory, for the choices of model-file inputs.
+        #[arg(long, env = "WEFT_MODELS_DIR")]
+        models_dir: Option<PathBuf>,
         /// Print ComfyUI's /object_info JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -187,6 +190,13 @@ struct ServeArgs {
     /// or PLUGIN=network. Repeatable.
     #[arg(long = "grant", env = "WEFT_GRANTS", value_delimiter = ',')]
     grants: Vec<String>,
+    /// ComfyUI-style models directory: checkpoints/, loras/, vae/ and embeddings/ inside it.
+    /// Its files are the choices of `ckpt_name` and the like, listed on every catalogue read.
+    #[arg(long, env = "WEFT_MODELS_DIR")]
+    models_dir: Option<PathBuf>,
+    /// Loaded model weights kept for later jobs, in MiB (shared by all jobs and tenants).
+    #[arg(long, env = "WEFT_MODEL_CACHE_MIB", default_value_t = 8192)]
+    model_cache_mib: u64,
     /// General MIDI SoundFont (.sf2) for video-to-music.
     #[arg(long, env = "WEFT_V2M_SOUNDFONT", default_value = weft_v2m::DEFAULT_SOUNDFONT)]
     v2m_soundfont: PathBuf,
@@ -341,6 +351,10 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             grants: grants(&args.grants)?,
             concurrent_calls: 0,
             music: None,
+            diffusion: weft::runtime::DiffusionConfig {
+                models_dir: args.models_dir,
+                model_cache_bytes: args.model_cache_mib << 20,
+            },
         },
         sweep_interval: Duration::from_secs(args.sweep_interval_secs.max(1)),
         initial_credits: args.initial_credits,
@@ -348,9 +362,13 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
     })
 }
 
-fn print_nodes(plugins_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+fn print_nodes(plugins_dir: Option<PathBuf>, models_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
     let runtime = Runtime::load(RuntimeConfig {
         plugins_dir,
+        diffusion: weft::runtime::DiffusionConfig {
+            models_dir,
+            ..Default::default()
+        },
         ..RuntimeConfig::default()
     })?;
     let catalog = runtime.catalog();
@@ -393,7 +411,11 @@ fn main() -> anyhow::Result<()> {
             let config = serve_config(*args)?;
             runtime.block_on(serve::run(config))
         }
-        Command::Nodes { plugins_dir, json } => print_nodes(plugins_dir, json),
+        Command::Nodes {
+            plugins_dir,
+            models_dir,
+            json,
+        } => print_nodes(plugins_dir, models_dir, json),
         Command::Keys {
             command: KeysCommand::Create { data_dir, tenant },
         } => runtime.block_on(async {

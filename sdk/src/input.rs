@@ -13,22 +13,19 @@ use crate::{
 };
 
 /// The ComfyUI name of the type of `value`, for error messages.
-pub fn value_type_name(value: &Value) -> &'static str {
+pub fn value_type_name(value: &Value) -> String {
     match value {
-        Value::Int(_) => "INT",
-        Value::Float(_) => "FLOAT",
-        Value::Boolean(_) => "BOOLEAN",
-        Value::Text(_) => "STRING",
-        Value::Json(_) => "JSON",
-        Value::Asset(_) => "core/ASSET",
-        Value::Image(_) => "IMAGE",
-        Value::Latent(_) => "LATENT",
-        Value::Mask(_) => "MASK",
-        Value::Audio(_) => "AUDIO",
-        Value::Model(_) => "MODEL",
-        Value::Clip(_) => "CLIP",
-        Value::Vae(_) => "VAE",
-        Value::Conditioning(_) => "CONDITIONING",
+        Value::Int(_) => "INT".into(),
+        Value::Float(_) => "FLOAT".into(),
+        Value::Boolean(_) => "BOOLEAN".into(),
+        Value::Text(_) => "STRING".into(),
+        Value::Json(_) => "JSON".into(),
+        Value::Asset(_) => "core/ASSET".into(),
+        Value::Image(_) => "IMAGE".into(),
+        Value::Latent(_) => "LATENT".into(),
+        Value::Mask(_) => "MASK".into(),
+        Value::Audio(_) => "AUDIO".into(),
+        Value::Handle(h) => h.type_name(),
     }
 }
 
@@ -113,6 +110,7 @@ pub struct Spec<T> {
     options: Vec<String>,
     multiline: bool,
     tooltip: Option<String>,
+    model_folder: Option<String>,
     _type: PhantomData<fn() -> T>,
 }
 
@@ -129,6 +127,7 @@ pub fn spec<T>() -> Spec<T> {
         options: Vec::new(),
         multiline: false,
         tooltip: None,
+        model_folder: None,
         _type: PhantomData,
     }
 }
@@ -148,6 +147,11 @@ pub fn uint() -> Spec<u32> {
     spec()
 }
 
+/// An `INT` input read as `u64`, such as a seed (negative values are rejected).
+pub fn uint64() -> Spec<u64> {
+    spec()
+}
+
 /// A `FLOAT` input.
 pub fn float() -> Spec<f64> {
     spec()
@@ -161,6 +165,14 @@ pub fn boolean() -> Spec<bool> {
 /// A `COMBO` input: one of `options`, received as a `String`.
 pub fn combo<S: Into<String>>(options: impl IntoIterator<Item = S>) -> Spec<String> {
     string().options(options)
+}
+
+/// A `COMBO` of the model files in the models folder `folder` (`checkpoints`, `loras`,
+/// `vae`, `embeddings`), listed by the host whenever the catalogue is asked for.
+pub fn model_file(folder: &str) -> Spec<String> {
+    let mut spec = combo(Vec::<String>::new());
+    spec.model_folder = Some(folder.to_string());
+    spec
 }
 
 /// A `core/ASSET` input (an uploaded file).
@@ -259,6 +271,7 @@ impl<T> Spec<T> {
             options: self.options.clone(),
             multiline: self.multiline,
             tooltip: self.tooltip.clone(),
+            model_folder: self.model_folder.clone(),
         }
     }
 
@@ -328,7 +341,7 @@ macro_rules! numeric_spec {
     )*};
 }
 
-numeric_spec!(i64, u32, f64);
+numeric_spec!(i64, u32, u64, f64);
 
 fn check_range(
     name: &str,
@@ -365,7 +378,8 @@ impl InputType for String {
     }
 
     fn validate(&self, name: &str, spec: &Spec<Self>) -> Result<(), NodeError> {
-        if spec.options.is_empty() || spec.options.contains(self) {
+        // Model-file choices are listed (and checked) by the host.
+        if spec.options.is_empty() || spec.model_folder.is_some() || spec.options.contains(self) {
             Ok(())
         } else {
             Err(NodeError::invalid_input(format!(
@@ -399,6 +413,19 @@ impl InputType for u32 {
         let i = i64::from_value(name, value)?;
         u32::try_from(i)
             .map_err(|_| NodeError::invalid_input(format!("input `{name}`: {i} is out of range 0..=4294967295")))
+    }
+
+    fn validate(&self, name: &str, spec: &Spec<Self>) -> Result<(), NodeError> {
+        check_range(name, *self as f64, self, spec.min, spec.max)
+    }
+}
+
+impl InputType for u64 {
+    const TYPE_NAME: &'static str = "INT";
+
+    fn from_value(name: &str, value: Value) -> Result<Self, NodeError> {
+        let i = i64::from_value(name, value)?;
+        u64::try_from(i).map_err(|_| NodeError::invalid_input(format!("input `{name}`: {i} is negative")))
     }
 
     fn validate(&self, name: &str, spec: &Spec<Self>) -> Result<(), NodeError> {
@@ -463,10 +490,6 @@ variant_input! {
     Latent => Latent, "LATENT";
     Mask => Mask, "MASK";
     Audio => Audio, "AUDIO";
-    Model => Model, "MODEL";
-    Clip => Clip, "CLIP";
-    Vae => Vae, "VAE";
-    Conditioning => Conditioning, "CONDITIONING";
 }
 
 /// The inputs `execute` received, by name.

@@ -30,6 +30,12 @@ impl JsonLiteral for u32 {
     }
 }
 
+impl JsonLiteral for u64 {
+    fn to_json(&self) -> String {
+        self.to_string()
+    }
+}
+
 impl JsonLiteral for f64 {
     fn to_json(&self) -> String {
         if self.is_finite() {

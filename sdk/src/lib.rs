@@ -1,7 +1,7 @@
 //! Write weft node plugins in Rust.
 //!
 //! A weft plugin is a WebAssembly component that targets the `plugin` world of
-//! `weft:node@0.1.0`. This crate generates the bindings for that world and adds a
+//! `weft:node@0.2.0`. This crate generates the bindings for that world and adds a
 //! declarative [`node!`] macro, so that a node's definition (what `describe()` reports)
 //! and its code come from one declaration and cannot drift apart. [`export_plugin!`]
 //! then exports a list of nodes as the plugin.
@@ -30,20 +30,21 @@
 
 mod context;
 mod error;
+mod handle;
 pub mod input;
 mod json;
 mod macros;
 mod node;
 mod output;
 
-/// Bindings generated from `wit/weft-node-0.1.0` (world `plugin`).
+/// Bindings generated from `wit/weft-node-0.2.0` (world `plugin`).
 ///
 /// Most authors need only the re-exports at the crate root; the raw bindings are here
 /// for anything the SDK does not wrap.
 pub mod bindings {
     #![allow(missing_docs)]
     wit_bindgen::generate!({
-        path: "../wit/weft-node-0.1.0",
+        path: "../wit/weft-node-0.2.0",
         world: "plugin",
         pub_export_macro: true,
         export_macro_name: "__export_plugin_world",
@@ -53,12 +54,15 @@ pub mod bindings {
 
 /// Host calls every node may make: `progress` and `is_canceled` (prefer [`Context`]).
 pub use bindings::weft::node::host;
-/// Host-side image operations: `empty`, `invert`, `scale`, `load`.
+/// Host-side Stable Diffusion: models, conditioning, latents, sampling, VAE.
+pub use bindings::weft::node::diffusion;
+/// Host-side image operations: `empty`, `invert`, `scale`, `load`, `load_mask`.
 pub use bindings::weft::node::images;
 pub use bindings::weft::node::types::{
-    AssetRef, Audio, Clip, Conditioning, FileData, Image, InputSpec, Latent, Mask, Model, NamedValue, NodeDef,
-    NodeError, NodeResult, OutputFile, OutputKind, OutputSpec, Vae, Value,
+    AssetRef, Audio, FileData, Handle, Image, InputSpec, Latent, Mask, NamedValue, NodeDef, NodeError, NodeResult,
+    OutputFile, OutputKind, OutputSpec, Value,
 };
+pub use handle::{Clip, Conditioning, Model, Vae};
 
 pub use context::Context;
 pub use input::{Input, InputType, InputValues, Spec};
@@ -69,14 +73,15 @@ pub use output::{IntoOutputs, OutputType};
 pub mod prelude {
     pub use crate::input;
     pub use crate::{
-        images, AssetRef, Audio, Clip, Conditioning, Context, FileData, Image, Latent, Mask, Model, NodeError,
-        OutputFile, OutputKind, Vae,
+        diffusion, images, AssetRef, Audio, Clip, Conditioning, Context, FileData, Handle, Image, Latent, Mask, Model,
+        NodeError, OutputFile, OutputKind, Vae,
     };
 }
 
 /// Support code for the macros; not a stable API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::handle::handle_of_type;
     pub use crate::input::{input_spec, take_input};
     pub use crate::output::output_spec;
 

@@ -1,6 +1,6 @@
 //! Node outputs: the Rust types a node may return.
 
-use crate::{AssetRef, Audio, Clip, Conditioning, Image, Latent, Mask, Model, OutputSpec, Vae, Value};
+use crate::{AssetRef, Audio, Image, Latent, Mask, OutputSpec, Value};
 
 /// A type a node output can have. Its `TYPE_NAME` is the ComfyUI type reported by
 /// `describe()`.
@@ -36,10 +36,6 @@ output_type! {
     Latent => |v| Value::Latent(v), "LATENT";
     Mask => |v| Value::Mask(v), "MASK";
     Audio => |v| Value::Audio(v), "AUDIO";
-    Model => |v| Value::Model(v), "MODEL";
-    Clip => |v| Value::Clip(v), "CLIP";
-    Vae => |v| Value::Vae(v), "VAE";
-    Conditioning => |v| Value::Conditioning(v), "CONDITIONING";
 }
 
 /// A tuple of outputs, as a node's `execute` returns them: `()`, `(A,)`, `(A, B)`, ...

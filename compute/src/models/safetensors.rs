@@ -337,7 +337,8 @@ impl SafetensorsIndex {
     }
 }
 
-fn f16_to_f32(h: u16) -> f32 {
+/// IEEE half precision to single precision.
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
     let sign = ((h >> 15) as u32) << 31;
     let exp = ((h >> 10) & 0x1f) as u32;
     let mant = (h & 0x3ff) as u32;

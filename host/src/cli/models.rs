@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use weft_compute::{codecs, device, models, sampling, text_to_image};
+use weft_compute::{codecs, device, diffusion, models, sampling, text_to_image};
 
 /// The `weft models` subcommands.
 #[derive(Subcommand)]
@@ -16,6 +16,18 @@ pub(crate) enum ModelsCommand {
         /// Seed of the random weights.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+    },
+    /// Writes a tiny random LoRA (kohya layout) that fits `weft models tiny-sd` checkpoints.
+    TinyLora {
+        /// Output .safetensors file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Rank of every patch.
+        #[arg(long, default_value_t = 4)]
+        rank: usize,
     },
     /// Text to image with an SD1.x checkpoint on the compute core (CPU, or CUDA when built
     /// with `--features cuda`); writes a PNG with the parameters in a `parameters` text chunk.
@@ -68,6 +80,7 @@ impl ModelsCommand {
     pub(crate) fn run(self) -> anyhow::Result<()> {
         match self {
             ModelsCommand::TinySd { out, seed } => tiny_sd(out, seed),
+            ModelsCommand::TinyLora { out, seed, rank } => tiny_lora(out, seed, rank),
             ModelsCommand::Generate(args) => generate(args),
         }
     }
@@ -77,6 +90,13 @@ impl ModelsCommand {
 fn tiny_sd(out: PathBuf, seed: u64) -> anyhow::Result<()> {
     models::write_random_checkpoint(&out, &models::Sd1Config::tiny(), seed)?;
     println!("wrote a tiny random-weight SD1 checkpoint to {}", out.display());
+    Ok(())
+}
+
+/// Writes the tiny random LoRA.
+fn tiny_lora(out: PathBuf, seed: u64, rank: usize) -> anyhow::Result<()> {
+    diffusion::write_random_lora(&out, &models::Sd1Config::tiny(), seed, rank.max(1))?;
+    println!("wrote a tiny random LoRA to {}", out.display());
     Ok(())
 }
 

@@ -209,7 +209,7 @@ impl Jobs {
             class_type: None,
             traceback: None,
         };
-        let plan = match graph::validate(&job.workflow, self.runtime.catalog()) {
+        let plan = match graph::validate(&job.workflow, &self.runtime.catalog()) {
             Ok(plan) => plan,
             Err(e) => {
                 return Err(fail(

@@ -1,11 +1,12 @@
 //! The node catalogue: every class the loaded plugins define, in ComfyUI's shapes.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde_json::{json, Map, Value as Json};
 
-use super::bindings::wit;
+use super::worlds::v0_2::wit;
 
 /// How one input is given.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -30,6 +31,10 @@ pub struct InputSpec {
     pub multiline: bool,
     /// Help text.
     pub tooltip: Option<String>,
+    /// For a combo of model files: the models folder whose files are the choices, listed
+    /// each time the catalogue is asked for (see [`Catalog::with_model_files`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_folder: Option<String>,
 }
 
 impl InputSpec {
@@ -132,6 +137,7 @@ impl NodeDef {
                 options: input.options,
                 multiline: input.multiline,
                 tooltip: input.tooltip,
+                model_folder: input.model_folder,
             });
         }
         Ok(Self {
@@ -238,6 +244,25 @@ impl Catalog {
     /// The whole catalogue in ComfyUI's `/object_info` shape, keyed by class.
     pub fn object_info(&self) -> Json {
         Json::Object(self.iter().map(|d| (d.class_type.clone(), d.object_info())).collect())
+    }
+
+    /// This catalogue with the choices of every model-file combo (an input with a
+    /// `model_folder`) set to what `list_folder` finds in that folder now. Borrowed as it is
+    /// when no input lists files.
+    pub fn with_model_files(&self, list_folder: impl Fn(&str) -> Vec<String>) -> Cow<'_, Catalog> {
+        let lists_files = |d: &NodeDef| d.inputs.iter().any(|i| i.model_folder.is_some());
+        if !self.iter().any(lists_files) {
+            return Cow::Borrowed(self);
+        }
+        let mut fresh = self.clone();
+        for (_, def) in fresh.classes.values_mut() {
+            for input in &mut def.inputs {
+                if let Some(folder) = &input.model_folder {
+                    input.options.extend(list_folder(folder));
+                }
+            }
+        }
+        Cow::Owned(fresh)
     }
 
     /// The known class closest to `name`, for "did you mean" messages.

@@ -5,15 +5,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use wasmtime::component::{Resource, ResourceTable};
+use wasmtime::component::ResourceTable;
 use wasmtime::{Store, Trap, UpdateDeadline};
 
-use super::bindings::wit;
+use super::capabilities::diffusion::DiffusionState;
 use super::capabilities::CallState;
 use super::limits::CallLimiter;
 use super::logs::TailLog;
 use super::registry::LoadedPlugin;
-use super::value::*;
+use super::value::{AssetRef, OutputFile, Value};
 use super::Runtime;
 
 /// Where a node's progress reports go.
@@ -83,7 +83,7 @@ pub struct NodeFailure {
 }
 
 impl NodeFailure {
-    fn new(code: &str, message: impl Into<String>) -> Self {
+    pub(super) fn new(code: &str, message: impl Into<String>) -> Self {
         Self {
             code: code.to_string(),
             message: message.into(),
@@ -92,9 +92,10 @@ impl NodeFailure {
     }
 }
 
-/// Why the epoch callback stopped a guest.
+/// Why a call was stopped: by the epoch callback in guest code, or by a host function that
+/// checks between steps of long work (sampling).
 #[derive(Debug, thiserror::Error)]
-enum Interrupt {
+pub(super) enum Interrupt {
     #[error("the node ran past its time limit")]
     Timeout,
     #[error("the job was canceled")]
@@ -132,6 +133,7 @@ impl Runtime {
         wasi.stdout(call.log.clone()).stderr(call.log.clone());
         plugin.grants.apply(&mut wasi);
         let cancel = call.cancel.clone();
+        let deadline = Instant::now() + self.limits.node_timeout;
         let state = CallState {
             table: ResourceTable::new(),
             wasi: wasi.build(),
@@ -141,10 +143,10 @@ impl Runtime {
             hostcall_limit: self.limits.hostcall_bytes,
             hostcall_hit: false,
             music: self.music.clone(),
+            diffusion: DiffusionState::new(self.diffusion.clone(), deadline),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
-        let deadline = Instant::now() + self.limits.node_timeout;
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
             if cancel.is_canceled() {
@@ -165,132 +167,8 @@ impl Runtime {
         class: &str,
         inputs: Vec<(String, Value)>,
     ) -> wasmtime::Result<Result<NodeOutput, NodeFailure>> {
-        let instance = plugin.pre.instantiate(&mut *store)?;
-        let mut cost = class.len();
-        let mut lowered = Vec::with_capacity(inputs.len());
-        for (name, value) in inputs {
-            cost += name.len() + value.copy_cost();
-            let value = lower(store.data_mut(), value)?;
-            lowered.push(wit::NamedValue { name, value });
-        }
-        store.data_mut().charge(cost)?;
-        let result = instance.call_execute(&mut *store, class, &lowered)?;
-        let result = match result {
-            Ok(result) => result,
-            Err(e) => {
-                let message = if e.code.is_empty() || e.code == "node_execution_error" {
-                    e.message
-                } else {
-                    format!("{} ({})", e.message, e.code)
-                };
-                return Ok(Err(NodeFailure::new("node_execution_error", message)));
-            }
-        };
-        let state = store.data_mut();
-        let mut values = Vec::with_capacity(result.outputs.len());
-        let mut returned = 0usize;
-        for value in result.outputs {
-            let value = lift(state, value)?;
-            returned += value.copy_cost();
-            values.push(value);
-        }
-        let mut files = Vec::with_capacity(result.files.len());
-        for file in result.files {
-            returned += file.filename_prefix.len() + file.extension.len() + file.content_type.len();
-            let data = match file.data {
-                wit::FileData::Bytes(bytes) => {
-                    returned += bytes.len();
-                    FileData::Bytes(bytes)
-                }
-                wit::FileData::Png(image) => FileData::Png(state.table.delete(image)?.0),
-                wit::FileData::Wav(audio) => FileData::Wav(state.table.delete(audio)?.0),
-                wit::FileData::Latent(latent) => FileData::Latent(state.table.delete(latent)?.0),
-            };
-            files.push(OutputFile {
-                kind: output_kind(file.kind),
-                filename_prefix: file.filename_prefix,
-                extension: file.extension,
-                content_type: file.content_type,
-                data,
-            });
-        }
-        if returned > self.limits.hostcall_bytes {
-            return Ok(Err(NodeFailure::new(
-                "node_output_too_large",
-                format!(
-                    "the node returned {returned} bytes; the limit is {} bytes",
-                    self.limits.hostcall_bytes
-                ),
-            )));
-        }
-        Ok(Ok(NodeOutput { values, files }))
+        plugin.pre.execute(store, class, inputs, self.limits.hostcall_bytes)
     }
-}
-
-fn output_kind(kind: wit::OutputKind) -> OutputKind {
-    match kind {
-        wit::OutputKind::Image => OutputKind::Image,
-        wit::OutputKind::Video => OutputKind::Video,
-        wit::OutputKind::Audio => OutputKind::Audio,
-        wit::OutputKind::Text => OutputKind::Text,
-        wit::OutputKind::File => OutputKind::File,
-        wit::OutputKind::Latent => OutputKind::Latent,
-    }
-}
-
-/// A host value as the guest sees it: literals copied, large values as new handles.
-fn lower(state: &mut CallState, value: Value) -> wasmtime::Result<wit::Value> {
-    let table = &mut state.table;
-    Ok(match value {
-        Value::Int(v) => wit::Value::Int(v),
-        Value::Float(v) => wit::Value::Float(v),
-        Value::Bool(v) => wit::Value::Boolean(v),
-        Value::Text(v) => wit::Value::Text(v),
-        Value::Json(v) => wit::Value::Json(v.to_string()),
-        Value::Asset(a) => wit::Value::Asset(wit::AssetRef {
-            id: a.id,
-            hash: a.hash,
-            file_path: a.file_path,
-        }),
-        Value::Image(v) => wit::Value::Image(table.push(ImageRes(v))?),
-        Value::Latent(v) => wit::Value::Latent(table.push(LatentRes(v))?),
-        Value::Mask(v) => wit::Value::Mask(table.push(MaskRes(v))?),
-        Value::Audio(v) => wit::Value::Audio(table.push(AudioRes(v))?),
-        Value::Model(v) => wit::Value::Model(table.push(ModelRes(v))?),
-        Value::Clip(v) => wit::Value::Clip(table.push(ClipRes(v))?),
-        Value::Vae(v) => wit::Value::Vae(table.push(VaeRes(v))?),
-        Value::Conditioning(v) => wit::Value::Conditioning(table.push(ConditioningRes(v))?),
-    })
-}
-
-/// A guest's returned value as a host value; handles are taken back from the table.
-fn lift(state: &mut CallState, value: wit::Value) -> wasmtime::Result<Value> {
-    fn take<T: 'static>(table: &mut ResourceTable, r: Resource<T>) -> wasmtime::Result<T> {
-        Ok(table.delete(r)?)
-    }
-    let table = &mut state.table;
-    Ok(match value {
-        wit::Value::Int(v) => Value::Int(v),
-        wit::Value::Float(v) => Value::Float(v),
-        wit::Value::Boolean(v) => Value::Bool(v),
-        wit::Value::Text(v) => Value::Text(v),
-        wit::Value::Json(v) => {
-            Value::Json(serde_json::from_str(&v).map_err(|e| wasmtime::format_err!("node returned invalid JSON: {e}"))?)
-        }
-        wit::Value::Asset(a) => Value::Asset(AssetRef {
-            id: a.id,
-            hash: a.hash,
-            file_path: a.file_path,
-        }),
-        wit::Value::Image(r) => Value::Image(take(table, r)?.0),
-        wit::Value::Latent(r) => Value::Latent(take(table, r)?.0),
-        wit::Value::Mask(r) => Value::Mask(take(table, r)?.0),
-        wit::Value::Audio(r) => Value::Audio(take(table, r)?.0),
-        wit::Value::Model(r) => Value::Model(take(table, r)?.0),
-        wit::Value::Clip(r) => Value::Clip(take(table, r)?.0),
-        wit::Value::Vae(r) => Value::Vae(take(table, r)?.0),
-        wit::Value::Conditioning(r) => Value::Conditioning(take(table, r)?.0),
-    })
 }
 
 /// Turns a trap or host error into the failure a caller sees, naming the limit that was hit.

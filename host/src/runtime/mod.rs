@@ -4,6 +4,7 @@
 //! Public face: [`Runtime`] (load, catalogue, [`Runtime::call`]), [`RuntimeConfig`],
 //! [`Limits`], [`CallContext`] and the value types.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,7 +22,9 @@ mod limits;
 mod logs;
 mod registry;
 mod value;
+mod worlds;
 
+pub use capabilities::diffusion::{DiffusionConfig, FOLDERS as MODEL_FOLDERS};
 pub use catalog::{Catalog, InputSpec, NodeDef, OutputSpec};
 pub use invoke::{AssetReader, CallContext, CancelToken, NodeFailure, NodeOutput, ProgressSink};
 pub use limits::Limits;
@@ -46,6 +49,8 @@ pub struct RuntimeConfig {
     pub concurrent_calls: u32,
     /// The video-to-music engine behind `weft:node/music`; without one, its calls fail.
     pub music: Option<Arc<weft_v2m::Engine>>,
+    /// The models folder and model cache of the diffusion nodes.
+    pub diffusion: DiffusionConfig,
 }
 
 /// The loaded plugins and the machinery to call them.
@@ -55,6 +60,7 @@ pub struct Runtime {
     catalog: Catalog,
     limits: Limits,
     music: Option<Arc<weft_v2m::Engine>>,
+    diffusion: Arc<capabilities::diffusion::Library>,
     _ticker: engine::EpochTicker,
 }
 
@@ -82,11 +88,12 @@ impl Runtime {
             catalog: Catalog::default(),
             limits: config.limits.clone(),
             music: config.music.clone(),
+            diffusion: Arc::new(capabilities::diffusion::Library::new(&config.diffusion)),
             _ticker: ticker,
         };
         let compiled = compile_all(&runtime.engine, &sources, config.cache_dir.as_deref())?;
         for (source, component) in sources.into_iter().zip(compiled) {
-            let pre = registry::prelink(&linker, &component)
+            let pre = registry::prelink(&runtime.engine, &linker, &component)
                 .map_err(|e| anyhow::anyhow!("plugin {} ({}) cannot be linked: {e:#}", source.name, source.origin))?;
             let granted = config.grants.get(&source.name).cloned().unwrap_or_default();
             let mut plugin = LoadedPlugin {
@@ -101,15 +108,21 @@ impl Runtime {
             for def in &plugin.nodes {
                 runtime.catalog.insert(index, def.clone()).map_err(anyhow::Error::msg)?;
             }
-            tracing::info!(plugin = %plugin.name, classes = plugin.nodes.len(), "plugin loaded");
+            tracing::info!(
+                plugin = %plugin.name,
+                contract = plugin.pre.world().version(),
+                classes = plugin.nodes.len(),
+                "plugin loaded"
+            );
             runtime.plugins.push(plugin);
         }
         Ok(Arc::new(runtime))
     }
 
-    /// The node catalogue.
-    pub fn catalog(&self) -> &Catalog {
-        &self.catalog
+    /// The node catalogue, with the choices of model-file combos (`ckpt_name`, ...) listed
+    /// from the models folder now, so a new file shows up without a restart.
+    pub fn catalog(&self) -> Cow<'_, Catalog> {
+        self.catalog.with_model_files(|folder| self.diffusion.list(folder))
     }
 
     /// The limits calls run under.
@@ -144,16 +157,10 @@ impl Runtime {
             assets: Arc::new(Discard),
         };
         let mut store = self.new_store(plugin, ctx);
-        let mut describe = || -> wasmtime::Result<Vec<bindings::wit::NodeDef>> {
-            let instance = plugin.pre.instantiate(&mut store)?;
-            instance.call_describe(&mut store)
-        };
-        let defs = describe()
-            .map_err(|e| anyhow::anyhow!("plugin {} ({}): describe() failed: {e:#}", plugin.name, plugin.origin))?;
-        defs.into_iter()
-            .map(|d| NodeDef::from_wit(d, &plugin.name))
-            .collect::<Result<_, _>>()
-            .map_err(|e| anyhow::anyhow!("plugin {} ({}): {e}", plugin.name, plugin.origin))
+        plugin
+            .pre
+            .describe(&mut store, &plugin.name)
+            .map_err(|e| anyhow::anyhow!("plugin {} ({}): describe() failed: {e:#}", plugin.name, plugin.origin))
     }
 }
 

@@ -7,9 +7,9 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::Engine;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-use super::bindings::PluginPre;
 use super::capabilities::CallState;
 use super::catalog::NodeDef;
+use super::worlds::PluginPre;
 
 /// A component to load, and what its manifest asks for.
 #[derive(Debug, Clone)]
@@ -99,8 +99,9 @@ pub struct LoadedPlugin {
     pub name: String,
     /// Where it came from.
     pub origin: String,
-    /// Pre-linked instance: instantiation per call is cheap.
-    pub pre: PluginPre<CallState>,
+    /// Pre-linked instance, for the contract version it was built against: instantiation
+    /// per call is cheap.
+    pub pre: PluginPre,
     /// What this plugin was granted.
     pub grants: Capabilities,
     /// Its node classes.
@@ -166,8 +167,11 @@ pub(super) fn compile(engine: &Engine, bytes: &[u8], cache_dir: Option<&Path>) -
     Ok(unsafe { Component::deserialize(engine, &compiled)? })
 }
 
-/// Pre-links `component` against every capability.
-pub(super) fn prelink(linker: &Linker<CallState>, component: &Component) -> anyhow::Result<PluginPre<CallState>> {
-    let pre = linker.instantiate_pre(component)?;
-    Ok(PluginPre::new(pre)?)
+/// Pre-links `component` against every capability of the contract version it targets.
+pub(super) fn prelink(
+    engine: &Engine,
+    linker: &Linker<CallState>,
+    component: &Component,
+) -> anyhow::Result<PluginPre> {
+    PluginPre::new(engine, linker, component)
 }

@@ -44,19 +44,34 @@ pub enum Value {
     Mask(Arc<MaskBatch>),
     /// `AUDIO`.
     Audio(Arc<AudioClip>),
-    /// `MODEL`.
-    Model(Arc<Opaque>),
-    /// `CLIP`.
-    Clip(Arc<Opaque>),
-    /// `VAE`.
-    Vae(Arc<Opaque>),
-    /// `CONDITIONING`.
-    Conditioning(Arc<Opaque>),
+    /// Any other host-held type, by name: `MODEL`, `CLIP`, `VAE`, `CONDITIONING`, ...
+    Handle(Handle),
+}
+
+/// A host-held value of a type with no resource of its own in the contract (`MODEL`,
+/// `CLIP`, `VAE`, `CONDITIONING`, and any type ComfyUI adds): its ComfyUI type name and its
+/// payload. Cloning shares the payload.
+#[derive(Debug, Clone)]
+pub struct Handle {
+    /// ComfyUI type name, for example `MODEL`.
+    pub type_name: Arc<str>,
+    /// What the host keeps for it.
+    pub object: Arc<Opaque>,
+}
+
+impl Handle {
+    /// A handle of type `type_name` holding `object`.
+    pub fn new(type_name: &str, object: Opaque) -> Self {
+        Handle {
+            type_name: type_name.into(),
+            object: Arc::new(object),
+        }
+    }
 }
 
 impl Value {
     /// The ComfyUI type name of this value.
-    pub fn type_name(&self) -> &'static str {
+    pub fn type_name(&self) -> &str {
         match self {
             Value::Int(_) => "INT",
             Value::Float(_) => "FLOAT",
@@ -68,10 +83,7 @@ impl Value {
             Value::Latent(_) => "LATENT",
             Value::Mask(_) => "MASK",
             Value::Audio(_) => "AUDIO",
-            Value::Model(_) => "MODEL",
-            Value::Clip(_) => "CLIP",
-            Value::Vae(_) => "VAE",
-            Value::Conditioning(_) => "CONDITIONING",
+            Value::Handle(h) => &h.type_name,
         }
     }
 
@@ -90,9 +102,7 @@ impl Value {
             Value::Latent(v) => hasher.update(&(Arc::as_ptr(v) as usize).to_le_bytes()),
             Value::Mask(v) => hasher.update(&(Arc::as_ptr(v) as usize).to_le_bytes()),
             Value::Audio(v) => hasher.update(&(Arc::as_ptr(v) as usize).to_le_bytes()),
-            Value::Model(v) | Value::Clip(v) | Value::Vae(v) | Value::Conditioning(v) => {
-                hasher.update(&(Arc::as_ptr(v) as usize).to_le_bytes())
-            }
+            Value::Handle(h) => hasher.update(&(Arc::as_ptr(&h.object) as usize).to_le_bytes()),
         };
     }
 
@@ -147,6 +157,9 @@ pub struct VaeRes(pub Arc<Opaque>);
 /// Host side of the `conditioning` resource.
 #[derive(Debug, Clone)]
 pub struct ConditioningRes(pub Arc<Opaque>);
+/// Host side of the `handle` resource (`weft:node@0.2.0` on).
+#[derive(Debug, Clone)]
+pub struct HandleRes(pub Handle);
 
 /// The kind of a committed output file: the interface's `OutputType`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

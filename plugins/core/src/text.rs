@@ -71,9 +71,6 @@ fn describe_value(value: &Value) -> String {
         Value::Latent(l) => format!("LATENT {}x{}x{}", l.batch_size(), l.width(), l.height()),
         Value::Mask(m) => format!("MASK {}x{}x{}", m.batch_size(), m.width(), m.height()),
         Value::Audio(a) => format!("AUDIO {} frames at {} Hz", a.frames(), a.sample_rate()),
-        Value::Model(m) => format!("MODEL {}", m.name()),
-        Value::Clip(c) => format!("CLIP {}", c.name()),
-        Value::Vae(v) => format!("VAE {}", v.name()),
-        Value::Conditioning(c) => format!("CONDITIONING ({} entries)", c.len()),
+        Value::Handle(h) => format!("{} {}", h.type_name(), h.describe()),
     }
 }

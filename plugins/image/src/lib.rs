@@ -100,4 +100,67 @@ weft_sdk::node! {
     }
 }
 
-weft_sdk::export_plugin!(EmptyImage, ImageInvert, ImageScale, LoadImage, SaveImage);
+weft_sdk::node! {
+    /// Resizes images by a factor.
+    pub struct ImageScaleBy {
+        display_name: "Upscale Image By",
+        category: "image/upscaling",
+        inputs {
+            image: Image = input::image(),
+            upscale_method: String =
+                input::combo(["nearest-exact", "bilinear", "area", "bicubic", "lanczos"]),
+            scale_by: f64 = input::float().default(1.0).min(0.01).max(8.0).step(0.01),
+        }
+        outputs { IMAGE: Image }
+        fn execute(_, inp) {
+            let side = |pixels: u32| ((f64::from(pixels) * inp.scale_by).round() as u32).max(1);
+            let (width, height) = (side(inp.image.width()), side(inp.image.height()));
+            let image = images::scale(&inp.image, &inp.upscale_method, width, height, "disabled")?;
+            Ok((image,))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Loads an uploaded image as a mask from one of its channels (alpha: 1 where transparent).
+    pub struct LoadImageMask {
+        display_name: "Load Image (as Mask)",
+        category: "mask",
+        inputs {
+            image: AssetRef = input::asset(),
+            channel: String = input::combo(["alpha", "red", "green", "blue"]),
+        }
+        outputs { MASK: Mask }
+        fn execute(_, inp) {
+            Ok((images::load_mask(&inp.image, &inp.channel)?,))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Shows the images: saved as temporary outputs named `ComfyUI_temp`.
+    pub struct PreviewImage {
+        display_name: "Preview Image",
+        category: "image",
+        output_node: true,
+        inputs {
+            images: Image = input::image(),
+        }
+        outputs {}
+        fn execute(ctx, inp) {
+            ctx.save_png("ComfyUI_temp", inp.images);
+            Ok(())
+        }
+    }
+}
+
+weft_sdk::export_plugin!(
+    EmptyImage,
+    ImageInvert,
+    ImageScale,
+    ImageScaleBy,
+    LoadImage,
+    LoadImageMask,
+    SaveImage,
+    PreviewImage
+);

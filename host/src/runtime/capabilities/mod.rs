@@ -9,9 +9,11 @@ use super::invoke::CallContext;
 use super::limits::CallLimiter;
 
 mod audio;
+pub mod diffusion;
 mod images;
 mod progress;
 mod resources;
+mod since_v0_2;
 
 /// The state of one node call: a fresh one per call, dropped afterwards.
 pub struct CallState {
@@ -31,6 +33,8 @@ pub struct CallState {
     pub hostcall_hit: bool,
     /// The video-to-music engine of `weft:node/music`, when the server has one.
     pub music: Option<std::sync::Arc<weft_v2m::Engine>>,
+    /// The diffusion capability's part: shared models, the call's deadline.
+    pub diffusion: diffusion::DiffusionState,
 }
 
 impl CallState {
@@ -93,6 +97,21 @@ pub const ALL: &[(&str, LinkFn)] = &[
     }),
     ("music", |l| {
         super::bindings::weft::node::music::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
+    }),
+    ("resources@0.2.0", |l| {
+        super::worlds::v0_2::weft::node::types::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
+    }),
+    ("progress@0.2.0", |l| {
+        super::worlds::v0_2::weft::node::host::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
+    }),
+    ("images@0.2.0", |l| {
+        super::worlds::v0_2::weft::node::images::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
+    }),
+    ("music@0.2.0", |l| {
+        super::worlds::v0_2::weft::node::music::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
+    }),
+    ("diffusion", |l| {
+        super::worlds::v0_2::weft::node::diffusion::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
     }),
 ];
 

@@ -1,0 +1,163 @@
+//! ComfyUI's `CONDITIONING`: a list of encoded prompts, each with where it applies and how
+//! strongly, and the conditioning nodes' operations on it.
+
+use candle_core::{DType, Tensor};
+
+use crate::ComputeError;
+use super::latent::PIXELS_PER_CELL;
+
+/// Where an entry applies, in latent cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Area {
+    /// Height.
+    pub height: usize,
+    /// Width.
+    pub width: usize,
+    /// Top edge.
+    pub y: usize,
+    /// Left edge.
+    pub x: usize,
+}
+
+/// One encoded prompt.
+#[derive(Debug, Clone)]
+pub struct CondEntry {
+    /// The text encoder's output, `[1, tokens, context_dim]` (float32).
+    pub context: Tensor,
+    /// Where it applies; the whole latent when none.
+    pub area: Option<Area>,
+    /// Weight against the other entries where they overlap.
+    pub strength: f32,
+}
+
+/// A list of encoded prompts (ComfyUI's `CONDITIONING`).
+#[derive(Debug, Clone)]
+pub struct Conditioning(pub Vec<CondEntry>);
+
+fn failed(e: candle_core::Error) -> ComputeError {
+    ComputeError::Failed(format!("conditioning: {e}"))
+}
+
+impl Conditioning {
+    /// One whole-image entry of strength 1 (what `CLIPTextEncode` makes).
+    pub fn from_context(context: Tensor) -> Self {
+        Conditioning(vec![CondEntry {
+            context,
+            area: None,
+            strength: 1.0,
+        }])
+    }
+
+    /// `ConditioningCombine`: both lists, `self`'s entries first.
+    pub fn combine(&self, other: &Conditioning) -> Conditioning {
+        Conditioning(self.0.iter().chain(&other.0).cloned().collect())
+    }
+
+    /// `ConditioningAverage`: every entry blended with `source`'s first entry,
+    /// `entry * strength + source * (1 - strength)`; `source` is cut or zero-padded to the
+    /// entry's token count.
+    pub fn average(&self, source: &Conditioning, strength: f64) -> Result<Conditioning, ComputeError> {
+        let from = &source
+            .0
+            .first()
+            .ok_or_else(|| ComputeError::invalid("conditioning_from is empty"))?
+            .context;
+        let entries = self
+            .0
+            .iter()
+            .map(|entry| {
+                let to = &entry.context;
+                let (_, tokens, width) = to.dims3()?;
+                let have = from.dim(1)?;
+                let from = if have >= tokens {
+                    from.narrow(1, 0, tokens)?
+                } else {
+                    let pad = Tensor::zeros((1, tokens - have, width), DType::F32, from.device())?;
+                    Tensor::cat(&[from, &pad], 1)?
+                };
+                let blended = ((to * strength)? + (from * (1.0 - strength))?)?;
+                Ok(CondEntry {
+                    context: blended,
+                    ..entry.clone()
+                })
+            })
+            .collect::<candle_core::Result<_>>()
+            .map_err(failed)?;
+        Ok(Conditioning(entries))
+    }
+
+    /// `ConditioningSetArea`: every entry restricted to the `width` x `height` rectangle at
+    /// `x`, `y` (pixels, rounded down to latent cells) with `strength`.
+    pub fn set_area(&self, width: u32, height: u32, x: u32, y: u32, strength: f64) -> Conditioning {
+        let cells = |v: u32| (v / PIXELS_PER_CELL) as usize;
+        let area = Area {
+            height: cells(height),
+            width: cells(width),
+            y: cells(y),
+            x: cells(x),
+        };
+        Conditioning(
+            self.0
+                .iter()
+                .map(|e| CondEntry {
+                    area: Some(area),
+                    strength: strength as f32,
+                    ..e.clone()
+                })
+                .collect(),
+        )
+    }
+
+    /// `ConditioningZeroOut`: every entry's tensor set to zero.
+    pub fn zero_out(&self) -> Result<Conditioning, ComputeError> {
+        let entries = self
+            .0
+            .iter()
+            .map(|e| {
+                Ok(CondEntry {
+                    context: e.context.zeros_like()?,
+                    ..e.clone()
+                })
+            })
+            .collect::<candle_core::Result<_>>()
+            .map_err(failed)?;
+        Ok(Conditioning(entries))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn cond(values: &[f32], tokens: usize) -> Conditioning {
+        let t = Tensor::from_slice(values, (1, tokens, values.len() / tokens), &Device::Cpu).unwrap();
+        Conditioning::from_context(t)
+    }
+
+    #[test]
+    fn operations_follow_comfyui() {
+        let a = cond(&[1.0, 1.0, 1.0, 1.0], 2);
+        let b = cond(&[3.0, 3.0], 1);
+        assert_eq!(a.combine(&b).0.len(), 2);
+        let avg = a.average(&b, 0.25).unwrap();
+        let v: Vec<f32> = avg.0[0].context.flatten_all().unwrap().to_vec1().unwrap();
+        // First token blends with b's token, the second with zero padding.
+        assert_eq!(v, vec![2.5, 2.5, 0.25, 0.25]);
+        let area = a.set_area(64, 128, 8, 16, 0.5);
+        assert_eq!(
+            area.0[0].area,
+            Some(Area {
+                height: 16,
+                width: 8,
+                y: 2,
+                x: 1
+            })
+        );
+        assert_eq!(area.0[0].strength, 0.5);
+        let zero = a.zero_out().unwrap();
+        let v: Vec<f32> = zero.0[0].context.flatten_all().unwrap().to_vec1().unwrap();
+        assert!(v.iter().all(|&x| x == 0.0));
+        assert!(a.average(&Conditioning(Vec::new()), 0.5).is_err());
+    }
+}

@@ -1,0 +1,425 @@
+//! ComfyUI's `KSampler` / `KSamplerAdvanced` on SD1 networks: the schedule cut to the
+//! requested steps, the seed's noise per batch index, classifier-free guidance over every
+//! conditioning entry (areas and strengths weighted as ComfyUI's `calc_cond_batch` does),
+//! and inpainting by noise mask.
+
+use candle_core::{DType, Tensor as CTensor};
+
+use crate::sampling::{
+    cfg, ksampler_sigmas, sample, seeded_noise, ModelSampling, SampleError, SamplerKind, Scheduler, StepControl,
+    Tensor, TorchGenerator, TorchNoise,
+};
+use crate::values::LatentBatch;
+use crate::ComputeError;
+use super::conditioning::{Area, CondEntry, Conditioning};
+use super::model::DiffusionModel;
+use super::resize::{resize_planes, Mode};
+
+/// SD1's latent scale factor (VAE space to sampler space).
+const SCALE_FACTOR: f32 = 0.18215;
+
+/// A sampling run's parameters: `KSampler`'s, plus `KSamplerAdvanced`'s step window.
+#[derive(Debug, Clone)]
+pub struct SampleSettings {
+    /// Seed of the initial noise and of stochastic samplers' noise.
+    pub seed: u64,
+    /// Steps of the schedule.
+    pub steps: usize,
+    /// Guidance scale.
+    pub cfg: f64,
+    /// Sampler.
+    pub sampler: SamplerKind,
+    /// Scheduler.
+    pub scheduler: Scheduler,
+    /// Fraction of the schedule to run.
+    pub denoise: f64,
+    /// Whether the seed's noise is added to the latent first.
+    pub add_noise: bool,
+    /// First step to run.
+    pub start_step: usize,
+    /// Step to stop at (past the end: run to the end).
+    pub last_step: usize,
+    /// Whether a run stopped early by `last_step` still ends at sigma 0.
+    pub force_full_denoise: bool,
+}
+
+/// Why sampling did not return a latent.
+#[derive(Debug, thiserror::Error)]
+pub enum SampleFailure {
+    /// The step callback asked to stop.
+    #[error("sampling stopped at step {0}")]
+    Stopped(usize),
+    /// Bad inputs or a failing model.
+    #[error(transparent)]
+    Compute(#[from] ComputeError),
+}
+
+/// Samples `latent` with `model`'s UNet guided by `positive` against `negative`.
+/// `on_step(step, steps)` runs after every step (1-based); [`StepControl::Stop`] ends the
+/// run with [`SampleFailure::Stopped`].
+pub fn ksample(
+    model: &DiffusionModel,
+    positive: &Conditioning,
+    negative: &Conditioning,
+    latent: &LatentBatch,
+    settings: &SampleSettings,
+    on_step: &mut dyn FnMut(usize, usize) -> StepControl,
+) -> Result<LatentBatch, SampleFailure> {
+    let models = &model.checkpoint;
+    let shape: Vec<usize> = latent.shape.iter().map(|&d| d as usize).collect();
+    if shape[1] != models.config.latent_channels {
+        return Err(ComputeError::invalid(format!(
+            "the model takes latents of {} channels, got {:?}",
+            models.config.latent_channels, latent.shape
+        ))
+        .into());
+    }
+    if positive.0.is_empty() {
+        return Err(ComputeError::invalid("the positive conditioning is empty").into());
+    }
+    let ms = ModelSampling::sd1();
+    let sigmas = schedule(&ms, settings);
+    if sigmas.len() <= 1 {
+        return Ok(latent.clone());
+    }
+    let noise = if settings.add_noise {
+        prepare_noise(settings.seed, &shape, latent.batch_index.as_deref())
+    } else {
+        vec![0.0; latent.data.len()]
+    };
+    let latent_in: Vec<f32> = latent.data.iter().map(|v| v * SCALE_FACTOR).collect();
+    let mask = latent.noise_mask.as_ref().map(|m| {
+        let planes = resize_planes(&m.data, m.height as usize, m.width as usize, shape[2], shape[3], Mode::Bilinear);
+        let plane = shape[2] * shape[3];
+        let count = m.batch as usize;
+        (0..shape[0])
+            .flat_map(|b| {
+                let mine = &planes[(b % count) * plane..(b % count + 1) * plane];
+                std::iter::repeat_n(mine, shape[1]).flatten().copied()
+            })
+            .collect::<Vec<f32>>()
+    });
+    let x0 = ms.noise_scaling(sigmas[0], &noise, &latent_in, ms.is_max_denoise(sigmas[0]));
+    let guide = Guidance {
+        model,
+        ms: &ms,
+        shape: &shape,
+        positive,
+        negative,
+        scale: settings.cfg as f32,
+    };
+    let mut denoiser = |x: &Tensor, sigma: f32| -> anyhow::Result<Tensor> {
+        let Some(mask) = &mask else {
+            return Ok(x.with_data(guide.denoise(&x.data, sigma)?));
+        };
+        // ComfyUI's KSamplerX0Inpaint: outside the mask the latent is the (noised) original.
+        let blended: Vec<f32> = x
+            .data
+            .iter()
+            .zip(mask)
+            .zip(noise.iter().zip(&latent_in))
+            .map(|((&xv, &m), (&n, &l))| xv * m + (n * sigma + l) * (1.0 - m))
+            .collect();
+        let out = guide.denoise(&blended, sigma)?;
+        Ok(x.with_data(
+            out.iter()
+                .zip(mask)
+                .zip(&latent_in)
+                .map(|((&o, &m), &l)| o * m + l * (1.0 - m))
+                .collect(),
+        ))
+    };
+    let mut step_noise = TorchNoise::new(settings.seed);
+    let mut callback = |info: &crate::sampling::StepInfo<'_>| on_step(info.step + 1, info.total);
+    let x0 = Tensor::new(shape.clone(), x0);
+    let samples = sample(settings.sampler, &mut denoiser, x0, &sigmas, &mut step_noise, &mut callback).map_err(
+        |e| match e {
+            SampleError::Cancelled { step } => SampleFailure::Stopped(step),
+            other => SampleFailure::Compute(ComputeError::Failed(other.to_string())),
+        },
+    )?;
+    Ok(LatentBatch {
+        data: samples.data.iter().map(|v| v / SCALE_FACTOR).collect(),
+        ..latent.clone()
+    })
+}
+
+/// KSampler's sigmas cut to the step window (`comfy.samplers.KSampler.sample`).
+fn schedule(ms: &ModelSampling, s: &SampleSettings) -> Vec<f32> {
+    let mut sigmas = ksampler_sigmas(ms, s.scheduler, s.sampler, s.steps, s.denoise);
+    if s.last_step < sigmas.len().saturating_sub(1) {
+        sigmas.truncate(s.last_step + 1);
+        if s.force_full_denoise {
+            *sigmas.last_mut().expect("at least one sigma") = 0.0;
+        }
+    }
+    if s.start_step < sigmas.len().saturating_sub(1) {
+        sigmas.drain(..s.start_step);
+    } else {
+        sigmas.clear();
+    }
+    sigmas
+}
+
+/// ComfyUI's `prepare_noise`: one `randn` of the whole batch, or with batch indices one
+/// draw per index up to the largest, each latent taking its index's draw.
+fn prepare_noise(seed: u64, shape: &[usize], batch_index: Option<&[u32]>) -> Vec<f32> {
+    let Some(indices) = batch_index else {
+        return seeded_noise(seed, shape).data;
+    };
+    let per: usize = shape[1..].iter().product();
+    let last = indices.iter().copied().max().unwrap_or(0) as usize;
+    let mut generator = TorchGenerator::new(seed);
+    let draws: Vec<Vec<f32>> = (0..=last).map(|_| generator.randn(per)).collect();
+    indices.iter().flat_map(|&i| draws[i as usize].iter().copied()).collect()
+}
+
+/// Classifier-free guidance over conditioning lists.
+struct Guidance<'a> {
+    model: &'a DiffusionModel,
+    ms: &'a ModelSampling,
+    shape: &'a [usize],
+    positive: &'a Conditioning,
+    negative: &'a Conditioning,
+    scale: f32,
+}
+
+/// The latent region an entry reads, in cells: `(y, x, height, width)`, clamped to the latent.
+fn region(area: Option<Area>, height: usize, width: usize) -> Option<(usize, usize, usize, usize)> {
+    match area {
+        None => Some((0, 0, height, width)),
+        Some(a) => {
+            let h = a.height.min(height.saturating_sub(a.y));
+            let w = a.width.min(width.saturating_sub(a.x));
+            (h > 0 && w > 0).then_some((a.y, a.x, h, w))
+        }
+    }
+}
+
+/// ComfyUI's weight of each cell of an area entry: its strength, faded in over up to 8 cells
+/// at every edge that is not the latent's border.
+fn weights(entry: &CondEntry, (y, x, h, w): (usize, usize, usize, usize), height: usize, width: usize) -> Vec<f32> {
+    let mut mult = vec![entry.strength; h * w];
+    if entry.area.is_none() {
+        return mult;
+    }
+    let fade = |size: usize, offset: usize, full: usize| -> Vec<f32> {
+        let mut f = vec![1.0f32; size];
+        let rr = 8.min(size / 4);
+        for t in 0..rr {
+            let ramp = (1.0 / rr as f32) * (t + 1) as f32;
+            if offset != 0 {
+                f[t] *= ramp;
+            }
+            if size + offset < full {
+                f[size - 1 - t] *= ramp;
+            }
+        }
+        f
+    };
+    let (fy, fx) = (fade(h, y, height), fade(w, x, width));
+    for r in 0..h {
+        for c in 0..w {
+            mult[r * w + c] *= fy[r] * fx[c];
+        }
+    }
+    mult
+}
+
+impl Guidance<'_> {
+    /// `D(x, sigma)` with guidance, for the sampler-space batch `x`.
+    fn denoise(&self, x: &[f32], sigma: f32) -> anyhow::Result<Vec<f32>> {
+        let with_uncond = (self.scale - 1.0).abs() > 1e-9;
+        let cond = self.predict(&self.positive.0, x, sigma)?;
+        if !with_uncond {
+            return Ok(cond);
+        }
+        let uncond = self.predict(&self.negative.0, x, sigma)?;
+        Ok(cfg(&uncond, &cond, self.scale))
+    }
+
+    /// The weighted mean of every entry's denoised prediction (`calc_cond_batch`). Entries
+    /// over the whole latent with prompts of one length share a UNet call.
+    fn predict(&self, entries: &[CondEntry], x: &[f32], sigma: f32) -> anyhow::Result<Vec<f32>> {
+        let [b, c, height, width] = [self.shape[0], self.shape[1], self.shape[2], self.shape[3]];
+        let mut out = vec![0.0f32; x.len()];
+        let mut counts = vec![1e-37f32; x.len()];
+        let mut groups: Vec<((usize, usize, usize, usize), usize, Vec<&CondEntry>)> = Vec::new();
+        for entry in entries {
+            let Some(region) = region(entry.area, height, width) else {
+                continue;
+            };
+            let tokens = entry.context.dim(1)?;
+            match groups.iter_mut().find(|(r, t, _)| *r == region && *t == tokens) {
+                Some((_, _, members)) => members.push(entry),
+                None => groups.push((region, tokens, vec![entry])),
+            }
+        }
+        for (region, _, members) in groups {
+            let (y, x0, h, w) = region;
+            let crop: Vec<f32> = (0..b * c)
+                .flat_map(|plane| {
+                    (0..h).flat_map(move |r| {
+                        let start = (plane * height + y + r) * width + x0;
+                        start..start + w
+                    })
+                })
+                .map(|i| x[i])
+                .collect();
+            let preds = self.unet(&members, &crop, [b, c, h, w], sigma)?;
+            for (entry, pred) in members.iter().zip(preds.chunks_exact(crop.len())) {
+                let mult = weights(entry, region, height, width);
+                for plane in 0..b * c {
+                    for r in 0..h {
+                        for col in 0..w {
+                            let i = (plane * height + y + r) * width + x0 + col;
+                            let m = mult[r * w + col];
+                            out[i] += pred[(plane * h + r) * w + col] * m;
+                            counts[i] += m;
+                        }
+                    }
+                }
+            }
+        }
+        for (o, n) in out.iter_mut().zip(&counts) {
+            *o /= n;
+        }
+        Ok(out)
+    }
+
+    /// One UNet call for `members` (one prompt length) on the cropped batch `crop`:
+    /// every member's denoised prediction, one after the other.
+    fn unet(&self, members: &[&CondEntry], crop: &[f32], shape: [usize; 4], sigma: f32) -> anyhow::Result<Vec<f32>> {
+        let device = &self.model.checkpoint.device;
+        let b = shape[0];
+        let scale = (sigma * sigma + 1.0).sqrt();
+        let scaled: Vec<f32> = crop.iter().map(|v| v / scale).collect();
+        let input = CTensor::from_slice(&scaled, shape.as_slice(), device)?;
+        let input = CTensor::cat(&vec![&input; members.len()], 0)?;
+        let contexts = members
+            .iter()
+            .map(|e| e.context.to_device(device)?.repeat((b, 1, 1)))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let context = CTensor::cat(&contexts, 0)?;
+        let t = self.ms.timestep(sigma) as f64;
+        let eps = self.model.unet().forward(&input, t, &context)?;
+        let eps = eps.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        Ok(eps
+            .chunks_exact(crop.len())
+            .flat_map(|e| crop.iter().zip(e).map(|(&xv, &ev)| xv - ev * sigma))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diffusion::latent;
+    use crate::models::candle_sd1::tiny_test_models;
+    use crate::text_to_image::{text_to_image, TextToImage};
+
+    fn settings(seed: u64) -> SampleSettings {
+        SampleSettings {
+            seed,
+            steps: 3,
+            cfg: 7.5,
+            sampler: SamplerKind::Euler,
+            scheduler: Scheduler::Normal,
+            denoise: 1.0,
+            add_noise: true,
+            start_step: 0,
+            last_step: 10_000,
+            force_full_denoise: false,
+        }
+    }
+
+    #[test]
+    fn the_default_graph_matches_text_to_image() {
+        let (dir, m) = tiny_test_models(5).unwrap();
+        let m = std::sync::Arc::new(m);
+        let model = DiffusionModel::new(m.clone(), dir.path().join("tiny.safetensors"));
+        let encode = |t: &str| crate::text_to_image::encode_text(&m, t).unwrap();
+        let pos = Conditioning::from_context(encode("a lighthouse"));
+        let neg = Conditioning::from_context(encode("blurry"));
+        let empty = latent::empty(32, 16, 1).unwrap();
+        let mut steps = Vec::new();
+        let out = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |s, n| {
+            steps.push((s, n));
+            StepControl::Continue
+        })
+        .unwrap();
+        assert_eq!(steps, vec![(1, 3), (2, 3), (3, 3)]);
+        let image = crate::vae::decode(&m, &Tensor::new(vec![1, 4, 2, 4], out.data.clone())).unwrap();
+        let reference = text_to_image(
+            &m,
+            &TextToImage {
+                prompt: "a lighthouse".into(),
+                negative: "blurry".into(),
+                width: 8,
+                height: 4,
+                seed: 42,
+                steps: 3,
+                cfg: 7.5,
+                ..Default::default()
+            },
+            &mut |_| StepControl::Continue,
+        )
+        .unwrap();
+        let worst = image
+            .data
+            .iter()
+            .zip(&reference.data)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-4, "node path and text_to_image differ by {worst}");
+        // Same seed, same latent; another seed, another one.
+        let again = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |_, _| StepControl::Continue).unwrap();
+        assert_eq!(again.data, out.data);
+        let other = ksample(&model, &pos, &neg, &empty, &settings(43), &mut |_, _| StepControl::Continue).unwrap();
+        assert_ne!(other.data, out.data);
+        // A stop ends the run.
+        let stopped = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |s, _| {
+            if s == 1 {
+                StepControl::Stop
+            } else {
+                StepControl::Continue
+            }
+        });
+        assert!(matches!(stopped, Err(SampleFailure::Stopped(_))));
+    }
+
+    #[test]
+    fn areas_masks_and_step_windows() {
+        let (dir, m) = tiny_test_models(6).unwrap();
+        let m = std::sync::Arc::new(m);
+        let model = DiffusionModel::new(m.clone(), dir.path().join("tiny.safetensors"));
+        let encode = |t: &str| crate::text_to_image::encode_text(&m, t).unwrap();
+        let pos = Conditioning::from_context(encode("sky")).combine(&Conditioning::from_context(encode("sea")).set_area(
+            64, 64, 64, 0, 1.0,
+        ));
+        let neg = Conditioning::from_context(encode("")).zero_out().unwrap();
+        let base = latent::empty(128, 64, 2).unwrap();
+        let go = |l: &LatentBatch, s: &SampleSettings| ksample(&model, &pos, &neg, l, s, &mut |_, _| StepControl::Continue);
+        let out = go(&base, &settings(1)).unwrap();
+        assert_eq!(out.shape, base.shape);
+        // A window past the schedule leaves the latent as it was.
+        let mut late = settings(1);
+        late.start_step = 5;
+        assert_eq!(go(&base, &late).unwrap().data, base.data);
+        // A zero noise mask keeps the latent.
+        let mask = crate::image::MaskBatch {
+            width: 128,
+            height: 64,
+            batch: 1,
+            data: vec![0.0; 128 * 64],
+        };
+        let kept = go(&latent::with_noise_mask(&out, std::sync::Arc::new(mask)), &settings(2)).unwrap();
+        let worst = kept.data.iter().zip(&out.data).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-4, "masked-out latent changed by {worst}");
+        // Batch indices pick the seed's draws: latent 1 of a repeated batch gets draw 1.
+        let pair = latent::repeat(&latent::from_batch(&base, 0, 1), 2).unwrap();
+        assert_eq!(pair.batch_index, Some(vec![0, 1]));
+        let noise = prepare_noise(9, &[2, 4, 8, 16], pair.batch_index.as_deref());
+        assert_eq!(noise, seeded_noise(9, &[2, 4, 8, 16]).data);
+    }
+}

@@ -1,0 +1,22 @@
+//! What ComfyUI's Stable Diffusion nodes compute, on SD1 networks: checkpoints by layout,
+//! text encoding with an earlier last layer, LoRAs, conditioning lists, latent batches and their
+//! operations, `KSampler` with areas, strengths and noise masks, and VAE encoding and
+//! decoding with ComfyUI's cropping and inpainting. Nothing here knows about wasm, jobs or
+//! HTTP; the runtime's `diffusion` capability exposes it to nodes by handle.
+
+pub mod checkpoint;
+pub mod conditioning;
+pub mod ksampler;
+pub mod latent;
+pub mod lora;
+pub mod model;
+pub mod resize;
+pub mod text;
+pub mod vae;
+
+pub use checkpoint::{detect_layout, load_checkpoint, ModelError};
+pub use conditioning::{Area, CondEntry, Conditioning};
+pub use ksampler::{ksample, SampleFailure, SampleSettings};
+pub use lora::{write_random_lora, Lora};
+pub use model::DiffusionModel;
+pub use text::TextEncoder;

@@ -1,0 +1,174 @@
+//! `VAEDecode`, `VAEEncode` and `VAEEncodeForInpaint` on a checkpoint's autoencoder, with
+//! ComfyUI's cropping to whole latent cells and inpainting's mask handling.
+
+use std::sync::Arc;
+
+use crate::image::{ImageBatch, MaskBatch};
+use crate::models::Sd1Models;
+use crate::sampling::Tensor;
+use crate::values::LatentBatch;
+use crate::{vae, ComputeError};
+use super::latent::{plain, PIXELS_PER_CELL};
+use super::resize::{resize_planes, Mode};
+
+fn failed(e: anyhow::Error) -> ComputeError {
+    ComputeError::Failed(format!("{e:#}"))
+}
+
+/// Decodes `latent` into images.
+pub fn decode(models: &Sd1Models, latent: &LatentBatch) -> Result<ImageBatch, ComputeError> {
+    let shape = latent.shape.iter().map(|&d| d as usize).collect();
+    let t = Tensor::try_new(shape, latent.data.clone()).map_err(failed)?;
+    vae::decode(models, &t).map_err(failed)
+}
+
+/// `pixels` cut to whole latent cells, centred, keeping only RGB.
+fn crop_to_cells(pixels: &ImageBatch) -> Result<ImageBatch, ComputeError> {
+    let (w, h) = (
+        pixels.width / PIXELS_PER_CELL * PIXELS_PER_CELL,
+        pixels.height / PIXELS_PER_CELL * PIXELS_PER_CELL,
+    );
+    if w == 0 || h == 0 || pixels.channels < 3 {
+        return Err(ComputeError::invalid(format!(
+            "VAE encoding needs RGB images of at least {PIXELS_PER_CELL}x{PIXELS_PER_CELL} pixels, got {}x{} with {} channels",
+            pixels.width, pixels.height, pixels.channels
+        )));
+    }
+    let (x0, y0) = (
+        (pixels.width % PIXELS_PER_CELL) / 2,
+        (pixels.height % PIXELS_PER_CELL) / 2,
+    );
+    let c = pixels.channels as usize;
+    let mut data = Vec::with_capacity((pixels.batch * w * h * 3) as usize);
+    for b in 0..pixels.batch as usize {
+        for y in 0..h as usize {
+            for x in 0..w as usize {
+                let i = ((b * pixels.height as usize + y0 as usize + y) * pixels.width as usize + x0 as usize + x) * c;
+                data.extend_from_slice(&pixels.data[i..i + 3]);
+            }
+        }
+    }
+    Ok(ImageBatch {
+        width: w,
+        height: h,
+        batch: pixels.batch,
+        channels: 3,
+        data,
+    })
+}
+
+fn encode_cropped(models: &Sd1Models, pixels: &ImageBatch) -> Result<LatentBatch, ComputeError> {
+    let t = vae::encode(models, pixels).map_err(failed)?;
+    let shape = [t.shape[0], t.shape[1], t.shape[2], t.shape[3]].map(|d| d as u32);
+    Ok(plain(shape, t.data))
+}
+
+/// `VAEEncode`: `pixels` (cut to whole latent cells) encoded into latents.
+pub fn encode(models: &Sd1Models, pixels: &ImageBatch) -> Result<LatentBatch, ComputeError> {
+    encode_cropped(models, &crop_to_cells(pixels)?)
+}
+
+/// `VAEEncodeForInpaint`: `pixels` with the masked part set to grey, encoded, with the
+/// mask grown by `grow_by` pixels as the latent's noise mask.
+pub fn encode_for_inpaint(
+    models: &Sd1Models,
+    pixels: &ImageBatch,
+    mask: &MaskBatch,
+    grow_by: u32,
+) -> Result<LatentBatch, ComputeError> {
+    let (pw, ph) = (pixels.width as usize, pixels.height as usize);
+    // The mask at the image's size, then cut like the image.
+    let full = resize_planes(&mask.data, mask.height as usize, mask.width as usize, ph, pw, Mode::Bilinear);
+    let cropped = crop_to_cells(pixels)?;
+    let (w, h) = (cropped.width as usize, cropped.height as usize);
+    let (x0, y0) = ((pw % 8) / 2, (ph % 8) / 2);
+    let planes = mask.batch as usize;
+    let rounded: Vec<f32> = (0..planes)
+        .flat_map(|p| {
+            let full = &full;
+            (0..h).flat_map(move |y| (0..w).map(move |x| full[(p * ph + y0 + y) * pw + x0 + x].round()))
+        })
+        .collect();
+    let mut grey = cropped;
+    for b in 0..grey.batch as usize {
+        let m = &rounded[(b % planes) * w * h..][..w * h];
+        for (i, &keep) in m.iter().enumerate() {
+            let k = 1.0 - keep;
+            for v in &mut grey.data[(b * w * h + i) * 3..][..3] {
+                *v = (*v - 0.5) * k + 0.5;
+            }
+        }
+    }
+    let mut latent = encode_cropped(models, &grey)?;
+    latent.noise_mask = Some(Arc::new(MaskBatch {
+        width: w as u32,
+        height: h as u32,
+        batch: planes as u32,
+        data: grow(&rounded, planes, h, w, grow_by as usize),
+    }));
+    Ok(latent)
+}
+
+/// ComfyUI's mask growth: a `size` x `size` box sum (padding `ceil((size - 1) / 2)`, output
+/// cut to the input's size) clamped to 0..=1, i.e. a dilation of the rounded mask.
+fn grow(mask: &[f32], planes: usize, h: usize, w: usize, size: usize) -> Vec<f32> {
+    if size == 0 {
+        return mask.to_vec();
+    }
+    let pad = (size - 1).div_ceil(2) as isize;
+    let mut out = Vec::with_capacity(mask.len());
+    for p in 0..planes {
+        let plane = &mask[p * h * w..(p + 1) * h * w];
+        for y in 0..h as isize {
+            for x in 0..w as isize {
+                let mut sum = 0f32;
+                for dy in 0..size as isize {
+                    for dx in 0..size as isize {
+                        let (sy, sx) = (y + dy - pad, x + dx - pad);
+                        if sy >= 0 && sx >= 0 && (sy as usize) < h && (sx as usize) < w {
+                            sum += plane[sy as usize * w + sx as usize];
+                        }
+                    }
+                }
+                out.push(sum.clamp(0.0, 1.0).round());
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::candle_sd1::tiny_test_models;
+
+    #[test]
+    fn growth_dilates_the_mask() {
+        let mut m = vec![0.0; 25];
+        m[12] = 1.0;
+        let grown = grow(&m, 1, 5, 5, 3);
+        assert_eq!(grown.iter().sum::<f32>(), 9.0);
+        assert_eq!(grow(&m, 1, 5, 5, 0), m);
+    }
+
+    #[test]
+    fn encoding_crops_and_inpainting_sets_the_noise_mask() {
+        let (_dir, m) = tiny_test_models(4).unwrap();
+        let image = crate::image::empty(20, 17, 1, 0x808080).unwrap();
+        let latent = encode(&m, &image).unwrap();
+        // Cut to 16x16 pixels; the tiny VAE halves them.
+        assert_eq!(latent.shape, [1, 4, 8, 8]);
+        let mask = MaskBatch {
+            width: 20,
+            height: 17,
+            batch: 1,
+            data: vec![1.0; 20 * 17],
+        };
+        let inpaint = encode_for_inpaint(&m, &image, &mask, 6).unwrap();
+        let noise_mask = inpaint.noise_mask.expect("a noise mask");
+        assert_eq!((noise_mask.width, noise_mask.height), (16, 16));
+        assert!(noise_mask.data.iter().all(|&v| v == 1.0));
+        let decoded = decode(&m, &latent).unwrap();
+        assert_eq!((decoded.width, decoded.height), (16, 16));
+    }
+}

@@ -1,0 +1,481 @@
+//! `weft:node/diffusion` (contract 0.2.0): Stable Diffusion for nodes, by handle. Models
+//! come from the operator's models folder ([`ModelsDir`]) through one [`ModelCache`] shared
+//! by every job; conditioning, latents and images stay host-side. Sampling reports each
+//! step as progress, and a cancel or the node's deadline stops it before the next step.
+//!
+//! Public face: [`DiffusionConfig`] (operator settings), [`Library`] (what all calls
+//! share), [`DiffusionState`] (one call's part of `CallState`), and [`Library::list`] for
+//! the catalogue's model-file combos.
+
+mod models_dir;
+
+use std::any::Any;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use wasmtime::component::Resource;
+
+use super::CallState;
+use weft_compute::diffusion::{
+    self as sd, Conditioning, DiffusionModel, Lora, ModelError, SampleFailure, SampleSettings, TextEncoder,
+};
+use weft_compute::models::{ModelCache, Sd1Models};
+use weft_compute::sampling::{SamplerKind, Scheduler, StepControl};
+use weft_compute::values::{LatentBatch, Opaque};
+use weft_compute::{device, ComputeError};
+use crate::runtime::invoke::Interrupt;
+use crate::runtime::value::{Handle, HandleRes, ImageRes, LatentRes, MaskRes};
+use crate::runtime::worlds::v0_2::weft::node::diffusion::{Area, Checkpoint, Host, SampleOptions};
+use crate::runtime::worlds::v0_2::wit::{AssetRef, NodeError};
+
+pub use models_dir::{ModelsDir, FOLDERS};
+
+/// Operator settings of the diffusion capability (`weft serve --models-dir`,
+/// `--model-cache-mib`).
+#[derive(Debug, Clone)]
+pub struct DiffusionConfig {
+    /// The ComfyUI-style models directory; none means no model files.
+    pub models_dir: Option<PathBuf>,
+    /// Bytes of loaded weights kept for later jobs. 8 GiB by default: two SD1.5 checkpoints
+    /// at float32 (about 4.3 GB each).
+    pub model_cache_bytes: u64,
+}
+
+impl Default for DiffusionConfig {
+    fn default() -> Self {
+        DiffusionConfig {
+            models_dir: None,
+            model_cache_bytes: 8 << 30,
+        }
+    }
+}
+
+/// What every call shares: the models folder and the loaded models.
+pub struct Library {
+    models_dir: Option<ModelsDir>,
+    cache: ModelCache,
+}
+
+impl Library {
+    /// A library for `config`; models load onto the compute device on first use.
+    pub fn new(config: &DiffusionConfig) -> Self {
+        Library {
+            models_dir: config.models_dir.clone().map(ModelsDir::new),
+            cache: ModelCache::new(config.model_cache_bytes, device::select_device()),
+        }
+    }
+
+    /// The files of models folder `folder`, listed now (nothing without a models directory).
+    pub fn list(&self, folder: &str) -> Vec<String> {
+        self.models_dir.as_ref().map(|d| d.list(folder)).unwrap_or_default()
+    }
+
+    fn resolve(&self, folder: &str, name: &str) -> Result<PathBuf, NodeError> {
+        let dir = self.models_dir.as_ref().ok_or_else(|| NodeError {
+            code: "model_not_found".into(),
+            message: format!("{name:?}: this server has no models directory (weft serve --models-dir)"),
+        })?;
+        dir.resolve(folder, name).map_err(|e| NodeError {
+            code: e.code().into(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// One call's diffusion state: the shared library and the call's deadline.
+pub struct DiffusionState {
+    library: Arc<Library>,
+    deadline: Instant,
+}
+
+impl DiffusionState {
+    /// The state of a call that must end by `deadline`.
+    pub fn new(library: Arc<Library>, deadline: Instant) -> Self {
+        DiffusionState { library, deadline }
+    }
+}
+
+fn node_error(code: &str, message: impl Into<String>) -> NodeError {
+    NodeError {
+        code: code.into(),
+        message: message.into(),
+    }
+}
+
+fn compute_error(e: ComputeError) -> NodeError {
+    node_error(e.code(), e.to_string())
+}
+
+fn model_error(e: ModelError) -> NodeError {
+    node_error(e.code(), e.to_string())
+}
+
+/// `Ok(Err(..))` out of a host function for a node error.
+macro_rules! fail {
+    ($e:expr) => {
+        return Ok(Err($e))
+    };
+}
+
+/// The value of a `Result<T, NodeError>`, or returns the node error from the host function.
+macro_rules! attempt {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => fail!(e),
+        }
+    };
+}
+
+impl CallState {
+    /// The payload of a handle of ComfyUI type `type_name`; a node error for another type.
+    fn payload<T: Any + Send + Sync>(
+        &self,
+        handle: &Resource<HandleRes>,
+        type_name: &str,
+    ) -> wasmtime::Result<Result<Arc<T>, NodeError>> {
+        let held = &self.table.get(handle)?.0;
+        if &*held.type_name != type_name {
+            return Ok(Err(node_error(
+                "invalid_input",
+                format!("expected a {type_name} handle, got {}", held.type_name),
+            )));
+        }
+        Ok(held
+            .object
+            .payload
+            .clone()
+            .downcast::<T>()
+            .map_err(|_| node_error("invalid_input", format!("this {type_name} was not made by the diffusion nodes"))))
+    }
+
+    fn push_handle<T: Any + Send + Sync>(
+        &mut self,
+        type_name: &str,
+        name: String,
+        len: u32,
+        payload: Arc<T>,
+    ) -> wasmtime::Result<Resource<HandleRes>> {
+        let object = Opaque { name, len, payload };
+        Ok(self.table.push(HandleRes(Handle::new(type_name, object)))?)
+    }
+
+    fn push_conditioning(&mut self, c: Conditioning) -> wasmtime::Result<Resource<HandleRes>> {
+        let len = c.0.len() as u32;
+        self.push_handle("CONDITIONING", format!("{len} entries"), len, Arc::new(c))
+    }
+
+    fn latent(&self, handle: &Resource<LatentRes>) -> wasmtime::Result<Arc<LatentBatch>> {
+        Ok(self.table.get(handle)?.0.clone())
+    }
+
+    fn push_latent(&mut self, latent: LatentBatch) -> wasmtime::Result<Resource<LatentRes>> {
+        Ok(self.table.push(LatentRes(Arc::new(latent)))?)
+    }
+
+    /// Why the call must stop now, if it must: a cancel, or its deadline passed.
+    fn interruption(&self) -> Option<Interrupt> {
+        if self.call.cancel.is_canceled() {
+            Some(Interrupt::Canceled)
+        } else if Instant::now() >= self.diffusion.deadline {
+            Some(Interrupt::Timeout)
+        } else {
+            None
+        }
+    }
+}
+
+impl Host for CallState {
+    fn load_checkpoint(&mut self, ckpt_name: String) -> wasmtime::Result<Result<Checkpoint, NodeError>> {
+        let library = self.diffusion.library.clone();
+        let path = attempt!(library.resolve("checkpoints", &ckpt_name));
+        let models = attempt!(sd::load_checkpoint(&library.cache, &path, &ckpt_name).map_err(model_error));
+        let model = Arc::new(DiffusionModel::new(models.clone(), path.clone()));
+        let clip = Arc::new(TextEncoder::new(models.clone(), path));
+        Ok(Ok(Checkpoint {
+            model: self.push_handle("MODEL", ckpt_name.clone(), 0, model)?,
+            clip: self.push_handle("CLIP", ckpt_name.clone(), 0, clip)?,
+            vae: self.push_handle("VAE", ckpt_name, 0, models)?,
+        }))
+    }
+
+    fn load_vae(&mut self, vae_name: String) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        attempt!(self.diffusion.library.resolve("vae", &vae_name));
+        fail!(node_error(
+            "not_supported",
+            format!("{vae_name:?}: standalone VAE files are not supported yet; use the checkpoint's VAE"),
+        ))
+    }
+
+    fn load_lora(
+        &mut self,
+        model: Resource<HandleRes>,
+        clip: Option<Resource<HandleRes>>,
+        lora_name: String,
+        strength_model: f64,
+        strength_clip: f64,
+    ) -> wasmtime::Result<Result<(Resource<HandleRes>, Option<Resource<HandleRes>>), NodeError>> {
+        let base = attempt!(self.payload::<DiffusionModel>(&model, "MODEL")?);
+        let encoder = match &clip {
+            Some(clip) => Some(attempt!(self.payload::<TextEncoder>(clip, "CLIP")?)),
+            None => None,
+        };
+        let path = attempt!(self.diffusion.library.resolve("loras", &lora_name));
+        let lora = Arc::new(attempt!(Lora::read(&path, &lora_name).map_err(model_error)));
+        let patched = attempt!(base.with_lora(lora.clone(), strength_model).map_err(model_error));
+        let label = |name: &str| format!("{name} + {lora_name}");
+        let model_name = label(&self.table.get(&model)?.0.object.name);
+        let model = self.push_handle("MODEL", model_name, 0, Arc::new(patched))?;
+        let clip = match (encoder, clip) {
+            (Some(encoder), Some(handle)) => {
+                let name = label(&self.table.get(&handle)?.0.object.name);
+                let patched = attempt!(encoder.with_lora(lora, strength_clip).map_err(model_error));
+                Some(self.push_handle("CLIP", name, 0, Arc::new(patched))?)
+            }
+            _ => None,
+        };
+        Ok(Ok((model, clip)))
+    }
+
+    fn clip_set_last_layer(
+        &mut self,
+        clip: Resource<HandleRes>,
+        stop_at_clip_layer: i32,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let encoder = attempt!(self.payload::<TextEncoder>(&clip, "CLIP")?);
+        let shorter = attempt!(encoder.with_last_layer(stop_at_clip_layer).map_err(compute_error));
+        let name = self.table.get(&clip)?.0.object.name.clone();
+        Ok(Ok(self.push_handle("CLIP", name, 0, Arc::new(shorter))?))
+    }
+
+    fn encode_text(&mut self, clip: Resource<HandleRes>, text: String) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        self.charge(text.len())?;
+        let encoder = attempt!(self.payload::<TextEncoder>(&clip, "CLIP")?);
+        let context = attempt!(encoder.encode(&text).map_err(compute_error));
+        Ok(Ok(self.push_conditioning(Conditioning::from_context(context))?))
+    }
+
+    fn conditioning_combine(
+        &mut self,
+        a: Resource<HandleRes>,
+        b: Resource<HandleRes>,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let a = attempt!(self.payload::<Conditioning>(&a, "CONDITIONING")?);
+        let b = attempt!(self.payload::<Conditioning>(&b, "CONDITIONING")?);
+        Ok(Ok(self.push_conditioning(a.combine(&b))?))
+    }
+
+    fn conditioning_average(
+        &mut self,
+        target: Resource<HandleRes>,
+        source: Resource<HandleRes>,
+        target_strength: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let target = attempt!(self.payload::<Conditioning>(&target, "CONDITIONING")?);
+        let source = attempt!(self.payload::<Conditioning>(&source, "CONDITIONING")?);
+        let blended = attempt!(target.average(&source, target_strength).map_err(compute_error));
+        Ok(Ok(self.push_conditioning(blended)?))
+    }
+
+    fn conditioning_set_area(
+        &mut self,
+        conditioning: Resource<HandleRes>,
+        area: Area,
+        strength: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let c = attempt!(self.payload::<Conditioning>(&conditioning, "CONDITIONING")?);
+        let out = c.set_area(area.width, area.height, area.x, area.y, strength);
+        Ok(Ok(self.push_conditioning(out)?))
+    }
+
+    fn conditioning_zero_out(
+        &mut self,
+        conditioning: Resource<HandleRes>,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let c = attempt!(self.payload::<Conditioning>(&conditioning, "CONDITIONING")?);
+        let zero = attempt!(c.zero_out().map_err(compute_error));
+        Ok(Ok(self.push_conditioning(zero)?))
+    }
+
+    fn empty_latent(
+        &mut self,
+        width: u32,
+        height: u32,
+        batch_size: u32,
+    ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
+        let latent = attempt!(sd::latent::empty(width, height, batch_size).map_err(compute_error));
+        Ok(Ok(self.push_latent(latent)?))
+    }
+
+    fn latent_scale(
+        &mut self,
+        samples: Resource<LatentRes>,
+        method: String,
+        width: u32,
+        height: u32,
+        crop: String,
+    ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
+        let latent = self.latent(&samples)?;
+        let center = match crop.as_str() {
+            "disabled" => false,
+            "center" => true,
+            other => fail!(node_error(
+                "invalid_input",
+                format!("unknown crop {other:?}; expected disabled or center"),
+            )),
+        };
+        let scaled = attempt!(sd::latent::scale(&latent, &method, width, height, center).map_err(compute_error));
+        Ok(Ok(self.push_latent(scaled)?))
+    }
+
+    fn latent_composite(
+        &mut self,
+        destination: Resource<LatentRes>,
+        source: Resource<LatentRes>,
+        x: u32,
+        y: u32,
+        feather: u32,
+    ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
+        let (to, from) = (self.latent(&destination)?, self.latent(&source)?);
+        let cell = sd::latent::PIXELS_PER_CELL;
+        let out = attempt!(sd::latent::composite(&to, &from, x / cell, y / cell, feather / cell).map_err(compute_error));
+        Ok(Ok(self.push_latent(out)?))
+    }
+
+    fn latent_from_batch(
+        &mut self,
+        samples: Resource<LatentRes>,
+        batch_index: u32,
+        length: u32,
+    ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
+        let latent = self.latent(&samples)?;
+        Ok(Ok(self.push_latent(sd::latent::from_batch(&latent, batch_index, length))?))
+    }
+
+    fn repeat_latent_batch(
+        &mut self,
+        samples: Resource<LatentRes>,
+        amount: u32,
+    ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
+        let latent = self.latent(&samples)?;
+        let out = attempt!(sd::latent::repeat(&latent, amount.max(1)).map_err(compute_error));
+        Ok(Ok(self.push_latent(out)?))
+    }
+
+    fn set_latent_noise_mask(
+        &mut self,
+        samples: Resource<LatentRes>,
+        mask: Resource<MaskRes>,
+    ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
+        let latent = self.latent(&samples)?;
+        let mask = self.table.get(&mask)?.0.clone();
+        Ok(Ok(self.push_latent(sd::latent::with_noise_mask(&latent, mask))?))
+    }
+
+    fn load_latent(&mut self, file: AssetRef) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
+        let asset = crate::runtime::bindings::wit::AssetRef {
+            id: file.id,
+            hash: file.hash,
+            file_path: file.file_path,
+        };
+        let bytes = attempt!(self.read_asset(asset).map_err(|e| node_error(&e.code, e.message)));
+        let latent = attempt!(sd::latent::read_latent_file(&bytes).map_err(compute_error));
+        Ok(Ok(self.push_latent(latent)?))
+    }
+
+    fn sample(
+        &mut self,
+        model: Resource<HandleRes>,
+        positive: Resource<HandleRes>,
+        negative: Resource<HandleRes>,
+        latent: Resource<LatentRes>,
+        options: SampleOptions,
+    ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
+        let model = attempt!(self.payload::<DiffusionModel>(&model, "MODEL")?);
+        let positive = attempt!(self.payload::<Conditioning>(&positive, "CONDITIONING")?);
+        let negative = attempt!(self.payload::<Conditioning>(&negative, "CONDITIONING")?);
+        let latent = self.latent(&latent)?;
+        let sampler: SamplerKind = attempt!(options
+            .sampler_name
+            .parse()
+            .map_err(|e: weft_compute::sampling::UnknownName| node_error("invalid_input", e.to_string())));
+        let scheduler: Scheduler = attempt!(options
+            .scheduler
+            .parse()
+            .map_err(|e: weft_compute::sampling::UnknownName| node_error("invalid_input", e.to_string())));
+        if options.steps == 0 || options.steps > 10_000 {
+            fail!(node_error("invalid_input", "steps must be 1..=10000"));
+        }
+        let settings = SampleSettings {
+            seed: options.seed,
+            steps: options.steps as usize,
+            cfg: options.cfg,
+            sampler,
+            scheduler,
+            denoise: options.denoise,
+            add_noise: options.add_noise,
+            start_step: options.start_at_step as usize,
+            last_step: options.end_at_step as usize,
+            force_full_denoise: !options.return_with_leftover_noise,
+        };
+        if let Some(stop) = self.interruption() {
+            return Err(stop.into());
+        }
+        let mut stopped_by = None;
+        let result = {
+            let state = &*self;
+            sd::ksample(&model, &positive, &negative, &latent, &settings, &mut |step, steps| {
+                state.call.progress.report(step as u32, steps as u32, None);
+                match state.interruption() {
+                    None => StepControl::Continue,
+                    Some(why) => {
+                        stopped_by = Some(why);
+                        StepControl::Stop
+                    }
+                }
+            })
+        };
+        match result {
+            Ok(out) => Ok(Ok(self.push_latent(out)?)),
+            Err(SampleFailure::Stopped(_)) => Err(stopped_by.unwrap_or(Interrupt::Canceled).into()),
+            Err(SampleFailure::Compute(e)) => Ok(Err(compute_error(e))),
+        }
+    }
+
+    fn vae_decode(
+        &mut self,
+        vae: Resource<HandleRes>,
+        samples: Resource<LatentRes>,
+    ) -> wasmtime::Result<Result<Resource<ImageRes>, NodeError>> {
+        let models = attempt!(self.payload::<Sd1Models>(&vae, "VAE")?);
+        let latent = self.latent(&samples)?;
+        let image = attempt!(sd::vae::decode(&models, &latent).map_err(compute_error));
+        Ok(Ok(self.table.push(ImageRes(Arc::new(image)))?))
+    }
+
+    fn vae_encode(
+        &mut self,
+        vae: Resource<HandleRes>,
+        pixels: Resource<ImageRes>,
+    ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
+        let models = attempt!(self.payload::<Sd1Models>(&vae, "VAE")?);
+        let image = self.table.get(&pixels)?.0.clone();
+        let latent = attempt!(sd::vae::encode(&models, &image).map_err(compute_error));
+        Ok(Ok(self.push_latent(latent)?))
+    }
+
+    fn vae_encode_for_inpaint(
+        &mut self,
+        vae: Resource<HandleRes>,
+        pixels: Resource<ImageRes>,
+        mask: Resource<MaskRes>,
+        grow_mask_by: u32,
+    ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
+        let models = attempt!(self.payload::<Sd1Models>(&vae, "VAE")?);
+        let image = self.table.get(&pixels)?.0.clone();
+        let mask = self.table.get(&mask)?.0.clone();
+        let latent = attempt!(sd::vae::encode_for_inpaint(&models, &image, &mask, grow_mask_by).map_err(compute_error));
+        Ok(Ok(self.push_latent(latent)?))
+    }
+}

@@ -1,0 +1,117 @@
+//! Text encoding and the conditioning nodes.
+
+use weft_sdk::prelude::*;
+
+use crate::MAX_RESOLUTION;
+
+weft_sdk::node! {
+    /// Encodes a text prompt using a CLIP model into an embedding that can be used to guide the diffusion model towards generating specific images.
+    pub struct CLIPTextEncode {
+        display_name: "CLIP Text Encode (Prompt)",
+        category: "conditioning",
+        inputs {
+            text: String = input::string().multiline().tooltip("The text to be encoded."),
+            clip: Clip = input::clip().tooltip("The CLIP model used for encoding the text."),
+        }
+        outputs { CONDITIONING: Conditioning }
+        fn execute(_, inp) {
+            Ok((Conditioning(diffusion::encode_text(inp.clip.handle(), &inp.text)?),))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Stops the text encoder at an earlier layer (-1 is the last, -2 the one before, ...).
+    pub struct CLIPSetLastLayer {
+        display_name: "CLIP Set Last Layer",
+        category: "conditioning",
+        inputs {
+            clip: Clip = input::clip(),
+            stop_at_clip_layer: i64 = input::int().default(-1).min(-24).max(-1).step(1),
+        }
+        outputs { CLIP: Clip }
+        fn execute(_, inp) {
+            let layer = i32::try_from(inp.stop_at_clip_layer)?;
+            Ok((Clip(diffusion::clip_set_last_layer(inp.clip.handle(), layer)?),))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Both conditionings, applied together.
+    pub struct ConditioningCombine {
+        display_name: "Conditioning (Combine)",
+        category: "conditioning",
+        inputs {
+            conditioning_1: Conditioning = input::conditioning(),
+            conditioning_2: Conditioning = input::conditioning(),
+        }
+        outputs { CONDITIONING: Conditioning }
+        fn execute(_, inp) {
+            let combined = diffusion::conditioning_combine(inp.conditioning_1.handle(), inp.conditioning_2.handle())?;
+            Ok((Conditioning(combined),))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Blends every entry of `conditioning_to` with the first entry of `conditioning_from`.
+    pub struct ConditioningAverage {
+        category: "conditioning",
+        inputs {
+            conditioning_to: Conditioning = input::conditioning(),
+            conditioning_from: Conditioning = input::conditioning(),
+            conditioning_to_strength: f64 = input::float().default(1.0).min(0.0).max(1.0).step(0.01),
+        }
+        outputs { CONDITIONING: Conditioning }
+        fn execute(_, inp) {
+            let blended = diffusion::conditioning_average(
+                inp.conditioning_to.handle(),
+                inp.conditioning_from.handle(),
+                inp.conditioning_to_strength,
+            )?;
+            Ok((Conditioning(blended),))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Applies the conditioning to a rectangle of the image only.
+    pub struct ConditioningSetArea {
+        display_name: "Conditioning (Set Area)",
+        category: "conditioning",
+        inputs {
+            conditioning: Conditioning = input::conditioning(),
+            width: i64 = input::int().default(64).min(64).max(MAX_RESOLUTION).step(8),
+            height: i64 = input::int().default(64).min(64).max(MAX_RESOLUTION).step(8),
+            x: i64 = input::int().default(0).min(0).max(MAX_RESOLUTION).step(8),
+            y: i64 = input::int().default(0).min(0).max(MAX_RESOLUTION).step(8),
+            strength: f64 = input::float().default(1.0).min(0.0).max(10.0).step(0.01),
+        }
+        outputs { CONDITIONING: Conditioning }
+        fn execute(_, inp) {
+            let area = diffusion::Area {
+                width: u32::try_from(inp.width)?,
+                height: u32::try_from(inp.height)?,
+                x: u32::try_from(inp.x)?,
+                y: u32::try_from(inp.y)?,
+            };
+            let c = diffusion::conditioning_set_area(inp.conditioning.handle(), area, inp.strength)?;
+            Ok((Conditioning(c),))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// The conditioning with every tensor set to zero.
+    pub struct ConditioningZeroOut {
+        category: "advanced/conditioning",
+        inputs {
+            conditioning: Conditioning = input::conditioning(),
+        }
+        outputs { CONDITIONING: Conditioning }
+        fn execute(_, inp) {
+            Ok((Conditioning(diffusion::conditioning_zero_out(inp.conditioning.handle())?),))
+        }
+    }
+}

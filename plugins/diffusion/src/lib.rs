@@ -1,0 +1,52 @@
+//! weft's built-in Stable Diffusion nodes, after ComfyUI's `nodes.py`: class names, inputs,
+//! defaults, categories and display names as ComfyUI has them. Every node only orchestrates
+//! the host's `diffusion` functions on handles: weights, conditioning, latents and pixels
+//! never enter the plugin.
+
+mod conditioning;
+mod latent;
+mod loaders;
+mod sampling;
+mod vae;
+
+pub use conditioning::{
+    CLIPSetLastLayer, CLIPTextEncode, ConditioningAverage, ConditioningCombine, ConditioningSetArea,
+    ConditioningZeroOut,
+};
+pub use latent::{
+    EmptyLatentImage, LatentComposite, LatentFromBatch, LatentUpscale, LatentUpscaleBy, LoadLatent,
+    RepeatLatentBatch, SaveLatent, SetLatentNoiseMask,
+};
+pub use loaders::{CheckpointLoaderSimple, LoraLoader, LoraLoaderModelOnly, VAELoader};
+pub use sampling::{KSampler, KSamplerAdvanced};
+pub use vae::{VAEDecode, VAEEncode, VAEEncodeForInpaint};
+
+/// ComfyUI's `MAX_RESOLUTION`.
+pub const MAX_RESOLUTION: i64 = 16384;
+
+weft_sdk::export_plugin!(
+    CheckpointLoaderSimple,
+    VAELoader,
+    LoraLoader,
+    LoraLoaderModelOnly,
+    CLIPTextEncode,
+    CLIPSetLastLayer,
+    ConditioningCombine,
+    ConditioningAverage,
+    ConditioningSetArea,
+    ConditioningZeroOut,
+    EmptyLatentImage,
+    LatentUpscale,
+    LatentUpscaleBy,
+    LatentComposite,
+    LatentFromBatch,
+    RepeatLatentBatch,
+    SetLatentNoiseMask,
+    SaveLatent,
+    LoadLatent,
+    KSampler,
+    KSamplerAdvanced,
+    VAEDecode,
+    VAEEncode,
+    VAEEncodeForInpaint,
+);
