@@ -80,6 +80,16 @@ enum ModelsCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Writes the deterministic random-weight checkpoint with the exact SD1.5 layout (2.1 GB,
+    /// float16; seed 0 is the checkpoint of the ComfyUI parity vectors).
+    Sd15Random {
+        /// Output .safetensors file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Text to image with an SD1.x checkpoint on the compute core (CPU, or CUDA when built
     /// with `--features cuda`); writes a PNG with the parameters in a `parameters` text chunk.
     Generate {
@@ -465,6 +475,13 @@ fn main() -> anyhow::Result<()> {
         } => {
             weft::compute::models::write_random_checkpoint(&out, &weft::compute::models::Sd1Config::tiny(), seed)?;
             println!("wrote a tiny random-weight SD1 checkpoint to {}", out.display());
+            Ok(())
+        }
+        Command::Models {
+            command: ModelsCommand::Sd15Random { out, seed },
+        } => {
+            let written = weft::compute::models::sd15_random::write(&out, seed)?;
+            println!("{}: {written:?}", out.display());
             Ok(())
         }
         Command::Models {

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod candle_sd1;
 pub mod safetensors;
 pub mod sd1;
+pub mod sd15_random;
 pub mod unet;
 
 pub use cache::ModelCache;
