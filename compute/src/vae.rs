@@ -8,7 +8,6 @@ use candle_core::Tensor as CTensor;
 
 use super::image::ImageBatch;
 use super::models::Sd1Models;
-use super::on_workers;
 use super::sampling::Tensor;
 
 /// SD1.x latent scale factor.
@@ -46,7 +45,7 @@ pub fn decode(models: &Sd1Models, latent: &Tensor) -> Result<ImageBatch> {
         latent.shape
     );
     let x = to_candle(latent, models)?;
-    let img = on_workers(|| models.vae.decode(&x)).context("VAE decode")?;
+    let img = models.vae.decode(&x).context("VAE decode")?;
     let img = ((img + 1.0)? / 2.0)?
         .clamp(0f32, 1f32)?
         .permute((0, 2, 3, 1))?
@@ -85,7 +84,7 @@ pub fn encode(models: &Sd1Models, image: &ImageBatch) -> Result<Tensor> {
         .permute((0, 3, 1, 2))?
         .contiguous()?;
     let x = ((x * 2.0)? - 1.0)?;
-    let latent = on_workers(|| models.vae_mean.encode(&x)?.sample()).context("VAE encode")?;
+    let latent = models.vae.encode(&x).context("VAE encode")?;
     from_candle(&latent)
 }
 

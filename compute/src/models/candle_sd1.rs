@@ -1,5 +1,5 @@
-//! Loads an SD1.x original-layout checkpoint into candle-transformers' `stable_diffusion`
-//! UNet and VAE and its CLIP text transformer (float32, on the device chosen by
+//! Loads an SD1.x original-layout checkpoint into weft's UNet and autoencoder and
+//! candle-transformers' CLIP text transformer (float32, on the device chosen by
 //! [`crate::device::select_device`]).
 //!
 //! The checkpoint is validated by [`open_sd1`] first (header cap, bounds, shapes, dtypes, arch),
@@ -14,8 +14,8 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::clip::text_model::{Activation, ClipTextConfig, ClipTextTransformer};
-use candle_transformers::models::stable_diffusion::vae;
 
+use crate::models::autoencoder::Sd1Vae;
 use crate::models::safetensors::DEFAULT_MAX_HEADER;
 use crate::models::sd1::{ldm_to_candle, open_sd1, Component, Sd1Config};
 use crate::models::unet::Sd1Unet;
@@ -24,12 +24,8 @@ use crate::models::unet::Sd1Unet;
 pub struct Sd1Models {
     /// Denoising UNet (EPS prediction).
     pub unet: Sd1Unet,
-    /// KL autoencoder.
-    pub vae: vae::AutoEncoderKL,
-    /// The same autoencoder with its posterior's variance forced to zero, so that
-    /// `encode(..).sample()` returns the posterior mean exactly (ComfyUI encodes with the
-    /// mean; candle keeps the mean private). Shares every weight with `vae`.
-    pub vae_mean: vae::AutoEncoderKL,
+    /// KL autoencoder (encoding gives the posterior's mean, as ComfyUI's).
+    pub vae: Sd1Vae,
     /// CLIP text transformer (ViT-L/14 text tower for SD1; smaller for test layouts).
     pub clip: ClipTextTransformer,
     /// The layout these networks were built from.
@@ -40,9 +36,11 @@ pub struct Sd1Models {
     pub bytes: u64,
 }
 
-/// candle VAE configuration for `cfg`.
-pub fn vae_config(cfg: &Sd1Config) -> vae::AutoEncoderKLConfig {
-    vae::AutoEncoderKLConfig {
+/// candle-transformers' configuration of the autoencoder of `cfg` (the reference of weft's
+/// autoencoder in tests).
+#[cfg(test)]
+pub(crate) fn vae_config(cfg: &Sd1Config) -> candle_transformers::models::stable_diffusion::vae::AutoEncoderKLConfig {
+    candle_transformers::models::stable_diffusion::vae::AutoEncoderKLConfig {
         block_out_channels: cfg.vae_mult.iter().map(|m| m * cfg.vae_channels).collect(),
         layers_per_block: cfg.vae_res_blocks,
         latent_channels: cfg.latent_channels,
@@ -96,38 +94,18 @@ pub fn load_sd1_with_config(path: &Path, cfg: &Sd1Config, device: &Device) -> Re
     let mut take = |c: Component| parts.remove(&c).unwrap_or_default();
     let unet_vb = VarBuilder::from_tensors(take(Component::Unet), DType::F32, device);
     let unet = Sd1Unet::new(unet_vb, cfg).context("building the UNet")?;
-    let vae_tensors = take(Component::Vae);
-    let mean_tensors = zero_variance(&vae_tensors, cfg.latent_channels)?;
-    let vae_vb = VarBuilder::from_tensors(vae_tensors, DType::F32, device);
-    let vae = vae::AutoEncoderKL::new(vae_vb, 3, 3, vae_config(cfg)).context("building the VAE")?;
-    let mean_vb = VarBuilder::from_tensors(mean_tensors, DType::F32, device);
-    let vae_mean = vae::AutoEncoderKL::new(mean_vb, 3, 3, vae_config(cfg)).context("building the VAE")?;
+    let vae_vb = VarBuilder::from_tensors(take(Component::Vae), DType::F32, device);
+    let vae = Sd1Vae::new(vae_vb, cfg).context("building the VAE")?;
     let clip_vb = VarBuilder::from_tensors(take(Component::Clip), DType::F32, device);
     let clip = ClipTextTransformer::new(clip_vb.pp("text_model"), &clip_config(cfg)).context("building CLIP")?;
     Ok(Sd1Models {
         unet,
         vae,
-        vae_mean,
         clip,
         config: cfg.clone(),
         device: device.clone(),
         bytes,
     })
-}
-
-/// The VAE tensors with `quant_conv`'s log-variance half replaced by a constant -1e4, so the
-/// posterior's standard deviation is exactly 0 and sampling returns the mean.
-fn zero_variance(vae: &HashMap<String, Tensor>, latent: usize) -> Result<HashMap<String, Tensor>> {
-    let mut out = vae.clone();
-    let w = vae.get("quant_conv.weight").context("VAE lacks quant_conv.weight")?;
-    let b = vae.get("quant_conv.bias").context("VAE lacks quant_conv.bias")?;
-    let w_mean = w.narrow(0, 0, latent)?;
-    let w = Tensor::cat(&[&w_mean, &w_mean.zeros_like()?], 0)?;
-    let b_mean = b.narrow(0, 0, latent)?;
-    let b = Tensor::cat(&[&b_mean, &(b_mean.zeros_like()? - 1e4)?], 0)?;
-    out.insert("quant_conv.weight".into(), w);
-    out.insert("quant_conv.bias".into(), b);
-    Ok(out)
 }
 
 /// Checks the LDM -> candle name mapping of layout `cfg` against the names and shapes
@@ -201,7 +179,7 @@ pub fn verify_mapping(cfg: &Sd1Config) -> Result<Vec<String>> {
                 Sd1Unet::new(vb, cfg)?;
             }
             Component::Vae => {
-                vae::AutoEncoderKL::new(vb, 3, 3, vae_config(cfg))?;
+                Sd1Vae::new(vb, cfg)?;
             }
             Component::Clip => {
                 ClipTextTransformer::new(vb.pp("text_model"), &clip_config(cfg))?;
@@ -295,9 +273,9 @@ mod tests {
         assert_eq!(eps.dims(), &[1, 4, 8, 8]);
         let img = m.vae.decode(&x)?;
         assert_eq!(img.dims(), &[1, 3, 16, 16]);
-        // The mean encoder is deterministic; the sampling one is not.
-        let a = m.vae_mean.encode(&img)?.sample()?.flatten_all()?.to_vec1::<f32>()?;
-        let b = m.vae_mean.encode(&img)?.sample()?.flatten_all()?.to_vec1::<f32>()?;
+        // Encoding gives the posterior's mean: deterministic.
+        let a = m.vae.encode(&img)?.flatten_all()?.to_vec1::<f32>()?;
+        let b = m.vae.encode(&img)?.flatten_all()?.to_vec1::<f32>()?;
         assert_eq!(a, b);
         assert_eq!(a.len(), 4 * 8 * 8);
         Ok(())

@@ -2,12 +2,15 @@
 //! layout, architecture detection, and the name mapping onto candle-transformers'
 //! `stable_diffusion` UNet / VAE / CLIP. See `DESIGN.md` next to this file.
 
+pub mod autoencoder;
 pub mod cache;
 pub mod candle_sd1;
 pub mod safetensors;
 pub mod sd1;
+pub mod sd15_random;
 pub mod unet;
 
+pub use autoencoder::Sd1Vae;
 pub use cache::ModelCache;
 pub use candle_sd1::{load_sd1, load_sd1_with_config, Sd1Models};
 pub use safetensors::{CheckpointError, Dtype, SafetensorsIndex, TensorInfo, DEFAULT_MAX_HEADER};

@@ -17,6 +17,16 @@ pub(crate) enum ModelsCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Writes the deterministic random-weight checkpoint with the exact SD1.5 layout (2.1 GB,
+    /// float16; seed 0 is the checkpoint of the ComfyUI parity vectors).
+    Sd15Random {
+        /// Output .safetensors file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Writes a tiny random LoRA (kohya layout) that fits `weft models tiny-sd` checkpoints.
     TinyLora {
         /// Output .safetensors file.
@@ -80,6 +90,7 @@ impl ModelsCommand {
     pub(crate) fn run(self) -> anyhow::Result<()> {
         match self {
             ModelsCommand::TinySd { out, seed } => tiny_sd(out, seed),
+            ModelsCommand::Sd15Random { out, seed } => sd15_random(out, seed),
             ModelsCommand::TinyLora { out, seed, rank } => tiny_lora(out, seed, rank),
             ModelsCommand::Generate(args) => generate(args),
         }
@@ -90,6 +101,13 @@ impl ModelsCommand {
 fn tiny_sd(out: PathBuf, seed: u64) -> anyhow::Result<()> {
     models::write_random_checkpoint(&out, &models::Sd1Config::tiny(), seed)?;
     println!("wrote a tiny random-weight SD1 checkpoint to {}", out.display());
+    Ok(())
+}
+
+/// Writes the SD1.5-layout random checkpoint.
+fn sd15_random(out: PathBuf, seed: u64) -> anyhow::Result<()> {
+    let written = models::sd15_random::write(&out, seed)?;
+    println!("{}: {written:?}", out.display());
     Ok(())
 }
 
