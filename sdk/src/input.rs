@@ -7,6 +7,8 @@
 
 use std::marker::PhantomData;
 
+use weft_types as types;
+
 use crate::json::JsonLiteral;
 use crate::{
     AssetRef, Audio, Clip, Conditioning, Image, InputSpec, Latent, Mask, Model, NamedValue, NodeError, Vae, Value,
@@ -15,20 +17,20 @@ use crate::{
 /// The ComfyUI name of the type of `value`, for error messages.
 pub fn value_type_name(value: &Value) -> &'static str {
     match value {
-        Value::Int(_) => "INT",
-        Value::Float(_) => "FLOAT",
-        Value::Boolean(_) => "BOOLEAN",
-        Value::Text(_) => "STRING",
-        Value::Json(_) => "JSON",
-        Value::Asset(_) => "core/ASSET",
-        Value::Image(_) => "IMAGE",
-        Value::Latent(_) => "LATENT",
-        Value::Mask(_) => "MASK",
-        Value::Audio(_) => "AUDIO",
-        Value::Model(_) => "MODEL",
-        Value::Clip(_) => "CLIP",
-        Value::Vae(_) => "VAE",
-        Value::Conditioning(_) => "CONDITIONING",
+        Value::Int(_) => types::INT,
+        Value::Float(_) => types::FLOAT,
+        Value::Boolean(_) => types::BOOLEAN,
+        Value::Text(_) => types::STRING,
+        Value::Json(_) => types::JSON,
+        Value::Asset(_) => types::ASSET,
+        Value::Image(_) => types::IMAGE,
+        Value::Latent(_) => types::LATENT,
+        Value::Mask(_) => types::MASK,
+        Value::Audio(_) => types::AUDIO,
+        Value::Model(_) => types::MODEL,
+        Value::Clip(_) => types::CLIP,
+        Value::Vae(_) => types::VAE,
+        Value::Conditioning(_) => types::CONDITIONING,
     }
 }
 
@@ -287,7 +289,7 @@ impl Spec<String> {
     /// Makes the input a `COMBO` of `options`, like [`combo()`].
     pub fn options<S: Into<String>>(mut self, options: impl IntoIterator<Item = S>) -> Self {
         self.options = options.into_iter().map(Into::into).collect();
-        self.type_name = Some("COMBO");
+        self.type_name = Some(types::COMBO);
         self
     }
 }
@@ -355,12 +357,12 @@ fn check_range(
 }
 
 impl InputType for String {
-    const TYPE_NAME: &'static str = "STRING";
+    const TYPE_NAME: &'static str = types::STRING;
 
     fn from_value(name: &str, value: Value) -> Result<Self, NodeError> {
         match value {
             Value::Text(s) => Ok(s),
-            other => Err(wrong_type(name, "STRING", &other)),
+            other => Err(wrong_type(name, types::STRING, &other)),
         }
     }
 
@@ -377,13 +379,13 @@ impl InputType for String {
 }
 
 impl InputType for i64 {
-    const TYPE_NAME: &'static str = "INT";
+    const TYPE_NAME: &'static str = types::INT;
 
     fn from_value(name: &str, value: Value) -> Result<Self, NodeError> {
         match value {
             Value::Int(i) => Ok(i),
             Value::Float(f) if f.fract() == 0.0 && f.abs() < 9.2e18 => Ok(f as i64),
-            other => Err(wrong_type(name, "INT", &other)),
+            other => Err(wrong_type(name, types::INT, &other)),
         }
     }
 
@@ -393,7 +395,7 @@ impl InputType for i64 {
 }
 
 impl InputType for u32 {
-    const TYPE_NAME: &'static str = "INT";
+    const TYPE_NAME: &'static str = types::INT;
 
     fn from_value(name: &str, value: Value) -> Result<Self, NodeError> {
         let i = i64::from_value(name, value)?;
@@ -407,13 +409,13 @@ impl InputType for u32 {
 }
 
 impl InputType for f64 {
-    const TYPE_NAME: &'static str = "FLOAT";
+    const TYPE_NAME: &'static str = types::FLOAT;
 
     fn from_value(name: &str, value: Value) -> Result<Self, NodeError> {
         match value {
             Value::Float(f) => Ok(f),
             Value::Int(i) => Ok(i as f64),
-            other => Err(wrong_type(name, "FLOAT", &other)),
+            other => Err(wrong_type(name, types::FLOAT, &other)),
         }
     }
 
@@ -423,19 +425,19 @@ impl InputType for f64 {
 }
 
 impl InputType for bool {
-    const TYPE_NAME: &'static str = "BOOLEAN";
+    const TYPE_NAME: &'static str = types::BOOLEAN;
 
     fn from_value(name: &str, value: Value) -> Result<Self, NodeError> {
         match value {
             Value::Boolean(b) => Ok(b),
-            other => Err(wrong_type(name, "BOOLEAN", &other)),
+            other => Err(wrong_type(name, types::BOOLEAN, &other)),
         }
     }
 }
 
 /// Any value (ComfyUI's `*` type): the node receives whatever is linked or given.
 impl InputType for Value {
-    const TYPE_NAME: &'static str = "*";
+    const TYPE_NAME: &'static str = types::ANY;
 
     fn from_value(_name: &str, value: Value) -> Result<Self, NodeError> {
         Ok(value)
@@ -443,7 +445,7 @@ impl InputType for Value {
 }
 
 macro_rules! variant_input {
-    ($($ty:ty => $variant:ident, $type_name:literal;)*) => {$(
+    ($($ty:ty => $variant:ident, $type_name:expr;)*) => {$(
         impl InputType for $ty {
             const TYPE_NAME: &'static str = $type_name;
 
@@ -458,15 +460,15 @@ macro_rules! variant_input {
 }
 
 variant_input! {
-    AssetRef => Asset, "core/ASSET";
-    Image => Image, "IMAGE";
-    Latent => Latent, "LATENT";
-    Mask => Mask, "MASK";
-    Audio => Audio, "AUDIO";
-    Model => Model, "MODEL";
-    Clip => Clip, "CLIP";
-    Vae => Vae, "VAE";
-    Conditioning => Conditioning, "CONDITIONING";
+    AssetRef => Asset, types::ASSET;
+    Image => Image, types::IMAGE;
+    Latent => Latent, types::LATENT;
+    Mask => Mask, types::MASK;
+    Audio => Audio, types::AUDIO;
+    Model => Model, types::MODEL;
+    Clip => Clip, types::CLIP;
+    Vae => Vae, types::VAE;
+    Conditioning => Conditioning, types::CONDITIONING;
 }
 
 /// The inputs `execute` received, by name.
