@@ -385,6 +385,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             cache_dir: None,
             plugins_dir: args.plugins_dir,
             grants: grants(&args.grants)?,
+            capabilities: Default::default(),
             concurrent_calls: 0,
         },
         sweep_interval: Duration::from_secs(args.sweep_interval_secs.max(1)),

@@ -10,7 +10,6 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 
 use super::bindings::wit;
 use super::capabilities::CallState;
-use super::limits::CallLimiter;
 use super::logs::TailLog;
 use super::registry::LoadedPlugin;
 use super::value::*;
@@ -26,6 +25,20 @@ pub trait ProgressSink: Send + Sync {
 pub trait AssetReader: Send + Sync {
     /// The bytes of `asset`, or a message saying why not.
     fn read(&self, asset: &AssetRef) -> Result<Vec<u8>, String>;
+}
+
+/// The bytes of an asset the workflow referenced, read through `assets`, or the node error
+/// for a missing one.
+pub(super) fn read_asset(assets: &dyn AssetReader, asset: wit::AssetRef) -> Result<Vec<u8>, wit::NodeError> {
+    let reference = AssetRef {
+        id: asset.id,
+        hash: asset.hash,
+        file_path: asset.file_path,
+    };
+    assets.read(&reference).map_err(|message| wit::NodeError {
+        code: "missing_asset".into(),
+        message,
+    })
 }
 
 /// Cancels a job's node calls: checked by polite guests, enforced by epoch interruption.
@@ -128,19 +141,8 @@ impl Runtime {
 
     /// A store for one call, with its limits and its deadline.
     pub(super) fn new_store(&self, plugin: &LoadedPlugin, call: CallContext) -> Store<CallState> {
-        let mut wasi = wasmtime_wasi::WasiCtxBuilder::new();
-        wasi.stdout(call.log.clone()).stderr(call.log.clone());
-        plugin.grants.apply(&mut wasi);
-        let cancel = call.cancel.clone();
-        let state = CallState {
-            table: ResourceTable::new(),
-            wasi: wasi.build(),
-            limiter: CallLimiter::new(&self.limits),
-            call,
-            hostcall_bytes: 0,
-            hostcall_limit: self.limits.hostcall_bytes,
-            hostcall_hit: false,
-        };
+        let state = CallState::new(&self.capabilities, &self.limits, &call, &plugin.grants);
+        let cancel = call.cancel;
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         let deadline = Instant::now() + self.limits.node_timeout;
@@ -172,7 +174,7 @@ impl Runtime {
             let value = lower(store.data_mut(), value)?;
             lowered.push(wit::NamedValue { name, value });
         }
-        store.data_mut().charge(cost)?;
+        store.data_mut().hostcalls.charge(cost)?;
         let result = instance.call_execute(&mut *store, class, &lowered)?;
         let result = match result {
             Ok(result) => result,
@@ -305,12 +307,12 @@ fn classify(error: wasmtime::Error, state: &CallState, new_log: &str) -> NodeFai
         NodeFailure::new("node_memory_limit", "the node tried to grow its memory past the limit")
     } else if state.limiter.table_hit {
         NodeFailure::new("node_memory_limit", "the node tried to grow a table past the limit")
-    } else if state.hostcall_hit {
+    } else if state.hostcalls.hit {
         NodeFailure::new(
             "node_hostcall_limit",
             format!(
                 "the node passed more than {} bytes through host calls",
-                state.hostcall_limit
+                state.hostcalls.limit
             ),
         )
     } else if trap == Some(Trap::StackOverflow) || (trap == Some(Trap::MemoryOutOfBounds) && runaway_recursion(&error))

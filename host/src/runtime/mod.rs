@@ -22,11 +22,12 @@ mod logs;
 mod registry;
 mod value;
 
+pub use capabilities::{Capabilities, CapabilityConfig};
 pub use catalog::{Catalog, InputSpec, NodeDef, OutputSpec};
 pub use invoke::{AssetReader, CallContext, CancelToken, NodeFailure, NodeOutput, ProgressSink};
 pub use limits::Limits;
 pub use logs::{LogSnapshot, TailLog};
-pub use registry::{Capabilities, Manifest, PluginSource};
+pub use registry::{Manifest, PluginSource};
 pub use value::{AssetRef, FileData, OutputFile, OutputKind, Value};
 
 use registry::LoadedPlugin;
@@ -42,6 +43,8 @@ pub struct RuntimeConfig {
     pub plugins_dir: Option<PathBuf>,
     /// Operator grants, by plugin name.
     pub grants: HashMap<String, Capabilities>,
+    /// How each host capability is configured.
+    pub capabilities: CapabilityConfig,
     /// Most node calls that run at once (sizes the instance pool).
     pub concurrent_calls: u32,
 }
@@ -52,6 +55,7 @@ pub struct Runtime {
     plugins: Vec<LoadedPlugin>,
     catalog: Catalog,
     limits: Limits,
+    capabilities: CapabilityConfig,
     _ticker: engine::EpochTicker,
 }
 
@@ -78,6 +82,7 @@ impl Runtime {
             plugins: Vec::new(),
             catalog: Catalog::default(),
             limits: config.limits.clone(),
+            capabilities: config.capabilities.clone(),
             _ticker: ticker,
         };
         let compiled = compile_all(&runtime.engine, &sources, config.cache_dir.as_deref())?;

@@ -4,14 +4,40 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use wasmtime::component::Resource;
+use wasmtime::component::{HasSelf, Linker, Resource};
 
-use super::CallState;
+use super::{CallState, Capabilities, Capability};
 use crate::compute::values::AudioClip;
-use crate::runtime::bindings::weft::node::music::Host;
+use crate::runtime::bindings::weft::node::music::{add_to_linker, Host};
 use crate::runtime::bindings::wit::{AssetRef, NodeError};
+use crate::runtime::invoke::{read_asset, AssetReader, CallContext, CancelToken};
 use crate::runtime::value::AudioRes;
 use crate::v2m::{self, V2mError};
+
+/// The music capability.
+pub struct Music;
+
+/// Where a call's videos are read from, and how a render learns the job was canceled.
+pub struct MusicState {
+    assets: Arc<dyn AssetReader>,
+    cancel: CancelToken,
+}
+
+impl Capability for Music {
+    type Config = ();
+    type State = MusicState;
+
+    fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+        add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)
+    }
+
+    fn new_state(_: &(), call: &CallContext, _: &Capabilities) -> MusicState {
+        MusicState {
+            assets: call.assets.clone(),
+            cancel: call.cancel.clone(),
+        }
+    }
+}
 
 fn node_error(e: V2mError) -> NodeError {
     NodeError {
@@ -36,7 +62,7 @@ impl Host for CallState {
         prompt: String,
         seed: u64,
     ) -> wasmtime::Result<Result<Resource<AudioRes>, NodeError>> {
-        let bytes = match self.read_asset(video) {
+        let bytes = match read_asset(&*self.music.assets, video) {
             Ok(bytes) => bytes,
             Err(e) => return Ok(Err(e)),
         };
@@ -51,7 +77,7 @@ impl Host for CallState {
             )))));
         }
         drop(bytes);
-        let cancel = self.call.cancel.clone();
+        let cancel = self.music.cancel.clone();
         let samples = match engine.generate_blocking(&temp.0, Some(&prompt), seed, &|| cancel.is_canceled()) {
             Ok(Some(samples)) => samples,
             Ok(None) => {
