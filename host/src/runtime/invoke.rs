@@ -1,77 +1,17 @@
 //! One node call: a fresh `Store` with its limits, the guest's inputs lowered to handles,
 //! the call, and every way it can fail turned into a [`NodeFailure`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use wasmtime::component::{Resource, ResourceTable};
 use wasmtime::{Store, Trap, UpdateDeadline};
 
 use super::bindings::wit;
+use super::call::CallContext;
 use super::capabilities::CallState;
-use super::logs::TailLog;
 use super::registry::LoadedPlugin;
 use super::value::*;
 use super::Runtime;
-
-/// Where a node's progress reports go.
-pub trait ProgressSink: Send + Sync {
-    /// The node reached `step` of `steps`.
-    fn report(&self, step: u32, steps: u32, message: Option<String>);
-}
-
-/// Reads uploaded assets for nodes such as `LoadImage`.
-pub trait AssetReader: Send + Sync {
-    /// The bytes of `asset`, or a message saying why not.
-    fn read(&self, asset: &AssetRef) -> Result<Vec<u8>, String>;
-}
-
-/// The bytes of an asset the workflow referenced, read through `assets`, or the node error
-/// for a missing one.
-pub(super) fn read_asset(assets: &dyn AssetReader, asset: wit::AssetRef) -> Result<Vec<u8>, wit::NodeError> {
-    let reference = AssetRef {
-        id: asset.id,
-        hash: asset.hash,
-        file_path: asset.file_path,
-    };
-    assets.read(&reference).map_err(|message| wit::NodeError {
-        code: "missing_asset".into(),
-        message,
-    })
-}
-
-/// Cancels a job's node calls: checked by polite guests, enforced by epoch interruption.
-#[derive(Debug, Clone, Default)]
-pub struct CancelToken(Arc<AtomicBool>);
-
-impl CancelToken {
-    /// A token that is not canceled.
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// Cancels; a running node is interrupted at the next epoch tick.
-    pub fn cancel(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-    /// Whether [`cancel`](Self::cancel) was called.
-    pub fn is_canceled(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-/// Everything a node call needs from its job.
-#[derive(Clone)]
-pub struct CallContext {
-    /// The job's log tail, which receives the guest's stdout and stderr.
-    pub log: TailLog,
-    /// The job's cancel token.
-    pub cancel: CancelToken,
-    /// Where progress goes.
-    pub progress: Arc<dyn ProgressSink>,
-    /// Where assets are read from.
-    pub assets: Arc<dyn AssetReader>,
-}
 
 /// What a node returned.
 #[derive(Debug, Clone)]
@@ -130,7 +70,7 @@ impl Runtime {
             return Err(NodeFailure::new("canceled", "the job was canceled"));
         }
         let log_mark = ctx.log.written();
-        let mut store = self.new_store(plugin, ctx.clone());
+        let mut store = self.new_store(plugin, ctx);
         let result = self.run_call(&mut store, plugin, class, inputs);
         match result {
             Ok(Ok(output)) => Ok(output),
@@ -140,9 +80,9 @@ impl Runtime {
     }
 
     /// A store for one call, with its limits and its deadline.
-    pub(super) fn new_store(&self, plugin: &LoadedPlugin, call: CallContext) -> Store<CallState> {
-        let state = CallState::new(&self.capabilities, &self.limits, &call, &plugin.grants);
-        let cancel = call.cancel;
+    pub(super) fn new_store(&self, plugin: &LoadedPlugin, call: &CallContext) -> Store<CallState> {
+        let state = CallState::new(&self.capabilities, &self.limits, call, &plugin.grants);
+        let cancel = call.cancel.clone();
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         let deadline = Instant::now() + self.limits.node_timeout;

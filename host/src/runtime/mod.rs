@@ -13,6 +13,7 @@ use wasmtime::Engine;
 
 mod bindings;
 mod builtin;
+mod call;
 mod capabilities;
 mod catalog;
 mod engine;
@@ -22,9 +23,10 @@ mod logs;
 mod registry;
 mod value;
 
+pub use call::{AssetReader, CallContext, CancelToken, ProgressSink};
 pub use capabilities::{Capabilities, CapabilityConfig};
 pub use catalog::{Catalog, InputSpec, NodeDef, OutputSpec};
-pub use invoke::{AssetReader, CallContext, CancelToken, NodeFailure, NodeOutput, ProgressSink};
+pub use invoke::{NodeFailure, NodeOutput};
 pub use limits::Limits;
 pub use logs::{LogSnapshot, TailLog};
 pub use registry::{Manifest, PluginSource};
@@ -144,7 +146,7 @@ impl Runtime {
             progress: Arc::new(Discard),
             assets: Arc::new(Discard),
         };
-        let mut store = self.new_store(plugin, ctx);
+        let mut store = self.new_store(plugin, &ctx);
         let mut describe = || -> wasmtime::Result<Vec<bindings::wit::NodeDef>> {
             let instance = plugin.pre.instantiate(&mut store)?;
             instance.call_describe(&mut store)

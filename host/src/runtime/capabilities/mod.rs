@@ -8,7 +8,7 @@
 
 use wasmtime::component::{Linker, ResourceTable};
 
-use super::invoke::CallContext;
+use super::call::CallContext;
 use super::limits::{CallLimiter, HostcallBudget, Limits};
 
 mod images;

@@ -8,7 +8,7 @@ use super::{CallState, Capabilities, Capability};
 use crate::compute::{self, ComputeError};
 use crate::runtime::bindings::weft::node::images::{add_to_linker, Host};
 use crate::runtime::bindings::wit::{AssetRef, NodeError};
-use crate::runtime::invoke::{read_asset, AssetReader, CallContext};
+use crate::runtime::call::{read_asset, AssetReader, CallContext};
 use crate::runtime::value::{ImageRes, MaskRes};
 
 /// The images capability.

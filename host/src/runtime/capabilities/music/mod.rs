@@ -10,7 +10,7 @@ use super::{CallState, Capabilities, Capability};
 use crate::compute::values::AudioClip;
 use crate::runtime::bindings::weft::node::music::{add_to_linker, Host};
 use crate::runtime::bindings::wit::{AssetRef, NodeError};
-use crate::runtime::invoke::{read_asset, AssetReader, CallContext, CancelToken};
+use crate::runtime::call::{read_asset, AssetReader, CallContext, CancelToken};
 use crate::runtime::value::AudioRes;
 use crate::v2m::{self, V2mError};
 

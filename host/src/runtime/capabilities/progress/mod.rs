@@ -6,7 +6,7 @@ use wasmtime::component::{HasSelf, Linker};
 
 use super::{CallState, Capabilities, Capability};
 use crate::runtime::bindings::weft::node::host::{add_to_linker, Host};
-use crate::runtime::invoke::{CallContext, CancelToken, ProgressSink};
+use crate::runtime::call::{CallContext, CancelToken, ProgressSink};
 
 /// The progress capability.
 pub struct Progress;

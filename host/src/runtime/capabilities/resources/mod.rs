@@ -6,7 +6,7 @@ use super::{CallState, Capabilities, Capability};
 use crate::runtime::bindings::weft::node::types::{
     add_to_linker, Host, HostAudio, HostClip, HostConditioning, HostImage, HostLatent, HostMask, HostModel, HostVae,
 };
-use crate::runtime::invoke::CallContext;
+use crate::runtime::call::CallContext;
 use crate::runtime::value::{AudioRes, ClipRes, ConditioningRes, ImageRes, LatentRes, MaskRes, ModelRes, VaeRes};
 
 /// The resources capability. The handles live in the call's shared table, so it has no

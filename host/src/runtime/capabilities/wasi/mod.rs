@@ -6,7 +6,7 @@ use wasmtime::component::Linker;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::{CallState, Capability};
-use crate::runtime::invoke::CallContext;
+use crate::runtime::call::CallContext;
 
 mod grants;
 
