@@ -9,7 +9,7 @@ const BUILTINS: &[&str] = &["core", "image", "audio", "diffusion"];
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest_dir.parent().unwrap().to_path_buf();
-    for dir in ["plugins", "sdk", "wit"] {
+    for dir in ["plugins", "sdk", "types", "wit"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("builtin_plugins.rs");

@@ -106,7 +106,11 @@ fn inputs(nodes: &Value, class: &str) -> Vec<(String, String, Value)> {
         for name in def["input_order"][section].as_array().unwrap() {
             let name = name.as_str().unwrap();
             let spec = &def["input"][section][name];
-            let kind = if spec[0].is_array() { "COMBO".to_string() } else { spec[0].as_str().unwrap().to_string() };
+            let kind = if spec[0].is_array() {
+                "COMBO".to_string()
+            } else {
+                spec[0].as_str().unwrap().to_string()
+            };
             out.push((name.to_string(), kind, spec[1].clone()));
         }
     }
@@ -121,65 +125,248 @@ fn every_diffusion_node_has_comfyuis_inputs_defaults_and_outputs() {
     // (class, [(input, type, default)], outputs, category)
     let n = Value::Null;
     let cases: Vec<(&str, Vec<(&str, &str, Value)>, Vec<&str>, &str)> = vec![
-        ("CheckpointLoaderSimple", vec![("ckpt_name", "COMBO", n.clone())], vec!["MODEL", "CLIP", "VAE"], "loaders"),
-        ("VAELoader", vec![("vae_name", "COMBO", n.clone())], vec!["VAE"], "loaders"),
-        ("LoraLoader", vec![
-            ("model", "MODEL", n.clone()), ("clip", "CLIP", n.clone()), ("lora_name", "COMBO", n.clone()),
-            ("strength_model", "FLOAT", json!(1.0)), ("strength_clip", "FLOAT", json!(1.0))],
-            vec!["MODEL", "CLIP"], "loaders"),
-        ("LoraLoaderModelOnly", vec![
-            ("model", "MODEL", n.clone()), ("lora_name", "COMBO", n.clone()), ("strength_model", "FLOAT", json!(1.0))],
-            vec!["MODEL"], "loaders"),
-        ("CLIPTextEncode", vec![("text", "STRING", n.clone()), ("clip", "CLIP", n.clone())], vec!["CONDITIONING"], "conditioning"),
-        ("CLIPSetLastLayer", vec![("clip", "CLIP", n.clone()), ("stop_at_clip_layer", "INT", json!(-1))], vec!["CLIP"], "conditioning"),
-        ("ConditioningCombine", vec![("conditioning_1", "CONDITIONING", n.clone()), ("conditioning_2", "CONDITIONING", n.clone())],
-            vec!["CONDITIONING"], "conditioning"),
-        ("ConditioningAverage", vec![
-            ("conditioning_to", "CONDITIONING", n.clone()), ("conditioning_from", "CONDITIONING", n.clone()),
-            ("conditioning_to_strength", "FLOAT", json!(1.0))], vec!["CONDITIONING"], "conditioning"),
-        ("ConditioningSetArea", vec![
-            ("conditioning", "CONDITIONING", n.clone()), ("width", "INT", json!(64)), ("height", "INT", json!(64)),
-            ("x", "INT", json!(0)), ("y", "INT", json!(0)), ("strength", "FLOAT", json!(1.0))],
-            vec!["CONDITIONING"], "conditioning"),
-        ("ConditioningZeroOut", vec![("conditioning", "CONDITIONING", n.clone())], vec!["CONDITIONING"], "advanced/conditioning"),
-        ("EmptyLatentImage", vec![("width", "INT", json!(512)), ("height", "INT", json!(512)), ("batch_size", "INT", json!(1))],
-            vec!["LATENT"], "latent"),
-        ("LatentUpscale", vec![
-            ("samples", "LATENT", n.clone()), ("upscale_method", "COMBO", n.clone()), ("width", "INT", json!(512)),
-            ("height", "INT", json!(512)), ("crop", "COMBO", n.clone())], vec!["LATENT"], "latent"),
-        ("LatentUpscaleBy", vec![
-            ("samples", "LATENT", n.clone()), ("upscale_method", "COMBO", n.clone()), ("scale_by", "FLOAT", json!(1.5))],
-            vec!["LATENT"], "latent"),
-        ("LatentComposite", vec![
-            ("samples_to", "LATENT", n.clone()), ("samples_from", "LATENT", n.clone()), ("x", "INT", json!(0)),
-            ("y", "INT", json!(0)), ("feather", "INT", json!(0))], vec!["LATENT"], "latent"),
-        ("LatentFromBatch", vec![("samples", "LATENT", n.clone()), ("batch_index", "INT", json!(0)), ("length", "INT", json!(1))],
-            vec!["LATENT"], "latent/batch"),
-        ("RepeatLatentBatch", vec![("samples", "LATENT", n.clone()), ("amount", "INT", json!(1))], vec!["LATENT"], "latent/batch"),
-        ("SetLatentNoiseMask", vec![("samples", "LATENT", n.clone()), ("mask", "MASK", n.clone())], vec!["LATENT"], "latent/inpaint"),
-        ("SaveLatent", vec![("samples", "LATENT", n.clone()), ("filename_prefix", "STRING", json!("latents/ComfyUI"))],
-            vec![], "_for_testing"),
-        ("LoadLatent", vec![("latent", "core/ASSET", n.clone())], vec!["LATENT"], "_for_testing"),
-        ("KSampler", vec![
-            ("model", "MODEL", n.clone()), ("seed", "INT", json!(0)), ("steps", "INT", json!(20)), ("cfg", "FLOAT", json!(8.0)),
-            ("sampler_name", "COMBO", n.clone()), ("scheduler", "COMBO", n.clone()), ("positive", "CONDITIONING", n.clone()),
-            ("negative", "CONDITIONING", n.clone()), ("latent_image", "LATENT", n.clone()), ("denoise", "FLOAT", json!(1.0))],
-            vec!["LATENT"], "sampling"),
-        ("KSamplerAdvanced", vec![
-            ("model", "MODEL", n.clone()), ("add_noise", "COMBO", n.clone()), ("noise_seed", "INT", json!(0)),
-            ("steps", "INT", json!(20)), ("cfg", "FLOAT", json!(8.0)), ("sampler_name", "COMBO", n.clone()),
-            ("scheduler", "COMBO", n.clone()), ("positive", "CONDITIONING", n.clone()), ("negative", "CONDITIONING", n.clone()),
-            ("latent_image", "LATENT", n.clone()), ("start_at_step", "INT", json!(0)), ("end_at_step", "INT", json!(10000)),
-            ("return_with_leftover_noise", "COMBO", n.clone())], vec!["LATENT"], "sampling"),
-        ("VAEDecode", vec![("samples", "LATENT", n.clone()), ("vae", "VAE", n.clone())], vec!["IMAGE"], "latent"),
-        ("VAEEncode", vec![("pixels", "IMAGE", n.clone()), ("vae", "VAE", n.clone())], vec!["LATENT"], "latent"),
-        ("VAEEncodeForInpaint", vec![
-            ("pixels", "IMAGE", n.clone()), ("vae", "VAE", n.clone()), ("mask", "MASK", n.clone()),
-            ("grow_mask_by", "INT", json!(6))], vec!["LATENT"], "latent/inpaint"),
+        (
+            "CheckpointLoaderSimple",
+            vec![("ckpt_name", "COMBO", n.clone())],
+            vec!["MODEL", "CLIP", "VAE"],
+            "loaders",
+        ),
+        (
+            "VAELoader",
+            vec![("vae_name", "COMBO", n.clone())],
+            vec!["VAE"],
+            "loaders",
+        ),
+        (
+            "LoraLoader",
+            vec![
+                ("model", "MODEL", n.clone()),
+                ("clip", "CLIP", n.clone()),
+                ("lora_name", "COMBO", n.clone()),
+                ("strength_model", "FLOAT", json!(1.0)),
+                ("strength_clip", "FLOAT", json!(1.0)),
+            ],
+            vec!["MODEL", "CLIP"],
+            "loaders",
+        ),
+        (
+            "LoraLoaderModelOnly",
+            vec![
+                ("model", "MODEL", n.clone()),
+                ("lora_name", "COMBO", n.clone()),
+                ("strength_model", "FLOAT", json!(1.0)),
+            ],
+            vec!["MODEL"],
+            "loaders",
+        ),
+        (
+            "CLIPTextEncode",
+            vec![("text", "STRING", n.clone()), ("clip", "CLIP", n.clone())],
+            vec!["CONDITIONING"],
+            "conditioning",
+        ),
+        (
+            "CLIPSetLastLayer",
+            vec![("clip", "CLIP", n.clone()), ("stop_at_clip_layer", "INT", json!(-1))],
+            vec!["CLIP"],
+            "conditioning",
+        ),
+        (
+            "ConditioningCombine",
+            vec![
+                ("conditioning_1", "CONDITIONING", n.clone()),
+                ("conditioning_2", "CONDITIONING", n.clone()),
+            ],
+            vec!["CONDITIONING"],
+            "conditioning",
+        ),
+        (
+            "ConditioningAverage",
+            vec![
+                ("conditioning_to", "CONDITIONING", n.clone()),
+                ("conditioning_from", "CONDITIONING", n.clone()),
+                ("conditioning_to_strength", "FLOAT", json!(1.0)),
+            ],
+            vec!["CONDITIONING"],
+            "conditioning",
+        ),
+        (
+            "ConditioningSetArea",
+            vec![
+                ("conditioning", "CONDITIONING", n.clone()),
+                ("width", "INT", json!(64)),
+                ("height", "INT", json!(64)),
+                ("x", "INT", json!(0)),
+                ("y", "INT", json!(0)),
+                ("strength", "FLOAT", json!(1.0)),
+            ],
+            vec!["CONDITIONING"],
+            "conditioning",
+        ),
+        (
+            "ConditioningZeroOut",
+            vec![("conditioning", "CONDITIONING", n.clone())],
+            vec!["CONDITIONING"],
+            "advanced/conditioning",
+        ),
+        (
+            "EmptyLatentImage",
+            vec![
+                ("width", "INT", json!(512)),
+                ("height", "INT", json!(512)),
+                ("batch_size", "INT", json!(1)),
+            ],
+            vec!["LATENT"],
+            "latent",
+        ),
+        (
+            "LatentUpscale",
+            vec![
+                ("samples", "LATENT", n.clone()),
+                ("upscale_method", "COMBO", n.clone()),
+                ("width", "INT", json!(512)),
+                ("height", "INT", json!(512)),
+                ("crop", "COMBO", n.clone()),
+            ],
+            vec!["LATENT"],
+            "latent",
+        ),
+        (
+            "LatentUpscaleBy",
+            vec![
+                ("samples", "LATENT", n.clone()),
+                ("upscale_method", "COMBO", n.clone()),
+                ("scale_by", "FLOAT", json!(1.5)),
+            ],
+            vec!["LATENT"],
+            "latent",
+        ),
+        (
+            "LatentComposite",
+            vec![
+                ("samples_to", "LATENT", n.clone()),
+                ("samples_from", "LATENT", n.clone()),
+                ("x", "INT", json!(0)),
+                ("y", "INT", json!(0)),
+                ("feather", "INT", json!(0)),
+            ],
+            vec!["LATENT"],
+            "latent",
+        ),
+        (
+            "LatentFromBatch",
+            vec![
+                ("samples", "LATENT", n.clone()),
+                ("batch_index", "INT", json!(0)),
+                ("length", "INT", json!(1)),
+            ],
+            vec!["LATENT"],
+            "latent/batch",
+        ),
+        (
+            "RepeatLatentBatch",
+            vec![("samples", "LATENT", n.clone()), ("amount", "INT", json!(1))],
+            vec!["LATENT"],
+            "latent/batch",
+        ),
+        (
+            "SetLatentNoiseMask",
+            vec![("samples", "LATENT", n.clone()), ("mask", "MASK", n.clone())],
+            vec!["LATENT"],
+            "latent/inpaint",
+        ),
+        (
+            "SaveLatent",
+            vec![
+                ("samples", "LATENT", n.clone()),
+                ("filename_prefix", "STRING", json!("latents/ComfyUI")),
+            ],
+            vec![],
+            "_for_testing",
+        ),
+        (
+            "LoadLatent",
+            vec![("latent", "core/ASSET", n.clone())],
+            vec!["LATENT"],
+            "_for_testing",
+        ),
+        (
+            "KSampler",
+            vec![
+                ("model", "MODEL", n.clone()),
+                ("seed", "INT", json!(0)),
+                ("steps", "INT", json!(20)),
+                ("cfg", "FLOAT", json!(8.0)),
+                ("sampler_name", "COMBO", n.clone()),
+                ("scheduler", "COMBO", n.clone()),
+                ("positive", "CONDITIONING", n.clone()),
+                ("negative", "CONDITIONING", n.clone()),
+                ("latent_image", "LATENT", n.clone()),
+                ("denoise", "FLOAT", json!(1.0)),
+            ],
+            vec!["LATENT"],
+            "sampling",
+        ),
+        (
+            "KSamplerAdvanced",
+            vec![
+                ("model", "MODEL", n.clone()),
+                ("add_noise", "COMBO", n.clone()),
+                ("noise_seed", "INT", json!(0)),
+                ("steps", "INT", json!(20)),
+                ("cfg", "FLOAT", json!(8.0)),
+                ("sampler_name", "COMBO", n.clone()),
+                ("scheduler", "COMBO", n.clone()),
+                ("positive", "CONDITIONING", n.clone()),
+                ("negative", "CONDITIONING", n.clone()),
+                ("latent_image", "LATENT", n.clone()),
+                ("start_at_step", "INT", json!(0)),
+                ("end_at_step", "INT", json!(10000)),
+                ("return_with_leftover_noise", "COMBO", n.clone()),
+            ],
+            vec!["LATENT"],
+            "sampling",
+        ),
+        (
+            "VAEDecode",
+            vec![("samples", "LATENT", n.clone()), ("vae", "VAE", n.clone())],
+            vec!["IMAGE"],
+            "latent",
+        ),
+        (
+            "VAEEncode",
+            vec![("pixels", "IMAGE", n.clone()), ("vae", "VAE", n.clone())],
+            vec!["LATENT"],
+            "latent",
+        ),
+        (
+            "VAEEncodeForInpaint",
+            vec![
+                ("pixels", "IMAGE", n.clone()),
+                ("vae", "VAE", n.clone()),
+                ("mask", "MASK", n.clone()),
+                ("grow_mask_by", "INT", json!(6)),
+            ],
+            vec!["LATENT"],
+            "latent/inpaint",
+        ),
         ("PreviewImage", vec![("images", "IMAGE", n.clone())], vec![], "image"),
-        ("ImageScaleBy", vec![("image", "IMAGE", n.clone()), ("upscale_method", "COMBO", n.clone()), ("scale_by", "FLOAT", json!(1.0))],
-            vec!["IMAGE"], "image/upscaling"),
-        ("LoadImageMask", vec![("image", "core/ASSET", n.clone()), ("channel", "COMBO", n.clone())], vec!["MASK"], "mask"),
+        (
+            "ImageScaleBy",
+            vec![
+                ("image", "IMAGE", n.clone()),
+                ("upscale_method", "COMBO", n.clone()),
+                ("scale_by", "FLOAT", json!(1.0)),
+            ],
+            vec!["IMAGE"],
+            "image/upscaling",
+        ),
+        (
+            "LoadImageMask",
+            vec![("image", "core/ASSET", n.clone()), ("channel", "COMBO", n.clone())],
+            vec!["MASK"],
+            "mask",
+        ),
     ];
     for (class, want_inputs, want_outputs, category) in cases {
         let got = inputs(&nodes, class);
@@ -204,14 +391,31 @@ fn every_diffusion_node_has_comfyuis_inputs_defaults_and_outputs() {
     assert_eq!(nodes["CLIPTextEncode"]["display_name"], "CLIP Text Encode (Prompt)");
     assert_eq!(nodes["SaveLatent"]["output_node"], true);
     assert_eq!(nodes["PreviewImage"]["output_node"], true);
-    assert_eq!(combo("LatentUpscale", "upscale_method"), ["nearest-exact", "bilinear", "area", "bicubic", "bislerp"]);
+    assert_eq!(
+        combo("LatentUpscale", "upscale_method"),
+        ["nearest-exact", "bilinear", "area", "bicubic", "bislerp"]
+    );
     assert_eq!(combo("LatentUpscale", "crop"), ["disabled", "center"]);
     assert_eq!(combo("KSamplerAdvanced", "add_noise"), ["enable", "disable"]);
-    assert_eq!(combo("KSamplerAdvanced", "return_with_leftover_noise"), ["disable", "enable"]);
+    assert_eq!(
+        combo("KSamplerAdvanced", "return_with_leftover_noise"),
+        ["disable", "enable"]
+    );
     assert_eq!(combo("LoadImageMask", "channel"), ["alpha", "red", "green", "blue"]);
     // Every sampler and scheduler of the compute core, and its ComfyUI aliases.
-    let mut samplers: Vec<String> = weft_compute::sampling::SamplerKind::ALL.iter().map(|k| k.name().to_string()).collect();
-    samplers.extend(["dpmpp_sde_gpu", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun_gpu", "dpmpp_3m_sde_gpu"].map(String::from));
+    let mut samplers: Vec<String> = weft_compute::sampling::SamplerKind::ALL
+        .iter()
+        .map(|k| k.name().to_string())
+        .collect();
+    samplers.extend(
+        [
+            "dpmpp_sde_gpu",
+            "dpmpp_2m_sde_gpu",
+            "dpmpp_2m_sde_heun_gpu",
+            "dpmpp_3m_sde_gpu",
+        ]
+        .map(String::from),
+    );
     for class in ["KSampler", "KSamplerAdvanced"] {
         let mut offered = combo(class, "sampler_name");
         let mut want = samplers.clone();
@@ -219,11 +423,16 @@ fn every_diffusion_node_has_comfyuis_inputs_defaults_and_outputs() {
         want.sort();
         assert_eq!(offered, want, "{class}: samplers");
         let mut schedulers = combo(class, "scheduler");
-        let mut want: Vec<String> = weft_compute::sampling::Scheduler::ALL.iter().map(|s| s.name().to_string()).collect();
+        let mut want: Vec<String> = weft_compute::sampling::Scheduler::ALL
+            .iter()
+            .map(|s| s.name().to_string())
+            .collect();
         schedulers.sort();
         want.sort();
         assert_eq!(schedulers, want, "{class}: schedulers");
-        assert!(offered.iter().all(|s| s.parse::<weft_compute::sampling::SamplerKind>().is_ok()));
+        assert!(offered
+            .iter()
+            .all(|s| s.parse::<weft_compute::sampling::SamplerKind>().is_ok()));
     }
 }
 
@@ -233,7 +442,11 @@ fn ckpt_name_lists_the_checkpoints_folder_when_asked_and_names_stay_inside_it() 
     let checkpoints = models.path().join("checkpoints");
     std::fs::write(models.path().join("outside.safetensors"), b"secret").unwrap();
     #[cfg(unix)]
-    std::os::unix::fs::symlink(models.path().join("outside.safetensors"), checkpoints.join("escape.safetensors")).unwrap();
+    std::os::unix::fs::symlink(
+        models.path().join("outside.safetensors"),
+        checkpoints.join("escape.safetensors"),
+    )
+    .unwrap();
     let server = server(models.path(), None, &[]);
     let options = |server: &Server| -> Vec<String> {
         let nodes: Value = server.get("/api/v2/nodes").json().unwrap();
@@ -246,13 +459,21 @@ fn ckpt_name_lists_the_checkpoints_folder_when_asked_and_names_stay_inside_it() 
     assert_eq!(options(&server), ["sd15/second.safetensors", CHECKPOINT]);
 
     // Names outside the folder are not choices: validation refuses them.
-    for name in ["../outside.safetensors", "/etc/passwd", "escape.safetensors", "sd15/../../outside.safetensors"] {
+    for name in [
+        "../outside.safetensors",
+        "/etc/passwd",
+        "escape.safetensors",
+        "sd15/../../outside.safetensors",
+    ] {
         let mut graph = default_graph(1, 64, 1);
         graph["4"]["inputs"]["ckpt_name"] = json!(name);
         let r = server.post("/api/v2/jobs", &json!({"workflow": graph}));
         assert_eq!(r.status().as_u16(), 422, "{name}");
         let body: Value = r.json().unwrap();
-        assert_eq!(body["error"]["details"]["node_errors"]["4"][0]["reason"], "value_not_in_list", "{name}: {body}");
+        assert_eq!(
+            body["error"]["details"]["node_errors"]["4"][0]["reason"], "value_not_in_list",
+            "{name}: {body}"
+        );
     }
     // Given through a link (no list to check at submit), the host refuses them as it loads.
     for (name, code) in [
@@ -268,7 +489,10 @@ fn ckpt_name_lists_the_checkpoints_folder_when_asked_and_names_stay_inside_it() 
         assert_eq!(job["status"], "failed", "{name}: {job}");
         let message = job["error"]["message"].as_str().unwrap_or("");
         assert!(message.contains(code), "{name}: {job}");
-        assert!(!message.contains(&models.path().display().to_string()), "no host path in {message}");
+        assert!(
+            !message.contains(&models.path().display().to_string()),
+            "no host path in {message}"
+        );
     }
 }
 
@@ -276,7 +500,10 @@ fn ckpt_name_lists_the_checkpoints_folder_when_asked_and_names_stay_inside_it() 
 fn safetensors_with(path: &Path, names: &[&str]) {
     let mut header = serde_json::Map::new();
     for (i, name) in names.iter().enumerate() {
-        header.insert(name.to_string(), json!({"dtype": "F32", "shape": [1], "data_offsets": [i * 4, i * 4 + 4]}));
+        header.insert(
+            name.to_string(),
+            json!({"dtype": "F32", "shape": [1], "data_offsets": [i * 4, i * 4 + 4]}),
+        );
     }
     let mut text = Value::Object(header).to_string().into_bytes();
     while text.len() % 8 != 0 {
@@ -296,12 +523,23 @@ fn truncated_and_other_architecture_checkpoints_are_clean_node_errors() {
     std::fs::write(checkpoints.join("truncated.safetensors"), &whole[..whole.len() / 3]).unwrap();
     safetensors_with(
         &checkpoints.join("sdxl.safetensors"),
-        &["conditioner.embedders.0.transformer.text_model.final_layer_norm.weight", "model.diffusion_model.label_emb.0.0.weight"],
+        &[
+            "conditioner.embedders.0.transformer.text_model.final_layer_norm.weight",
+            "model.diffusion_model.label_emb.0.0.weight",
+        ],
     );
-    safetensors_with(&checkpoints.join("sd2.safetensors"), &["cond_stage_model.model.ln_final.weight"]);
+    safetensors_with(
+        &checkpoints.join("sd2.safetensors"),
+        &["cond_stage_model.model.ln_final.weight"],
+    );
     std::fs::write(checkpoints.join("garbage.safetensors"), b"this is not a checkpoint").unwrap();
     let server = server(models.path(), None, &[]);
-    for name in ["truncated.safetensors", "sdxl.safetensors", "sd2.safetensors", "garbage.safetensors"] {
+    for name in [
+        "truncated.safetensors",
+        "sdxl.safetensors",
+        "sd2.safetensors",
+        "garbage.safetensors",
+    ] {
         let mut graph = default_graph(1, 64, 1);
         graph["4"]["inputs"]["ckpt_name"] = json!(name);
         let job = server.run(graph);
@@ -309,7 +547,10 @@ fn truncated_and_other_architecture_checkpoints_are_clean_node_errors() {
         assert_eq!(job["error"]["code"], "node_execution_error", "{name}: {job}");
         assert_eq!(job["error"]["node_id"], "4", "{name}: {job}");
         let message = job["error"]["message"].as_str().unwrap();
-        assert!(message.contains("invalid_model") && message.contains(name), "{name}: {message}");
+        assert!(
+            message.contains("invalid_model") && message.contains(name),
+            "{name}: {message}"
+        );
     }
 }
 
@@ -334,7 +575,11 @@ fn a_cancel_during_sampling_ends_the_job_canceled_before_the_next_step() {
     assert_eq!(r.status().as_u16(), 200);
     let done = server.wait(id);
     assert_eq!(done["status"], "canceled", "{done}");
-    assert!(asked.elapsed() < Duration::from_secs(10), "cancel took {:?}", asked.elapsed());
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "cancel took {:?}",
+        asked.elapsed()
+    );
     assert!(done["progress"]["step"].as_u64().unwrap_or(0) < 10000, "{done}");
 }
 
@@ -403,54 +648,80 @@ fn image_to_image_inpainting_hires_fix_and_latent_batches_run() {
             "cfg": 7, "denoise": denoise, "latent_image": latent, "model": ["4", 0], "negative": ["7", 0],
             "positive": ["6", 0], "sampler_name": "dpmpp_2m", "scheduler": "karras", "seed": 2, "steps": 3}})
     };
-    let save = |images: Value| json!({"class_type": "SaveImage", "inputs": {"filename_prefix": "ComfyUI", "images": images}});
+    let save =
+        |images: Value| json!({"class_type": "SaveImage", "inputs": {"filename_prefix": "ComfyUI", "images": images}});
     // Image to image.
-    let out = run_outputs(&server, base(json!({
-        "11": {"class_type": "VAEEncode", "inputs": {"pixels": ["10", 0], "vae": ["4", 2]}},
-        "3": sampler(json!(["11", 0]), 0.6),
-        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
-        "9": save(json!(["8", 0])),
-    })));
+    let out = run_outputs(
+        &server,
+        base(json!({
+            "11": {"class_type": "VAEEncode", "inputs": {"pixels": ["10", 0], "vae": ["4", 2]}},
+            "3": sampler(json!(["11", 0]), 0.6),
+            "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
+            "9": save(json!(["8", 0])),
+        })),
+    );
     assert!(is_png(&out[0].1));
     // Inpainting with a mask from the image's red channel.
-    let out = run_outputs(&server, base(json!({
-        "12": {"class_type": "LoadImageMask", "inputs": {"image": asset.clone(), "channel": "red"}},
-        "11": {"class_type": "VAEEncodeForInpaint", "inputs": {"pixels": ["10", 0], "vae": ["4", 2], "mask": ["12", 0], "grow_mask_by": 6}},
-        "3": sampler(json!(["11", 0]), 1.0),
-        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
-        "9": save(json!(["8", 0])),
-    })));
+    let out = run_outputs(
+        &server,
+        base(json!({
+            "12": {"class_type": "LoadImageMask", "inputs": {"image": asset.clone(), "channel": "red"}},
+            "11": {"class_type": "VAEEncodeForInpaint", "inputs": {"pixels": ["10", 0], "vae": ["4", 2], "mask": ["12", 0], "grow_mask_by": 6}},
+            "3": sampler(json!(["11", 0]), 1.0),
+            "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
+            "9": save(json!(["8", 0])),
+        })),
+    );
     assert!(is_png(&out[0].1));
     // Hires fix: sample, upscale the latent, sample again at denoise 0.5; batches and a
     // noise mask on the way; the first pass also saved as a latent and previewed.
-    let out = run_outputs(&server, base(json!({
-        "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 2}},
-        "3": sampler(json!(["5", 0]), 1.0),
-        "13": {"class_type": "LatentUpscale", "inputs": {"samples": ["3", 0], "upscale_method": "nearest-exact", "width": 96, "height": 96, "crop": "disabled"}},
-        "14": {"class_type": "LatentFromBatch", "inputs": {"samples": ["13", 0], "batch_index": 1, "length": 1}},
-        "15": {"class_type": "RepeatLatentBatch", "inputs": {"samples": ["14", 0], "amount": 2}},
-        "16": sampler(json!(["15", 0]), 0.5),
-        "17": {"class_type": "LatentUpscaleBy", "inputs": {"samples": ["16", 0], "upscale_method": "bilinear", "scale_by": 0.5}},
-        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["17", 0], "vae": ["4", 2]}},
-        "9": save(json!(["8", 0])),
-        "18": {"class_type": "SaveLatent", "inputs": {"samples": ["3", 0], "filename_prefix": "latents/ComfyUI"}},
-        "19": {"class_type": "ImageScaleBy", "inputs": {"image": ["8", 0], "upscale_method": "bilinear", "scale_by": 2.0}},
-        "20": {"class_type": "PreviewImage", "inputs": {"images": ["19", 0]}},
-    })));
+    let out = run_outputs(
+        &server,
+        base(json!({
+            "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 2}},
+            "3": sampler(json!(["5", 0]), 1.0),
+            "13": {"class_type": "LatentUpscale", "inputs": {"samples": ["3", 0], "upscale_method": "nearest-exact", "width": 96, "height": 96, "crop": "disabled"}},
+            "14": {"class_type": "LatentFromBatch", "inputs": {"samples": ["13", 0], "batch_index": 1, "length": 1}},
+            "15": {"class_type": "RepeatLatentBatch", "inputs": {"samples": ["14", 0], "amount": 2}},
+            "16": sampler(json!(["15", 0]), 0.5),
+            "17": {"class_type": "LatentUpscaleBy", "inputs": {"samples": ["16", 0], "upscale_method": "bilinear", "scale_by": 0.5}},
+            "8": {"class_type": "VAEDecode", "inputs": {"samples": ["17", 0], "vae": ["4", 2]}},
+            "9": save(json!(["8", 0])),
+            "18": {"class_type": "SaveLatent", "inputs": {"samples": ["3", 0], "filename_prefix": "latents/ComfyUI"}},
+            "19": {"class_type": "ImageScaleBy", "inputs": {"image": ["8", 0], "upscale_method": "bilinear", "scale_by": 2.0}},
+            "20": {"class_type": "PreviewImage", "inputs": {"images": ["19", 0]}},
+        })),
+    );
     let pngs = out.iter().filter(|(_, b)| is_png(b)).count();
     assert_eq!(pngs, 4, "two saved and two previewed images");
-    let latent = out.iter().find(|(_, b)| !is_png(b)).expect("the saved latent").1.clone();
+    let latent = out
+        .iter()
+        .find(|(_, b)| !is_png(b))
+        .expect("the saved latent")
+        .1
+        .clone();
     // The saved latent loads back unchanged.
     let uploaded = server.upload("first.latent", latent.clone());
-    let out = run_outputs(&server, base(json!({
-        "21": {"class_type": "LoadLatent", "inputs": {"latent": {"__type": "core/ASSET", "info": {"id": uploaded["id"]}}}},
-        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["21", 0], "vae": ["4", 2]}},
-        "9": save(json!(["8", 0])),
-        "22": {"class_type": "SaveLatent", "inputs": {"samples": ["21", 0], "filename_prefix": "again"}},
-    })));
+    let out = run_outputs(
+        &server,
+        base(json!({
+            "21": {"class_type": "LoadLatent", "inputs": {"latent": {"__type": "core/ASSET", "info": {"id": uploaded["id"]}}}},
+            "8": {"class_type": "VAEDecode", "inputs": {"samples": ["21", 0], "vae": ["4", 2]}},
+            "9": save(json!(["8", 0])),
+            "22": {"class_type": "SaveLatent", "inputs": {"samples": ["21", 0], "filename_prefix": "again"}},
+        })),
+    );
     assert!(out.iter().any(|(_, b)| is_png(b)));
-    let again = out.iter().find(|(_, b)| !is_png(b)).expect("the latent saved again").1.clone();
-    assert_eq!(again, latent, "SaveLatent -> LoadLatent -> SaveLatent keeps every value");
+    let again = out
+        .iter()
+        .find(|(_, b)| !is_png(b))
+        .expect("the latent saved again")
+        .1
+        .clone();
+    assert_eq!(
+        again, latent,
+        "SaveLatent -> LoadLatent -> SaveLatent keeps every value"
+    );
 }
 
 #[test]
@@ -458,34 +729,37 @@ fn area_composition_noisy_latent_composition_and_conditioning_nodes_run() {
     let models = models_dir();
     let server = server(models.path(), None, &[]);
     let encode = |text: &str| json!({"class_type": "CLIPTextEncode", "inputs": {"clip": ["40", 0], "text": text}});
-    let out = run_outputs(&server, json!({
-        "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": CHECKPOINT}},
-        "40": {"class_type": "CLIPSetLastLayer", "inputs": {"clip": ["4", 1], "stop_at_clip_layer": -2}},
-        "6": encode("a night sky"),
-        "7": encode("a lake"),
-        "8": encode("blurry"),
-        "9": {"class_type": "ConditioningSetArea", "inputs": {"conditioning": ["7", 0], "width": 128, "height": 64, "x": 0, "y": 64, "strength": 1.2}},
-        "10": {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["6", 0], "conditioning_2": ["9", 0]}},
-        "11": {"class_type": "ConditioningAverage", "inputs": {"conditioning_to": ["10", 0], "conditioning_from": ["6", 0], "conditioning_to_strength": 0.75}},
-        "12": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["8", 0]}},
-        "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 128, "height": 128, "batch_size": 1}},
-        "13": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
-        "14": {"class_type": "KSamplerAdvanced", "inputs": {
-            "model": ["4", 0], "add_noise": "enable", "noise_seed": 4, "steps": 4, "cfg": 6.5, "sampler_name": "euler_ancestral",
-            "scheduler": "normal", "positive": ["11", 0], "negative": ["12", 0], "latent_image": ["5", 0],
-            "start_at_step": 0, "end_at_step": 2, "return_with_leftover_noise": "enable"}},
-        "15": {"class_type": "KSamplerAdvanced", "inputs": {
-            "model": ["4", 0], "add_noise": "enable", "noise_seed": 5, "steps": 4, "cfg": 6.5, "sampler_name": "euler",
-            "scheduler": "normal", "positive": ["6", 0], "negative": ["12", 0], "latent_image": ["13", 0],
-            "start_at_step": 0, "end_at_step": 2, "return_with_leftover_noise": "enable"}},
-        "16": {"class_type": "LatentComposite", "inputs": {"samples_to": ["14", 0], "samples_from": ["15", 0], "x": 32, "y": 32, "feather": 16}},
-        "17": {"class_type": "KSamplerAdvanced", "inputs": {
-            "model": ["4", 0], "add_noise": "disable", "noise_seed": 4, "steps": 4, "cfg": 6.5, "sampler_name": "euler",
-            "scheduler": "normal", "positive": ["6", 0], "negative": ["12", 0], "latent_image": ["16", 0],
-            "start_at_step": 2, "end_at_step": 10000, "return_with_leftover_noise": "disable"}},
-        "18": {"class_type": "VAEDecode", "inputs": {"samples": ["17", 0], "vae": ["4", 2]}},
-        "19": {"class_type": "SaveImage", "inputs": {"filename_prefix": "ComfyUI", "images": ["18", 0]}}
-    }));
+    let out = run_outputs(
+        &server,
+        json!({
+            "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": CHECKPOINT}},
+            "40": {"class_type": "CLIPSetLastLayer", "inputs": {"clip": ["4", 1], "stop_at_clip_layer": -2}},
+            "6": encode("a night sky"),
+            "7": encode("a lake"),
+            "8": encode("blurry"),
+            "9": {"class_type": "ConditioningSetArea", "inputs": {"conditioning": ["7", 0], "width": 128, "height": 64, "x": 0, "y": 64, "strength": 1.2}},
+            "10": {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["6", 0], "conditioning_2": ["9", 0]}},
+            "11": {"class_type": "ConditioningAverage", "inputs": {"conditioning_to": ["10", 0], "conditioning_from": ["6", 0], "conditioning_to_strength": 0.75}},
+            "12": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["8", 0]}},
+            "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 128, "height": 128, "batch_size": 1}},
+            "13": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+            "14": {"class_type": "KSamplerAdvanced", "inputs": {
+                "model": ["4", 0], "add_noise": "enable", "noise_seed": 4, "steps": 4, "cfg": 6.5, "sampler_name": "euler_ancestral",
+                "scheduler": "normal", "positive": ["11", 0], "negative": ["12", 0], "latent_image": ["5", 0],
+                "start_at_step": 0, "end_at_step": 2, "return_with_leftover_noise": "enable"}},
+            "15": {"class_type": "KSamplerAdvanced", "inputs": {
+                "model": ["4", 0], "add_noise": "enable", "noise_seed": 5, "steps": 4, "cfg": 6.5, "sampler_name": "euler",
+                "scheduler": "normal", "positive": ["6", 0], "negative": ["12", 0], "latent_image": ["13", 0],
+                "start_at_step": 0, "end_at_step": 2, "return_with_leftover_noise": "enable"}},
+            "16": {"class_type": "LatentComposite", "inputs": {"samples_to": ["14", 0], "samples_from": ["15", 0], "x": 32, "y": 32, "feather": 16}},
+            "17": {"class_type": "KSamplerAdvanced", "inputs": {
+                "model": ["4", 0], "add_noise": "disable", "noise_seed": 4, "steps": 4, "cfg": 6.5, "sampler_name": "euler",
+                "scheduler": "normal", "positive": ["6", 0], "negative": ["12", 0], "latent_image": ["16", 0],
+                "start_at_step": 2, "end_at_step": 10000, "return_with_leftover_noise": "disable"}},
+            "18": {"class_type": "VAEDecode", "inputs": {"samples": ["17", 0], "vae": ["4", 2]}},
+            "19": {"class_type": "SaveImage", "inputs": {"filename_prefix": "ComfyUI", "images": ["18", 0]}}
+        }),
+    );
     assert!(is_png(&out[0].1));
 }
 
@@ -528,10 +802,16 @@ fn loras_change_the_image_strength_zero_passes_through_and_foreign_or_missing_lo
 
     let job = server.run(with_lora(json!("other-model.safetensors"), 1.0));
     assert_eq!(job["status"], "failed", "{job}");
-    assert!(job["error"]["message"].as_str().unwrap().contains("invalid_model"), "{job}");
+    assert!(
+        job["error"]["message"].as_str().unwrap().contains("invalid_model"),
+        "{job}"
+    );
     let mut missing = with_lora(json!(["22", 0]), 1.0);
     missing["22"] = json!({"class_type": "PrimitiveString", "inputs": {"value": "nope.safetensors"}});
     let job = server.run(missing);
     assert_eq!(job["status"], "failed", "{job}");
-    assert!(job["error"]["message"].as_str().unwrap().contains("model_not_found"), "{job}");
+    assert!(
+        job["error"]["message"].as_str().unwrap().contains("model_not_found"),
+        "{job}"
+    );
 }

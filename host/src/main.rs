@@ -4,13 +4,14 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
 use weft::api::{ApiConfig, AuthMode, Surface};
 use weft::jobs::JobsConfig;
-use weft::runtime::{Capabilities, Limits, Runtime, RuntimeConfig};
+use weft::runtime::{Capabilities, CapabilityConfig, DiffusionConfig, Limits, ModelLibrary, Runtime, RuntimeConfig};
 use weft::serve::{self, ServeConfig};
 
 use cli::models::ModelsCommand;
@@ -349,12 +350,14 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             cache_dir: None,
             plugins_dir: args.plugins_dir,
             grants: grants(&args.grants)?,
-            concurrent_calls: 0,
-            music: None,
-            diffusion: weft::runtime::DiffusionConfig {
-                models_dir: args.models_dir,
-                model_cache_bytes: args.model_cache_mib << 20,
+            capabilities: CapabilityConfig {
+                diffusion: Arc::new(ModelLibrary::new(&DiffusionConfig {
+                    models_dir: args.models_dir,
+                    model_cache_bytes: args.model_cache_mib << 20,
+                })),
+                ..Default::default()
             },
+            concurrent_calls: 0,
         },
         sweep_interval: Duration::from_secs(args.sweep_interval_secs.max(1)),
         initial_credits: args.initial_credits,
@@ -365,8 +368,11 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
 fn print_nodes(plugins_dir: Option<PathBuf>, models_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
     let runtime = Runtime::load(RuntimeConfig {
         plugins_dir,
-        diffusion: weft::runtime::DiffusionConfig {
-            models_dir,
+        capabilities: CapabilityConfig {
+            diffusion: Arc::new(ModelLibrary::new(&DiffusionConfig {
+                models_dir,
+                ..Default::default()
+            })),
             ..Default::default()
         },
         ..RuntimeConfig::default()

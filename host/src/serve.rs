@@ -111,7 +111,7 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
 
     config.runtime.cache_dir = Some(config.data_dir.join("cache"));
     config.runtime.concurrent_calls = config.jobs.workers as u32;
-    config.runtime.music = v2m_engine;
+    config.runtime.capabilities.music = crate::runtime::MusicConfig(v2m_engine);
     let runtime_config = config.runtime.clone();
     let runtime = tokio::task::spawn_blocking(move || Runtime::load(runtime_config)).await??;
     tracing::info!(classes = runtime.catalog().len(), "plugins loaded");

@@ -7,6 +7,8 @@
 
 use std::marker::PhantomData;
 
+use weft_types as types;
+
 use crate::json::JsonLiteral;
 use crate::{
     AssetRef, Audio, Clip, Conditioning, Image, InputSpec, Latent, Mask, Model, NamedValue, NodeError, Vae, Value,
@@ -15,16 +17,16 @@ use crate::{
 /// The ComfyUI name of the type of `value`, for error messages.
 pub fn value_type_name(value: &Value) -> String {
     match value {
-        Value::Int(_) => "INT".into(),
-        Value::Float(_) => "FLOAT".into(),
-        Value::Boolean(_) => "BOOLEAN".into(),
-        Value::Text(_) => "STRING".into(),
-        Value::Json(_) => "JSON".into(),
-        Value::Asset(_) => "core/ASSET".into(),
-        Value::Image(_) => "IMAGE".into(),
-        Value::Latent(_) => "LATENT".into(),
-        Value::Mask(_) => "MASK".into(),
-        Value::Audio(_) => "AUDIO".into(),
+        Value::Int(_) => types::INT.into(),
+        Value::Float(_) => types::FLOAT.into(),
+        Value::Boolean(_) => types::BOOLEAN.into(),
+        Value::Text(_) => types::STRING.into(),
+        Value::Json(_) => types::JSON.into(),
+        Value::Asset(_) => types::ASSET.into(),
+        Value::Image(_) => types::IMAGE.into(),
+        Value::Latent(_) => types::LATENT.into(),
+        Value::Mask(_) => types::MASK.into(),
+        Value::Audio(_) => types::AUDIO.into(),
         Value::Handle(h) => h.type_name(),
     }
 }
@@ -300,7 +302,7 @@ impl Spec<String> {
     /// Makes the input a `COMBO` of `options`, like [`combo()`].
     pub fn options<S: Into<String>>(mut self, options: impl IntoIterator<Item = S>) -> Self {
         self.options = options.into_iter().map(Into::into).collect();
-        self.type_name = Some("COMBO");
+        self.type_name = Some(types::COMBO);
         self
     }
 }
@@ -368,12 +370,12 @@ fn check_range(
 }
 
 impl InputType for String {
-    const TYPE_NAME: &'static str = "STRING";
+    const TYPE_NAME: &'static str = types::STRING;
 
     fn from_value(name: &str, value: Value) -> Result<Self, NodeError> {
         match value {
             Value::Text(s) => Ok(s),
-            other => Err(wrong_type(name, "STRING", &other)),
+            other => Err(wrong_type(name, types::STRING, &other)),
         }
     }
 
@@ -391,13 +393,13 @@ impl InputType for String {
 }
 
 impl InputType for i64 {
-    const TYPE_NAME: &'static str = "INT";
+    const TYPE_NAME: &'static str = types::INT;
 
     fn from_value(name: &str, value: Value) -> Result<Self, NodeError> {
         match value {
             Value::Int(i) => Ok(i),
             Value::Float(f) if f.fract() == 0.0 && f.abs() < 9.2e18 => Ok(f as i64),
-            other => Err(wrong_type(name, "INT", &other)),
+            other => Err(wrong_type(name, types::INT, &other)),
         }
     }
 
@@ -407,7 +409,7 @@ impl InputType for i64 {
 }
 
 impl InputType for u32 {
-    const TYPE_NAME: &'static str = "INT";
+    const TYPE_NAME: &'static str = types::INT;
 
     fn from_value(name: &str, value: Value) -> Result<Self, NodeError> {
         let i = i64::from_value(name, value)?;
@@ -434,13 +436,13 @@ impl InputType for u64 {
 }
 
 impl InputType for f64 {
-    const TYPE_NAME: &'static str = "FLOAT";
+    const TYPE_NAME: &'static str = types::FLOAT;
 
     fn from_value(name: &str, value: Value) -> Result<Self, NodeError> {
         match value {
             Value::Float(f) => Ok(f),
             Value::Int(i) => Ok(i as f64),
-            other => Err(wrong_type(name, "FLOAT", &other)),
+            other => Err(wrong_type(name, types::FLOAT, &other)),
         }
     }
 
@@ -450,19 +452,19 @@ impl InputType for f64 {
 }
 
 impl InputType for bool {
-    const TYPE_NAME: &'static str = "BOOLEAN";
+    const TYPE_NAME: &'static str = types::BOOLEAN;
 
     fn from_value(name: &str, value: Value) -> Result<Self, NodeError> {
         match value {
             Value::Boolean(b) => Ok(b),
-            other => Err(wrong_type(name, "BOOLEAN", &other)),
+            other => Err(wrong_type(name, types::BOOLEAN, &other)),
         }
     }
 }
 
 /// Any value (ComfyUI's `*` type): the node receives whatever is linked or given.
 impl InputType for Value {
-    const TYPE_NAME: &'static str = "*";
+    const TYPE_NAME: &'static str = types::ANY;
 
     fn from_value(_name: &str, value: Value) -> Result<Self, NodeError> {
         Ok(value)
@@ -470,7 +472,7 @@ impl InputType for Value {
 }
 
 macro_rules! variant_input {
-    ($($ty:ty => $variant:ident, $type_name:literal;)*) => {$(
+    ($($ty:ty => $variant:ident, $type_name:expr;)*) => {$(
         impl InputType for $ty {
             const TYPE_NAME: &'static str = $type_name;
 
@@ -485,11 +487,11 @@ macro_rules! variant_input {
 }
 
 variant_input! {
-    AssetRef => Asset, "core/ASSET";
-    Image => Image, "IMAGE";
-    Latent => Latent, "LATENT";
-    Mask => Mask, "MASK";
-    Audio => Audio, "AUDIO";
+    AssetRef => Asset, types::ASSET;
+    Image => Image, types::IMAGE;
+    Latent => Latent, types::LATENT;
+    Mask => Mask, types::MASK;
+    Audio => Audio, types::AUDIO;
 }
 
 /// The inputs `execute` received, by name.

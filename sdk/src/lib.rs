@@ -52,10 +52,10 @@ pub mod bindings {
     });
 }
 
-/// Host calls every node may make: `progress` and `is_canceled` (prefer [`Context`]).
-pub use bindings::weft::node::host;
 /// Host-side Stable Diffusion: models, conditioning, latents, sampling, VAE.
 pub use bindings::weft::node::diffusion;
+/// Host calls every node may make: `progress` and `is_canceled` (prefer [`Context`]).
+pub use bindings::weft::node::host;
 /// Host-side image operations: `empty`, `invert`, `scale`, `load`, `load_mask`.
 pub use bindings::weft::node::images;
 pub use bindings::weft::node::types::{

@@ -1,5 +1,7 @@
 //! Node outputs: the Rust types a node may return.
 
+use weft_types as types;
+
 use crate::{AssetRef, Audio, Image, Latent, Mask, OutputSpec, Value};
 
 /// A type a node output can have. Its `TYPE_NAME` is the ComfyUI type reported by
@@ -13,7 +15,7 @@ pub trait OutputType {
 }
 
 macro_rules! output_type {
-    ($($ty:ty => |$v:ident| $e:expr, $name:literal;)*) => {$(
+    ($($ty:ty => |$v:ident| $e:expr, $name:expr;)*) => {$(
         impl OutputType for $ty {
             const TYPE_NAME: &'static str = $name;
 
@@ -26,16 +28,16 @@ macro_rules! output_type {
 }
 
 output_type! {
-    String => |v| Value::Text(v), "STRING";
-    i64 => |v| Value::Int(v), "INT";
-    u32 => |v| Value::Int(i64::from(v)), "INT";
-    f64 => |v| Value::Float(v), "FLOAT";
-    bool => |v| Value::Boolean(v), "BOOLEAN";
-    AssetRef => |v| Value::Asset(v), "core/ASSET";
-    Image => |v| Value::Image(v), "IMAGE";
-    Latent => |v| Value::Latent(v), "LATENT";
-    Mask => |v| Value::Mask(v), "MASK";
-    Audio => |v| Value::Audio(v), "AUDIO";
+    String => |v| Value::Text(v), types::STRING;
+    i64 => |v| Value::Int(v), types::INT;
+    u32 => |v| Value::Int(i64::from(v)), types::INT;
+    f64 => |v| Value::Float(v), types::FLOAT;
+    bool => |v| Value::Boolean(v), types::BOOLEAN;
+    AssetRef => |v| Value::Asset(v), types::ASSET;
+    Image => |v| Value::Image(v), types::IMAGE;
+    Latent => |v| Value::Latent(v), types::LATENT;
+    Mask => |v| Value::Mask(v), types::MASK;
+    Audio => |v| Value::Audio(v), types::AUDIO;
 }
 
 /// A tuple of outputs, as a node's `execute` returns them: `()`, `(A,)`, `(A, B)`, ...

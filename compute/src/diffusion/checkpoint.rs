@@ -82,7 +82,9 @@ pub fn detect_layout(path: &Path) -> Result<Sd1Config, CheckpointError> {
 /// loaded into it.
 pub fn load_checkpoint(cache: &ModelCache, path: &Path, name: &str) -> Result<Arc<Sd1Models>, ModelError> {
     let layout = detect_layout(path).map_err(|e| ModelError::from_checkpoint(&e, path, name))?;
-    cache.get(path, &layout).map_err(|e| ModelError::from_load(e, path, name))
+    cache
+        .get(path, &layout)
+        .map_err(|e| ModelError::from_load(e, path, name))
 }
 
 #[cfg(test)]
@@ -108,7 +110,10 @@ mod tests {
         let truncated = error(&cut, "cut.safetensors");
         assert_eq!(truncated.code(), "invalid_model");
         assert!(truncated.to_string().contains("cut.safetensors"), "{truncated}");
-        assert!(!truncated.to_string().contains(&dir.path().display().to_string()), "{truncated}");
+        assert!(
+            !truncated.to_string().contains(&dir.path().display().to_string()),
+            "{truncated}"
+        );
 
         let junk = dir.path().join("junk.safetensors");
         std::fs::write(&junk, b"not a safetensors file at all").unwrap();

@@ -3,8 +3,8 @@
 
 use candle_core::{DType, Tensor};
 
-use crate::ComputeError;
 use super::latent::PIXELS_PER_CELL;
+use crate::ComputeError;
 
 /// Where an entry applies, in latent cells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

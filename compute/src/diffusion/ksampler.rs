@@ -5,15 +5,15 @@
 
 use candle_core::{DType, Tensor as CTensor};
 
+use super::conditioning::{Area, CondEntry, Conditioning};
+use super::model::DiffusionModel;
+use super::resize::{resize_planes, Mode};
 use crate::sampling::{
     cfg, ksampler_sigmas, sample, seeded_noise, ModelSampling, SampleError, SamplerKind, Scheduler, StepControl,
     Tensor, TorchGenerator, TorchNoise,
 };
 use crate::values::LatentBatch;
 use crate::ComputeError;
-use super::conditioning::{Area, CondEntry, Conditioning};
-use super::model::DiffusionModel;
-use super::resize::{resize_planes, Mode};
 
 /// SD1's latent scale factor (VAE space to sampler space).
 const SCALE_FACTOR: f32 = 0.18215;
@@ -89,7 +89,14 @@ pub fn ksample(
     };
     let latent_in: Vec<f32> = latent.data.iter().map(|v| v * SCALE_FACTOR).collect();
     let mask = latent.noise_mask.as_ref().map(|m| {
-        let planes = resize_planes(&m.data, m.height as usize, m.width as usize, shape[2], shape[3], Mode::Bilinear);
+        let planes = resize_planes(
+            &m.data,
+            m.height as usize,
+            m.width as usize,
+            shape[2],
+            shape[3],
+            Mode::Bilinear,
+        );
         let plane = shape[2] * shape[3];
         let count = m.batch as usize;
         (0..shape[0])
@@ -132,12 +139,18 @@ pub fn ksample(
     let mut step_noise = TorchNoise::new(settings.seed);
     let mut callback = |info: &crate::sampling::StepInfo<'_>| on_step(info.step + 1, info.total);
     let x0 = Tensor::new(shape.clone(), x0);
-    let samples = sample(settings.sampler, &mut denoiser, x0, &sigmas, &mut step_noise, &mut callback).map_err(
-        |e| match e {
-            SampleError::Cancelled { step } => SampleFailure::Stopped(step),
-            other => SampleFailure::Compute(ComputeError::Failed(other.to_string())),
-        },
-    )?;
+    let samples = sample(
+        settings.sampler,
+        &mut denoiser,
+        x0,
+        &sigmas,
+        &mut step_noise,
+        &mut callback,
+    )
+    .map_err(|e| match e {
+        SampleError::Cancelled { step } => SampleFailure::Stopped(step),
+        other => SampleFailure::Compute(ComputeError::Failed(other.to_string())),
+    })?;
     Ok(LatentBatch {
         data: samples.data.iter().map(|v| v / SCALE_FACTOR).collect(),
         ..latent.clone()
@@ -171,7 +184,10 @@ fn prepare_noise(seed: u64, shape: &[usize], batch_index: Option<&[u32]>) -> Vec
     let last = indices.iter().copied().max().unwrap_or(0) as usize;
     let mut generator = TorchGenerator::new(seed);
     let draws: Vec<Vec<f32>> = (0..=last).map(|_| generator.randn(per)).collect();
-    indices.iter().flat_map(|&i| draws[i as usize].iter().copied()).collect()
+    indices
+        .iter()
+        .flat_map(|&i| draws[i as usize].iter().copied())
+        .collect()
 }
 
 /// Classifier-free guidance over conditioning lists.
@@ -373,9 +389,15 @@ mod tests {
             .fold(0f32, f32::max);
         assert!(worst < 1e-4, "node path and text_to_image differ by {worst}");
         // Same seed, same latent; another seed, another one.
-        let again = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |_, _| StepControl::Continue).unwrap();
+        let again = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |_, _| {
+            StepControl::Continue
+        })
+        .unwrap();
         assert_eq!(again.data, out.data);
-        let other = ksample(&model, &pos, &neg, &empty, &settings(43), &mut |_, _| StepControl::Continue).unwrap();
+        let other = ksample(&model, &pos, &neg, &empty, &settings(43), &mut |_, _| {
+            StepControl::Continue
+        })
+        .unwrap();
         assert_ne!(other.data, out.data);
         // A stop ends the run.
         let stopped = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |s, _| {
@@ -394,12 +416,12 @@ mod tests {
         let m = std::sync::Arc::new(m);
         let model = DiffusionModel::new(m.clone(), dir.path().join("tiny.safetensors"));
         let encode = |t: &str| crate::text_to_image::encode_text(&m, t).unwrap();
-        let pos = Conditioning::from_context(encode("sky")).combine(&Conditioning::from_context(encode("sea")).set_area(
-            64, 64, 64, 0, 1.0,
-        ));
+        let pos = Conditioning::from_context(encode("sky"))
+            .combine(&Conditioning::from_context(encode("sea")).set_area(64, 64, 64, 0, 1.0));
         let neg = Conditioning::from_context(encode("")).zero_out().unwrap();
         let base = latent::empty(128, 64, 2).unwrap();
-        let go = |l: &LatentBatch, s: &SampleSettings| ksample(&model, &pos, &neg, l, s, &mut |_, _| StepControl::Continue);
+        let go =
+            |l: &LatentBatch, s: &SampleSettings| ksample(&model, &pos, &neg, l, s, &mut |_, _| StepControl::Continue);
         let out = go(&base, &settings(1)).unwrap();
         assert_eq!(out.shape, base.shape);
         // A window past the schedule leaves the latent as it was.
@@ -414,7 +436,12 @@ mod tests {
             data: vec![0.0; 128 * 64],
         };
         let kept = go(&latent::with_noise_mask(&out, std::sync::Arc::new(mask)), &settings(2)).unwrap();
-        let worst = kept.data.iter().zip(&out.data).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let worst = kept
+            .data
+            .iter()
+            .zip(&out.data)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
         assert!(worst < 1e-4, "masked-out latent changed by {worst}");
         // Batch indices pick the seed's draws: latent 1 of a repeated batch gets draw 1.
         let pair = latent::repeat(&latent::from_batch(&base, 0, 1), 2).unwrap();

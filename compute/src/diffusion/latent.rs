@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
+use super::resize::{resize_planes, Mode};
 use crate::image::MaskBatch;
 use crate::models::safetensors::f16_to_f32;
 use crate::values::LatentBatch;
 use crate::ComputeError;
-use super::resize::{resize_planes, Mode};
 
 /// Channels of an SD1 latent.
 pub const LATENT_CHANNELS: u32 = 4;
@@ -20,7 +20,9 @@ const SD1_SCALE_FACTOR: f32 = 0.18215;
 
 fn checked_len(shape: [u32; 4]) -> Result<usize, ComputeError> {
     if shape.contains(&0) {
-        return Err(ComputeError::invalid(format!("a latent needs every size at least 1, got {shape:?}")));
+        return Err(ComputeError::invalid(format!(
+            "a latent needs every size at least 1, got {shape:?}"
+        )));
     }
     let values: u64 = shape.iter().map(|&d| u64::from(d)).product();
     if values > MAX_VALUES {
@@ -43,7 +45,12 @@ pub fn plain(shape: [u32; 4], data: Vec<f32>) -> LatentBatch {
 
 /// `EmptyLatentImage`: `batch` zero latents for a `width` x `height` image.
 pub fn empty(width: u32, height: u32, batch: u32) -> Result<LatentBatch, ComputeError> {
-    let shape = [batch, LATENT_CHANNELS, height / PIXELS_PER_CELL, width / PIXELS_PER_CELL];
+    let shape = [
+        batch,
+        LATENT_CHANNELS,
+        height / PIXELS_PER_CELL,
+        width / PIXELS_PER_CELL,
+    ];
     let len = checked_len(shape)?;
     Ok(plain(shape, vec![0.0; len]))
 }
@@ -51,7 +58,13 @@ pub fn empty(width: u32, height: u32, batch: u32) -> Result<LatentBatch, Compute
 /// `LatentUpscale`'s resize to `width` x `height` latent cells; with `center_crop` the
 /// source is first cropped to the target's aspect ratio. The noise mask and batch indices
 /// are kept.
-pub fn scale(latent: &LatentBatch, method: &str, width: u32, height: u32, center_crop: bool) -> Result<LatentBatch, ComputeError> {
+pub fn scale(
+    latent: &LatentBatch,
+    method: &str,
+    width: u32,
+    height: u32,
+    center_crop: bool,
+) -> Result<LatentBatch, ComputeError> {
     let mode: Mode = method.parse()?;
     let [b, c, h, w] = latent.shape;
     let shape = [b, c, height, width];
@@ -84,7 +97,13 @@ pub fn scale(latent: &LatentBatch, method: &str, width: u32, height: u32, center
 
 /// `LatentComposite`: `source` pasted into `destination` at latent cell `x`, `y`, its edges
 /// (those not on the destination's border) blended in over `feather` cells.
-pub fn composite(destination: &LatentBatch, source: &LatentBatch, x: u32, y: u32, feather: u32) -> Result<LatentBatch, ComputeError> {
+pub fn composite(
+    destination: &LatentBatch,
+    source: &LatentBatch,
+    x: u32,
+    y: u32,
+    feather: u32,
+) -> Result<LatentBatch, ComputeError> {
     let [db, dc, dh, dw] = destination.shape.map(|d| d as usize);
     let [sb, sc, sh, sw] = source.shape.map(|d| d as usize);
     if sc != dc || (sb != db && sb != 1) {
@@ -142,7 +161,14 @@ pub fn composite(destination: &LatentBatch, source: &LatentBatch, x: u32, y: u32
 /// Masks `mask` repeated or cut to `count`, as torch's `repeat` then a slice.
 fn masks_for(mask: &MaskBatch, count: usize) -> MaskBatch {
     let plane = (mask.width * mask.height) as usize;
-    let data = mask.data.chunks_exact(plane).cycle().take(count).flatten().copied().collect();
+    let data = mask
+        .data
+        .chunks_exact(plane)
+        .cycle()
+        .take(count)
+        .flatten()
+        .copied()
+        .collect();
     MaskBatch {
         batch: count as u32,
         data,
@@ -161,7 +187,11 @@ pub fn from_batch(latent: &LatentBatch, batch_index: u32, length: u32) -> Latent
         if m.batch == 1 {
             m.clone()
         } else {
-            let full = if m.batch < b { masks_for(m, b as usize) } else { (**m).clone() };
+            let full = if m.batch < b {
+                masks_for(m, b as usize)
+            } else {
+                (**m).clone()
+            };
             let plane = (m.width * m.height) as usize;
             Arc::new(MaskBatch {
                 batch: length,
@@ -190,7 +220,11 @@ pub fn repeat(latent: &LatentBatch, amount: u32) -> Result<LatentBatch, ComputeE
     let data = latent.data.repeat(amount as usize);
     let noise_mask = latent.noise_mask.as_ref().map(|m| {
         if m.batch > 1 {
-            let full = if m.batch < b { masks_for(m, b as usize) } else { (**m).clone() };
+            let full = if m.batch < b {
+                masks_for(m, b as usize)
+            } else {
+                (**m).clone()
+            };
             Arc::new(masks_for(&full, full.batch as usize * amount as usize))
         } else {
             m.clone()
@@ -236,7 +270,9 @@ pub fn read_latent_file(bytes: &[u8]) -> Result<LatentBatch, ComputeError> {
         serde_json::from_slice(&bytes[8..data_start]).map_err(|e| bad(&format!("header is not JSON: {e}")))?;
     let entry = header.get("latent_tensor").ok_or_else(|| bad("no latent_tensor"))?;
     let shape: Vec<u32> = serde_json::from_value(entry["shape"].clone()).map_err(|_| bad("bad shape"))?;
-    let shape: [u32; 4] = shape.try_into().map_err(|_| bad("latent_tensor is not 4-dimensional"))?;
+    let shape: [u32; 4] = shape
+        .try_into()
+        .map_err(|_| bad("latent_tensor is not 4-dimensional"))?;
     let offsets: [usize; 2] =
         serde_json::from_value(entry["data_offsets"].clone()).map_err(|_| bad("bad data_offsets"))?;
     let len = checked_len(shape)?;

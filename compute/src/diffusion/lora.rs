@@ -9,10 +9,10 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 
+use super::checkpoint::ModelError;
 use crate::models::safetensors::{SafetensorsIndex, DEFAULT_MAX_HEADER};
 use crate::models::sd1::{checkpoint_layout, ldm_to_candle, Component, Sd1Config, UNET_PREFIX};
 use crate::sampling::TorchGenerator;
-use super::checkpoint::ModelError;
 
 /// One weight's low-rank update.
 #[derive(Debug, Clone)]
@@ -39,10 +39,13 @@ const PAIRS: [(&str, &str); 2] = [
 impl Lora {
     /// Reads the LoRA at `path` (called `name` in messages).
     pub fn read(path: &Path, name: &str) -> Result<Lora, ModelError> {
-        let index = SafetensorsIndex::open(path, DEFAULT_MAX_HEADER).map_err(|e| ModelError::from_checkpoint(&e, path, name))?;
+        let index = SafetensorsIndex::open(path, DEFAULT_MAX_HEADER)
+            .map_err(|e| ModelError::from_checkpoint(&e, path, name))?;
         let read = |tensor: &str| -> Result<(Vec<usize>, Vec<f32>), ModelError> {
             let shape = index.tensors[tensor].shape.clone();
-            let data = index.read_f32(tensor).map_err(|e| ModelError::from_checkpoint(&e, path, name))?;
+            let data = index
+                .read_f32(tensor)
+                .map_err(|e| ModelError::from_checkpoint(&e, path, name))?;
             Ok((shape, data))
         };
         let mut patches = BTreeMap::new();
@@ -176,7 +179,12 @@ fn targets(cfg: &Sd1Config) -> HashMap<String, (Component, String)> {
 }
 
 /// The tensors of `component` in the checkpoint at `path`, by candle name, float32 on `device`.
-pub fn load_component(path: &Path, cfg: &Sd1Config, component: Component, device: &Device) -> anyhow::Result<HashMap<String, Tensor>> {
+pub fn load_component(
+    path: &Path,
+    cfg: &Sd1Config,
+    component: Component,
+    device: &Device,
+) -> anyhow::Result<HashMap<String, Tensor>> {
     // SAFETY: a checkpoint the model cache validated and loaded; like every mmap-based loader
     // this assumes the operator does not rewrite it while it is mapped.
     let mm = unsafe { candle_core::safetensors::MmapedSafetensors::new(path) }?;
@@ -211,7 +219,11 @@ pub fn write_random_lora(path: &Path, cfg: &Sd1Config, seed: u64, rank: usize) -
         if !wanted {
             continue;
         }
-        let prefix = if component == Component::Unet { "lora_unet" } else { "lora_te" };
+        let prefix = if component == Component::Unet {
+            "lora_unet"
+        } else {
+            "lora_te"
+        };
         let key = format!("{prefix}_{part}");
         let mut draw = |n: usize| g.randn(n).into_iter().map(|v| v * 0.1).collect::<Vec<f32>>();
         tensors.push((format!("{key}.lora_down.weight"), vec![rank, *cols], draw(rank * cols)));
@@ -219,7 +231,10 @@ pub fn write_random_lora(path: &Path, cfg: &Sd1Config, seed: u64, rank: usize) -
         tensors.push((format!("{key}.alpha"), vec![], vec![rank as f32]));
     }
     let mut meta = BTreeMap::new();
-    meta.insert("weft.generator".to_string(), "random kohya-layout test LoRA".to_string());
+    meta.insert(
+        "weft.generator".to_string(),
+        "random kohya-layout test LoRA".to_string(),
+    );
     crate::models::safetensors::write_f32_safetensors(path, &tensors, &meta)
 }
 
@@ -234,7 +249,11 @@ mod tests {
         write_random_lora(&path, &Sd1Config::tiny(), 1, 4).unwrap();
         let lora = Lora::read(&path, "tiny-lora.safetensors").unwrap();
         lora.check_fits(&Sd1Config::tiny()).unwrap();
-        assert_eq!(lora.check_fits(&Sd1Config::sd1()).map_err(|e| e.code()), Ok(()), "names are shared");
+        assert_eq!(
+            lora.check_fits(&Sd1Config::sd1()).map_err(|e| e.code()),
+            Ok(()),
+            "names are shared"
+        );
 
         let ckpt = dir.path().join("tiny.safetensors");
         crate::models::write_random_checkpoint(&ckpt, &Sd1Config::tiny(), 2).unwrap();
@@ -243,7 +262,10 @@ mod tests {
         let before = unet.clone();
         let changed = lora.apply(1.0, Component::Unet, &cfg, &mut unet).unwrap();
         assert!(changed > 0);
-        let moved = unet.iter().filter(|(k, v)| crate::max_abs_diff(v, &before[*k]) > 0.0).count();
+        let moved = unet
+            .iter()
+            .filter(|(k, v)| crate::max_abs_diff(v, &before[*k]) > 0.0)
+            .count();
         assert_eq!(moved, changed);
         // At strength 0 nothing moves.
         let mut same = before.clone();
@@ -254,7 +276,10 @@ mod tests {
         write_random_lora(&sd1_shaped, &Sd1Config::sd1(), 1, 1).unwrap();
         let other = Lora::read(&sd1_shaped, "sd1-lora.safetensors").unwrap();
         let mut unet = before.clone();
-        assert_eq!(other.apply(1.0, Component::Unet, &cfg, &mut unet).unwrap_err().code(), "invalid_model");
+        assert_eq!(
+            other.apply(1.0, Component::Unet, &cfg, &mut unet).unwrap_err().code(),
+            "invalid_model"
+        );
 
         // A file without LoRA weights, or with none that fit, is refused.
         let junk = dir.path().join("junk.safetensors");

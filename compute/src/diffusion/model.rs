@@ -7,10 +7,10 @@ use std::sync::Arc;
 use candle_core::DType;
 use candle_nn::VarBuilder;
 
-use crate::models::sd1::Component;
-use crate::models::{Sd1Models, Sd1Unet};
 use super::checkpoint::ModelError;
 use super::lora::{load_component, Lora};
+use crate::models::sd1::Component;
+use crate::models::{Sd1Models, Sd1Unet};
 
 /// A checkpoint's UNet with the LoRAs applied to it, in order.
 pub struct DiffusionModel {

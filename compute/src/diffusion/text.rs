@@ -8,13 +8,13 @@ use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::clip::text_model::ClipTextTransformer;
 
+use super::checkpoint::ModelError;
+use super::lora::{load_component, Lora};
 use crate::models::candle_sd1::clip_config;
 use crate::models::sd1::Component;
 use crate::models::Sd1Models;
 use crate::tokenizer::ClipTokenizer;
 use crate::{on_workers, ComputeError};
-use super::checkpoint::ModelError;
-use super::lora::{load_component, Lora};
 
 /// A checkpoint's text encoder, run up to one of its layers, with LoRAs applied.
 pub struct TextEncoder {

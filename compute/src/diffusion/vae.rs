@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
+use super::latent::{plain, PIXELS_PER_CELL};
+use super::resize::{resize_planes, Mode};
 use crate::image::{ImageBatch, MaskBatch};
 use crate::models::Sd1Models;
 use crate::sampling::Tensor;
 use crate::values::LatentBatch;
 use crate::{vae, ComputeError};
-use super::latent::{plain, PIXELS_PER_CELL};
-use super::resize::{resize_planes, Mode};
 
 fn failed(e: anyhow::Error) -> ComputeError {
     ComputeError::Failed(format!("{e:#}"))
@@ -78,7 +78,14 @@ pub fn encode_for_inpaint(
 ) -> Result<LatentBatch, ComputeError> {
     let (pw, ph) = (pixels.width as usize, pixels.height as usize);
     // The mask at the image's size, then cut like the image.
-    let full = resize_planes(&mask.data, mask.height as usize, mask.width as usize, ph, pw, Mode::Bilinear);
+    let full = resize_planes(
+        &mask.data,
+        mask.height as usize,
+        mask.width as usize,
+        ph,
+        pw,
+        Mode::Bilinear,
+    );
     let cropped = crop_to_cells(pixels)?;
     let (w, h) = (cropped.width as usize, cropped.height as usize);
     let (x0, y0) = ((pw % 8) / 2, (ph % 8) / 2);

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value as Json;
+use weft_types as types;
 
 use super::plan::{self, Plan};
 use super::workflow::{as_asset_ref, as_link, RawNode};
@@ -197,17 +198,10 @@ fn kind_of(v: &Json) -> &'static str {
 
 fn types_compatible(output: &str, input: &InputSpec) -> bool {
     output == input.type_name
-        || output == "*"
-        || input.type_name == "*"
-        || (input.is_combo() && (output == "STRING" || output == "COMBO"))
+        || output == types::ANY
+        || input.type_name == types::ANY
+        || (input.is_combo() && (output == types::STRING || output == types::COMBO))
         || input.type_name.split(',').any(|t| t.trim() == output)
-}
-
-fn is_handle_type(type_name: &str) -> bool {
-    matches!(
-        type_name,
-        "IMAGE" | "LATENT" | "MASK" | "AUDIO" | "MODEL" | "CLIP" | "VAE" | "CONDITIONING"
-    )
 }
 
 /// Checks one given input. `Ok(Some(value))` for a literal, `Ok(None)` for a good link.
@@ -268,7 +262,7 @@ fn check_input(
         )
     };
     let value = match spec.type_name.as_str() {
-        "INT" => {
+        types::INT => {
             let v = match raw {
                 Json::Number(n) if n.is_i64() => n.as_i64().expect("checked"),
                 Json::Number(n) if n.as_f64().is_some_and(|f| f.fract() == 0.0 && f.abs() < 9.2e18) => {
@@ -279,16 +273,16 @@ fn check_input(
             check_range(spec, v as f64)?;
             Value::Int(v)
         }
-        "FLOAT" => {
+        types::FLOAT => {
             let Some(v) = raw.as_f64() else {
                 return Err(wrong_type("a number (FLOAT)"));
             };
             check_range(spec, v)?;
             Value::Float(v)
         }
-        "BOOLEAN" => Value::Bool(raw.as_bool().ok_or_else(|| wrong_type("true or false (BOOLEAN)"))?),
-        "STRING" => Value::Text(raw.as_str().ok_or_else(|| wrong_type("a string (STRING)"))?.to_string()),
-        "COMBO" => {
+        types::BOOLEAN => Value::Bool(raw.as_bool().ok_or_else(|| wrong_type("true or false (BOOLEAN)"))?),
+        types::STRING => Value::Text(raw.as_str().ok_or_else(|| wrong_type("a string (STRING)"))?.to_string()),
+        types::COMBO => {
             let Some(choice) = raw.as_str() else {
                 return Err(wrong_type("one of the listed choices"));
             };
@@ -308,7 +302,7 @@ fn check_input(
             }
             Value::Text(choice.to_string())
         }
-        "core/ASSET" => match as_asset_ref(raw) {
+        types::ASSET => match as_asset_ref(raw) {
             Some(Ok(asset)) => Value::Asset(asset),
             Some(Err(message)) => return Err(FieldError::new(name, "invalid_input_type", message)),
             None => {
@@ -317,7 +311,7 @@ fn check_input(
                 ))
             }
         },
-        t if is_handle_type(t) => {
+        t if types::is_handle(t) => {
             return Err(FieldError::new(
                 name,
                 "invalid_input_type",

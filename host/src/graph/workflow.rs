@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 
 use serde_json::Value as Json;
+use weft_types as types;
 
 use crate::runtime::AssetRef;
 
@@ -31,7 +32,7 @@ pub(super) fn as_link(raw: &Json) -> Option<(&str, u64)> {
 /// A `{"__type": "core/ASSET", "info": {"id": ...}}` reference.
 pub(super) fn as_asset_ref(raw: &Json) -> Option<Result<AssetRef, String>> {
     let object = raw.as_object()?;
-    if object.get("__type").and_then(Json::as_str) != Some("core/ASSET") {
+    if object.get("__type").and_then(Json::as_str) != Some(types::ASSET) {
         return None;
     }
     let parsed = object

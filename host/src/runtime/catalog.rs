@@ -40,7 +40,7 @@ pub struct InputSpec {
 impl InputSpec {
     /// Whether this input takes a combo choice.
     pub fn is_combo(&self) -> bool {
-        self.type_name == "COMBO"
+        self.type_name == weft_types::COMBO
     }
 
     /// The `[TYPE, opts]` pair of ComfyUI's `/object_info`.

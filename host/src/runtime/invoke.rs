@@ -1,64 +1,15 @@
 //! One node call: a fresh `Store` with its limits, the guest's inputs lowered to handles,
 //! the call, and every way it can fail turned into a [`NodeFailure`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
-use wasmtime::component::ResourceTable;
 use wasmtime::{Store, Trap, UpdateDeadline};
 
-use super::capabilities::diffusion::DiffusionState;
+use super::call::CallContext;
 use super::capabilities::CallState;
-use super::limits::CallLimiter;
-use super::logs::TailLog;
 use super::registry::LoadedPlugin;
-use super::value::{AssetRef, OutputFile, Value};
+use super::value::{OutputFile, Value};
 use super::Runtime;
-
-/// Where a node's progress reports go.
-pub trait ProgressSink: Send + Sync {
-    /// The node reached `step` of `steps`.
-    fn report(&self, step: u32, steps: u32, message: Option<String>);
-}
-
-/// Reads uploaded assets for nodes such as `LoadImage`.
-pub trait AssetReader: Send + Sync {
-    /// The bytes of `asset`, or a message saying why not.
-    fn read(&self, asset: &AssetRef) -> Result<Vec<u8>, String>;
-}
-
-/// Cancels a job's node calls: checked by polite guests, enforced by epoch interruption.
-#[derive(Debug, Clone, Default)]
-pub struct CancelToken(Arc<AtomicBool>);
-
-impl CancelToken {
-    /// A token that is not canceled.
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// Cancels; a running node is interrupted at the next epoch tick.
-    pub fn cancel(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-    /// Whether [`cancel`](Self::cancel) was called.
-    pub fn is_canceled(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-/// Everything a node call needs from its job.
-#[derive(Clone)]
-pub struct CallContext {
-    /// The job's log tail, which receives the guest's stdout and stderr.
-    pub log: TailLog,
-    /// The job's cancel token.
-    pub cancel: CancelToken,
-    /// Where progress goes.
-    pub progress: Arc<dyn ProgressSink>,
-    /// Where assets are read from.
-    pub assets: Arc<dyn AssetReader>,
-}
 
 /// What a node returned.
 #[derive(Debug, Clone)]
@@ -118,7 +69,7 @@ impl Runtime {
             return Err(NodeFailure::new("canceled", "the job was canceled"));
         }
         let log_mark = ctx.log.written();
-        let mut store = self.new_store(plugin, ctx.clone());
+        let mut store = self.new_store(plugin, ctx);
         let result = self.run_call(&mut store, plugin, class, inputs);
         match result {
             Ok(Ok(output)) => Ok(output),
@@ -128,23 +79,10 @@ impl Runtime {
     }
 
     /// A store for one call, with its limits and its deadline.
-    pub(super) fn new_store(&self, plugin: &LoadedPlugin, call: CallContext) -> Store<CallState> {
-        let mut wasi = wasmtime_wasi::WasiCtxBuilder::new();
-        wasi.stdout(call.log.clone()).stderr(call.log.clone());
-        plugin.grants.apply(&mut wasi);
+    pub(super) fn new_store(&self, plugin: &LoadedPlugin, call: &CallContext) -> Store<CallState> {
+        let state = CallState::new(&self.capabilities, &self.limits, call, &plugin.grants);
         let cancel = call.cancel.clone();
         let deadline = Instant::now() + self.limits.node_timeout;
-        let state = CallState {
-            table: ResourceTable::new(),
-            wasi: wasi.build(),
-            limiter: CallLimiter::new(&self.limits),
-            call,
-            hostcall_bytes: 0,
-            hostcall_limit: self.limits.hostcall_bytes,
-            hostcall_hit: false,
-            music: self.music.clone(),
-            diffusion: DiffusionState::new(self.diffusion.clone(), deadline),
-        };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         store.set_epoch_deadline(1);
@@ -184,12 +122,12 @@ fn classify(error: wasmtime::Error, state: &CallState, new_log: &str) -> NodeFai
         NodeFailure::new("node_memory_limit", "the node tried to grow its memory past the limit")
     } else if state.limiter.table_hit {
         NodeFailure::new("node_memory_limit", "the node tried to grow a table past the limit")
-    } else if state.hostcall_hit {
+    } else if state.hostcalls.hit {
         NodeFailure::new(
             "node_hostcall_limit",
             format!(
                 "the node passed more than {} bytes through host calls",
-                state.hostcall_limit
+                state.hostcalls.limit
             ),
         )
     } else if trap == Some(Trap::StackOverflow) || (trap == Some(Trap::MemoryOutOfBounds) && runaway_recursion(&error))

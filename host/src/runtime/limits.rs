@@ -38,6 +38,38 @@ impl Default for Limits {
     }
 }
 
+/// The host-call byte budget of one call: [`Limits::hostcall_bytes`], spent by the strings,
+/// lists and file bytes the guest passes through host calls.
+#[derive(Debug)]
+pub struct HostcallBudget {
+    spent: usize,
+    /// The cap.
+    pub limit: usize,
+    /// Set once the guest went over the cap.
+    pub hit: bool,
+}
+
+impl HostcallBudget {
+    /// A budget of `limit` bytes, none spent.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            spent: 0,
+            limit,
+            hit: false,
+        }
+    }
+
+    /// Counts `bytes` against the budget; an error (which traps the guest) when it is spent.
+    pub fn charge(&mut self, bytes: usize) -> wasmtime::Result<()> {
+        self.spent = self.spent.saturating_add(bytes);
+        if self.spent > self.limit {
+            self.hit = true;
+            wasmtime::bail!("host-call byte limit of {} bytes exceeded", self.limit);
+        }
+        Ok(())
+    }
+}
+
 /// The `wasmtime::ResourceLimiter` of one call. It records which limit was hit, so the
 /// failure is reported as that limit rather than as a generic trap.
 #[derive(Debug)]

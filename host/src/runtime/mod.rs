@@ -14,6 +14,7 @@ use wasmtime::Engine;
 
 mod bindings;
 mod builtin;
+mod call;
 mod capabilities;
 mod catalog;
 mod engine;
@@ -24,12 +25,14 @@ mod registry;
 mod value;
 mod worlds;
 
-pub use capabilities::diffusion::{DiffusionConfig, FOLDERS as MODEL_FOLDERS};
+pub use call::{AssetReader, CallContext, CancelToken, ProgressSink};
+pub use capabilities::diffusion::{DiffusionConfig, Library as ModelLibrary, FOLDERS as MODEL_FOLDERS};
+pub use capabilities::{Capabilities, CapabilityConfig, MusicConfig};
 pub use catalog::{Catalog, InputSpec, NodeDef, OutputSpec};
-pub use invoke::{AssetReader, CallContext, CancelToken, NodeFailure, NodeOutput, ProgressSink};
+pub use invoke::{NodeFailure, NodeOutput};
 pub use limits::Limits;
 pub use logs::{LogSnapshot, TailLog};
-pub use registry::{Capabilities, Manifest, PluginSource};
+pub use registry::{Manifest, PluginSource};
 pub use value::{AssetRef, FileData, OutputFile, OutputKind, Value};
 
 use registry::LoadedPlugin;
@@ -45,12 +48,10 @@ pub struct RuntimeConfig {
     pub plugins_dir: Option<PathBuf>,
     /// Operator grants, by plugin name.
     pub grants: HashMap<String, Capabilities>,
+    /// How each host capability is configured.
+    pub capabilities: CapabilityConfig,
     /// Most node calls that run at once (sizes the instance pool).
     pub concurrent_calls: u32,
-    /// The video-to-music engine behind `weft:node/music`; without one, its calls fail.
-    pub music: Option<Arc<weft_v2m::Engine>>,
-    /// The models folder and model cache of the diffusion nodes.
-    pub diffusion: DiffusionConfig,
 }
 
 /// The loaded plugins and the machinery to call them.
@@ -59,8 +60,7 @@ pub struct Runtime {
     plugins: Vec<LoadedPlugin>,
     catalog: Catalog,
     limits: Limits,
-    music: Option<Arc<weft_v2m::Engine>>,
-    diffusion: Arc<capabilities::diffusion::Library>,
+    capabilities: CapabilityConfig,
     _ticker: engine::EpochTicker,
 }
 
@@ -87,8 +87,7 @@ impl Runtime {
             plugins: Vec::new(),
             catalog: Catalog::default(),
             limits: config.limits.clone(),
-            music: config.music.clone(),
-            diffusion: Arc::new(capabilities::diffusion::Library::new(&config.diffusion)),
+            capabilities: config.capabilities.clone(),
             _ticker: ticker,
         };
         let compiled = compile_all(&runtime.engine, &sources, config.cache_dir.as_deref())?;
@@ -122,7 +121,8 @@ impl Runtime {
     /// The node catalogue, with the choices of model-file combos (`ckpt_name`, ...) listed
     /// from the models folder now, so a new file shows up without a restart.
     pub fn catalog(&self) -> Cow<'_, Catalog> {
-        self.catalog.with_model_files(|folder| self.diffusion.list(folder))
+        self.catalog
+            .with_model_files(|folder| self.capabilities.diffusion.list(folder))
     }
 
     /// The limits calls run under.
@@ -156,7 +156,7 @@ impl Runtime {
             progress: Arc::new(Discard),
             assets: Arc::new(Discard),
         };
-        let mut store = self.new_store(plugin, ctx);
+        let mut store = self.new_store(plugin, &ctx);
         plugin
             .pre
             .describe(&mut store, &plugin.name)

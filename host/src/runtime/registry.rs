@@ -1,13 +1,12 @@
 //! Plugins: where components come from, what they may reach, and their compiled form.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Deserialize;
 use wasmtime::component::{Component, Linker};
 use wasmtime::Engine;
-use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-use super::capabilities::CallState;
+use super::capabilities::{CallState, Capabilities};
 use super::catalog::NodeDef;
 use super::worlds::PluginPre;
 
@@ -31,66 +30,6 @@ pub struct Manifest {
     /// Capabilities the plugin asks for.
     #[serde(default)]
     pub capabilities: Capabilities,
-}
-
-/// Sandbox capabilities: asked for by a manifest, granted by the operator. A plugin gets
-/// what both name.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Capabilities {
-    /// Environment variables it may read.
-    #[serde(default)]
-    pub env: Vec<String>,
-    /// Host directories it may read, each preopened read-only at the same path.
-    #[serde(default)]
-    pub dirs: Vec<PathBuf>,
-    /// Outbound network access.
-    #[serde(default)]
-    pub network: bool,
-}
-
-impl Capabilities {
-    /// What both `self` (asked) and `granted` name.
-    pub fn intersect(&self, granted: &Capabilities) -> Capabilities {
-        Capabilities {
-            env: self.env.iter().filter(|e| granted.env.contains(e)).cloned().collect(),
-            dirs: self.dirs.iter().filter(|d| granted.dirs.contains(d)).cloned().collect(),
-            network: self.network && granted.network,
-        }
-    }
-
-    /// Parses one operator grant: `env:NAME`, `dir:/path` or `network`.
-    pub fn add_grant(&mut self, grant: &str) -> Result<(), String> {
-        match grant.split_once(':') {
-            Some(("env", name)) if !name.is_empty() => self.env.push(name.to_string()),
-            Some(("dir", path)) if !path.is_empty() => self.dirs.push(PathBuf::from(path)),
-            None if grant == "network" => self.network = true,
-            _ => {
-                return Err(format!(
-                    "unknown grant {grant:?}; expected env:NAME, dir:/path or network"
-                ))
-            }
-        }
-        Ok(())
-    }
-
-    /// Opens these capabilities in a guest's WASI context. With none, the guest has no
-    /// files, no network, no environment and no arguments.
-    pub(super) fn apply(&self, wasi: &mut WasiCtxBuilder) {
-        for name in &self.env {
-            if let Ok(value) = std::env::var(name) {
-                wasi.env(name, value);
-            }
-        }
-        for dir in &self.dirs {
-            if let Err(e) = wasi.preopened_dir(dir, dir.to_string_lossy(), FsPerms::ReadOnly) {
-                tracing::warn!(dir = %dir.display(), error = %e, "granted directory cannot be opened");
-            }
-        }
-        if self.network {
-            wasi.inherit_network().allow_ip_name_lookup(true);
-        }
-    }
 }
 
 /// A loaded plugin, ready to instantiate.
@@ -168,10 +107,6 @@ pub(super) fn compile(engine: &Engine, bytes: &[u8], cache_dir: Option<&Path>) -
 }
 
 /// Pre-links `component` against every capability of the contract version it targets.
-pub(super) fn prelink(
-    engine: &Engine,
-    linker: &Linker<CallState>,
-    component: &Component,
-) -> anyhow::Result<PluginPre> {
+pub(super) fn prelink(engine: &Engine, linker: &Linker<CallState>, component: &Component) -> anyhow::Result<PluginPre> {
     PluginPre::new(engine, linker, component)
 }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use weft_types as types;
 
 use weft_compute::image::{ImageBatch, MaskBatch};
 use weft_compute::values::{AudioClip, LatentBatch, Opaque};
@@ -73,16 +74,16 @@ impl Value {
     /// The ComfyUI type name of this value.
     pub fn type_name(&self) -> &str {
         match self {
-            Value::Int(_) => "INT",
-            Value::Float(_) => "FLOAT",
-            Value::Bool(_) => "BOOLEAN",
-            Value::Text(_) => "STRING",
-            Value::Json(_) => "JSON",
-            Value::Asset(_) => "core/ASSET",
-            Value::Image(_) => "IMAGE",
-            Value::Latent(_) => "LATENT",
-            Value::Mask(_) => "MASK",
-            Value::Audio(_) => "AUDIO",
+            Value::Int(_) => types::INT,
+            Value::Float(_) => types::FLOAT,
+            Value::Bool(_) => types::BOOLEAN,
+            Value::Text(_) => types::STRING,
+            Value::Json(_) => types::JSON,
+            Value::Asset(_) => types::ASSET,
+            Value::Image(_) => types::IMAGE,
+            Value::Latent(_) => types::LATENT,
+            Value::Mask(_) => types::MASK,
+            Value::Audio(_) => types::AUDIO,
             Value::Handle(h) => &h.type_name,
         }
     }
@@ -127,7 +128,7 @@ impl Value {
             Value::Bool(v) => json!(v),
             Value::Text(v) => json!(v),
             Value::Json(v) => v.clone(),
-            Value::Asset(a) => json!({"__type": "core/ASSET", "info": a}),
+            Value::Asset(a) => json!({"__type": types::ASSET, "info": a}),
             other => json!({"type": other.type_name()}),
         }
     }

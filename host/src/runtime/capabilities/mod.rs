@@ -1,130 +1,96 @@
-//! What a guest may import. Each capability links its own interfaces into the linker and
-//! keeps its per-call state in [`CallState`]; the runtime iterates over them instead of
-//! knowing each one. Adding a capability means adding a module here and a line to [`ALL`].
+//! What a guest may import, one folder per capability, in the manner of Spin's factors.
+//!
+//! A capability is a type implementing [`Capability`]: it links its interfaces into the
+//! linker, has its own operator configuration, and builds the state one call holds.
+//! [`CallState`] composes those states, one field per capability, beside what every call
+//! shares (the handle table and the limits). Adding a capability means adding a folder, its
+//! `mod` line, and one line to the `capabilities!` list below.
 
-use wasmtime::component::{HasSelf, Linker, ResourceTable};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime::component::{Linker, ResourceTable};
 
-use super::invoke::CallContext;
-use super::limits::CallLimiter;
+use super::call::CallContext;
+use super::limits::{CallLimiter, HostcallBudget, Limits};
 
-mod audio;
 pub mod diffusion;
 mod images;
+mod music;
 mod progress;
 mod resources;
 mod since_v0_2;
+mod wasi;
 
-/// The state of one node call: a fresh one per call, dropped afterwards.
-pub struct CallState {
-    /// Handles the guest holds.
-    pub table: ResourceTable,
-    /// The guest's WASI view: log streams, and only what its grants allow.
-    pub wasi: WasiCtx,
-    /// Memory, table and instance limits.
-    pub limiter: CallLimiter,
-    /// Who is calling, where progress and logs go, and how to cancel.
-    pub call: CallContext,
-    /// Bytes the guest has passed through host calls so far.
-    pub hostcall_bytes: usize,
-    /// The cap on `hostcall_bytes`.
-    pub hostcall_limit: usize,
-    /// Set when the guest went over `hostcall_limit`.
-    pub hostcall_hit: bool,
-    /// The video-to-music engine of `weft:node/music`, when the server has one.
-    pub music: Option<std::sync::Arc<weft_v2m::Engine>>,
-    /// The diffusion capability's part: shared models, the call's deadline.
-    pub diffusion: diffusion::DiffusionState,
+pub use music::MusicConfig;
+pub use wasi::Capabilities;
+
+/// One host capability given to guests.
+pub trait Capability {
+    /// How the operator configures it, fixed when the runtime is built.
+    type Config: Clone + Default + std::fmt::Debug;
+    /// What one call holds.
+    type State;
+
+    /// Links the capability's interfaces.
+    fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()>;
+
+    /// The state of a new call under `limits`, made for the job context `call` of a plugin
+    /// granted `grants`.
+    fn new_state(config: &Self::Config, limits: &Limits, call: &CallContext, grants: &Capabilities) -> Self::State;
 }
 
-impl CallState {
-    /// Counts `bytes` against the host-call budget; an error (which traps the guest) when
-    /// the budget is spent.
-    pub fn charge(&mut self, bytes: usize) -> wasmtime::Result<()> {
-        self.hostcall_bytes = self.hostcall_bytes.saturating_add(bytes);
-        if self.hostcall_bytes > self.hostcall_limit {
-            self.hostcall_hit = true;
-            wasmtime::bail!("host-call byte limit of {} bytes exceeded", self.hostcall_limit);
+/// Declares [`CallState`], [`CapabilityConfig`] and [`link_all`] from the list of
+/// capabilities: `field: Type`, in link order.
+macro_rules! capabilities {
+    ($($(#[$doc:meta])* $field:ident: $capability:ty,)*) => {
+        /// The state of one node call: a fresh one per call, dropped afterwards.
+        pub struct CallState {
+            /// Handles the guest holds, shared by every capability.
+            pub table: ResourceTable,
+            /// Memory, table and instance limits.
+            pub limiter: CallLimiter,
+            /// Bytes the guest has passed through host calls, against their cap.
+            pub hostcalls: HostcallBudget,
+            $($(#[$doc])* pub $field: <$capability as Capability>::State,)*
         }
-        Ok(())
-    }
-}
 
-impl CallState {
-    /// The bytes of an asset the workflow referenced, or the node error for a missing one.
-    pub fn read_asset(
-        &self,
-        asset: crate::runtime::bindings::wit::AssetRef,
-    ) -> Result<Vec<u8>, crate::runtime::bindings::wit::NodeError> {
-        let reference = crate::runtime::value::AssetRef {
-            id: asset.id,
-            hash: asset.hash,
-            file_path: asset.file_path,
-        };
-        self.call
-            .assets
-            .read(&reference)
-            .map_err(|message| crate::runtime::bindings::wit::NodeError {
-                code: "missing_asset".into(),
-                message,
-            })
-    }
-}
-
-impl WasiView for CallState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
+        /// The operator's configuration of every capability.
+        #[derive(Debug, Clone, Default)]
+        pub struct CapabilityConfig {
+            $($(#[$doc])* pub $field: <$capability as Capability>::Config,)*
         }
-    }
+
+        impl CallState {
+            /// The state of a new call under `limits`: every capability's, made from
+            /// `config`, the job context `call` and the plugin's `grants`.
+            pub fn new(config: &CapabilityConfig, limits: &Limits, call: &CallContext, grants: &Capabilities) -> Self {
+                Self {
+                    table: ResourceTable::new(),
+                    limiter: CallLimiter::new(limits),
+                    hostcalls: HostcallBudget::new(limits.hostcall_bytes),
+                    $($field: <$capability as Capability>::new_state(&config.$field, limits, call, grants),)*
+                }
+            }
+        }
+
+        /// Links every capability, in the order listed.
+        pub fn link_all(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+            $(<$capability as Capability>::link(linker)
+                .map_err(|e| e.context(concat!("linking capability ", stringify!($field))))?;)*
+            Ok(())
+        }
+    };
 }
 
-/// A set of imports offered to guests.
-pub type LinkFn = fn(&mut Linker<CallState>) -> wasmtime::Result<()>;
-
-/// Every capability, in link order.
-pub const ALL: &[(&str, LinkFn)] = &[
-    ("wasi", link_wasi),
-    ("resources", |l| {
-        super::bindings::weft::node::types::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
-    }),
-    ("progress", |l| {
-        super::bindings::weft::node::host::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
-    }),
-    ("images", |l| {
-        super::bindings::weft::node::images::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
-    }),
-    ("music", |l| {
-        super::bindings::weft::node::music::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
-    }),
-    ("resources@0.2.0", |l| {
-        super::worlds::v0_2::weft::node::types::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
-    }),
-    ("progress@0.2.0", |l| {
-        super::worlds::v0_2::weft::node::host::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
-    }),
-    ("images@0.2.0", |l| {
-        super::worlds::v0_2::weft::node::images::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
-    }),
-    ("music@0.2.0", |l| {
-        super::worlds::v0_2::weft::node::music::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
-    }),
-    ("diffusion", |l| {
-        super::worlds::v0_2::weft::node::diffusion::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
-    }),
-];
-
-/// WASI preview 2, which every Rust or Python guest imports. What it can reach is decided
-/// per call by the [`WasiCtx`]: by default no files, no network and no environment.
-fn link_wasi(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
-    wasmtime_wasi::p2::add_to_linker_sync(linker)
-}
-
-/// Links every capability.
-pub fn link_all(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
-    for (name, link) in ALL {
-        link(linker).map_err(|e| e.context(format!("linking capability {name}")))?;
-    }
-    Ok(())
+capabilities! {
+    /// WASI preview 2: the log streams, and only the files, network and environment granted.
+    wasi: wasi::Wasi,
+    /// `weft:node/types`: the host-held resources' accessors.
+    resources: resources::Resources,
+    /// `weft:node/host`: progress reports and cancellation checks.
+    progress: progress::Progress,
+    /// `weft:node/images`: pixel work on host-held images.
+    images: images::Images,
+    /// `weft:node/music`: music for a video.
+    music: music::Music,
+    /// `weft:node/diffusion` (0.2.0): models, text encoding, latents, sampling, VAE.
+    diffusion: diffusion::Diffusion,
 }

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use wasmtime::component::Resource;
 
 use super::CallState;
-use weft_compute::image::MaskBatch;
 use crate::runtime::bindings::weft::node as v1;
 use crate::runtime::bindings::wit as v1_types;
 use crate::runtime::value::{AudioRes, HandleRes, ImageRes, LatentRes, MaskRes};
 use crate::runtime::worlds::v0_2::weft::node as v2;
 use crate::runtime::worlds::v0_2::wit::{AssetRef, NodeError};
+use weft_compute::image::MaskBatch;
 
 fn asset(a: AssetRef) -> v1_types::AssetRef {
     v1_types::AssetRef {
@@ -150,7 +150,11 @@ impl v2::images::Host for CallState {
         Ok(v1::images::Host::load(self, asset(asset_ref))?.map_err(error))
     }
 
-    fn load_mask(&mut self, asset_ref: AssetRef, channel: String) -> wasmtime::Result<Result<Resource<MaskRes>, NodeError>> {
+    fn load_mask(
+        &mut self,
+        asset_ref: AssetRef,
+        channel: String,
+    ) -> wasmtime::Result<Result<Resource<MaskRes>, NodeError>> {
         let index = match channel.as_str() {
             "red" => Some(0),
             "green" => Some(1),

@@ -48,15 +48,12 @@ impl World {
             .filter_map(|(name, _)| name.strip_prefix("weft:node/types@"))
             .collect();
         match versions.as_slice() {
-            [version] => World::ALL
-                .into_iter()
-                .find(|w| w.version() == *version)
-                .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "it targets weft:node@{version}; this host serves {}",
-                        World::ALL.map(|w| format!("weft:node@{}", w.version())).join(" and ")
-                    )
-                }),
+            [version] => World::ALL.into_iter().find(|w| w.version() == *version).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "it targets weft:node@{version}; this host serves {}",
+                    World::ALL.map(|w| format!("weft:node@{}", w.version())).join(" and ")
+                )
+            }),
             [] => anyhow::bail!("it does not import weft:node/types, so it is not a weft node plugin"),
             _ => anyhow::bail!("it imports more than one version of weft:node/types: {versions:?}"),
         }

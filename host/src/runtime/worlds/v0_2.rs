@@ -55,7 +55,7 @@ pub fn execute(
         let value = lower(&mut store.data_mut().table, value)?;
         lowered.push(wit::NamedValue { name, value });
     }
-    store.data_mut().charge(cost)?;
+    store.data_mut().hostcalls.charge(cost)?;
     let result = match instance.call_execute(&mut *store, class, &lowered)? {
         Ok(result) => result,
         Err(e) => return Ok(Err(super::guest_error(e.code, e.message))),

@@ -4,8 +4,8 @@
 //! step as progress, and a cancel or the node's deadline stops it before the next step.
 //!
 //! Public face: [`DiffusionConfig`] (operator settings), [`Library`] (what all calls
-//! share), [`DiffusionState`] (one call's part of `CallState`), and [`Library::list`] for
-//! the catalogue's model-file combos.
+//! share: the capability's configuration), [`DiffusionState`] (one call's part of
+//! `CallState`), and [`Library::list`] for the catalogue's model-file combos.
 
 mod models_dir;
 
@@ -14,9 +14,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use wasmtime::component::Resource;
+use wasmtime::component::{HasSelf, Linker, Resource};
 
-use super::CallState;
+use super::{CallState, Capabilities, Capability};
+use crate::runtime::call::{read_asset, AssetReader, CallContext, CancelToken, ProgressSink};
+use crate::runtime::invoke::Interrupt;
+use crate::runtime::limits::Limits;
+use crate::runtime::value::{Handle, HandleRes, ImageRes, LatentRes, MaskRes};
+use crate::runtime::worlds::v0_2::weft::node::diffusion::{Area, Checkpoint, Host, SampleOptions};
+use crate::runtime::worlds::v0_2::wit::{AssetRef, NodeError};
 use weft_compute::diffusion::{
     self as sd, Conditioning, DiffusionModel, Lora, ModelError, SampleFailure, SampleSettings, TextEncoder,
 };
@@ -24,10 +30,6 @@ use weft_compute::models::{ModelCache, Sd1Models};
 use weft_compute::sampling::{SamplerKind, Scheduler, StepControl};
 use weft_compute::values::{LatentBatch, Opaque};
 use weft_compute::{device, ComputeError};
-use crate::runtime::invoke::Interrupt;
-use crate::runtime::value::{Handle, HandleRes, ImageRes, LatentRes, MaskRes};
-use crate::runtime::worlds::v0_2::weft::node::diffusion::{Area, Checkpoint, Host, SampleOptions};
-use crate::runtime::worlds::v0_2::wit::{AssetRef, NodeError};
 
 pub use models_dir::{ModelsDir, FOLDERS};
 
@@ -83,17 +85,50 @@ impl Library {
     }
 }
 
-/// One call's diffusion state: the shared library and the call's deadline.
+impl Default for Library {
+    fn default() -> Self {
+        Library::new(&DiffusionConfig::default())
+    }
+}
+
+impl std::fmt::Debug for Library {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Library")
+            .field("models_dir", &self.models_dir.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The diffusion capability.
+pub struct Diffusion;
+
+impl Capability for Diffusion {
+    type Config = Arc<Library>;
+    type State = DiffusionState;
+
+    fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+        crate::runtime::worlds::v0_2::weft::node::diffusion::add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)
+    }
+
+    fn new_state(library: &Arc<Library>, limits: &Limits, call: &CallContext, _: &Capabilities) -> DiffusionState {
+        DiffusionState {
+            library: library.clone(),
+            deadline: Instant::now() + limits.node_timeout,
+            cancel: call.cancel.clone(),
+            progress: call.progress.clone(),
+            assets: call.assets.clone(),
+        }
+    }
+}
+
+/// One call's diffusion state: the shared library, the call's deadline, its cancel token,
+/// where sampler steps are reported and where latent files are read from.
 pub struct DiffusionState {
     library: Arc<Library>,
     deadline: Instant,
-}
-
-impl DiffusionState {
-    /// The state of a call that must end by `deadline`.
-    pub fn new(library: Arc<Library>, deadline: Instant) -> Self {
-        DiffusionState { library, deadline }
-    }
+    cancel: CancelToken,
+    progress: Arc<dyn ProgressSink>,
+    assets: Arc<dyn AssetReader>,
 }
 
 fn node_error(code: &str, message: impl Into<String>) -> NodeError {
@@ -142,12 +177,12 @@ impl CallState {
                 format!("expected a {type_name} handle, got {}", held.type_name),
             )));
         }
-        Ok(held
-            .object
-            .payload
-            .clone()
-            .downcast::<T>()
-            .map_err(|_| node_error("invalid_input", format!("this {type_name} was not made by the diffusion nodes"))))
+        Ok(held.object.payload.clone().downcast::<T>().map_err(|_| {
+            node_error(
+                "invalid_input",
+                format!("this {type_name} was not made by the diffusion nodes"),
+            )
+        }))
     }
 
     fn push_handle<T: Any + Send + Sync>(
@@ -176,7 +211,7 @@ impl CallState {
 
     /// Why the call must stop now, if it must: a cancel, or its deadline passed.
     fn interruption(&self) -> Option<Interrupt> {
-        if self.call.cancel.is_canceled() {
+        if self.diffusion.cancel.is_canceled() {
             Some(Interrupt::Canceled)
         } else if Instant::now() >= self.diffusion.deadline {
             Some(Interrupt::Timeout)
@@ -249,8 +284,12 @@ impl Host for CallState {
         Ok(Ok(self.push_handle("CLIP", name, 0, Arc::new(shorter))?))
     }
 
-    fn encode_text(&mut self, clip: Resource<HandleRes>, text: String) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
-        self.charge(text.len())?;
+    fn encode_text(
+        &mut self,
+        clip: Resource<HandleRes>,
+        text: String,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        self.hostcalls.charge(text.len())?;
         let encoder = attempt!(self.payload::<TextEncoder>(&clip, "CLIP")?);
         let context = attempt!(encoder.encode(&text).map_err(compute_error));
         Ok(Ok(self.push_conditioning(Conditioning::from_context(context))?))
@@ -339,7 +378,8 @@ impl Host for CallState {
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
         let (to, from) = (self.latent(&destination)?, self.latent(&source)?);
         let cell = sd::latent::PIXELS_PER_CELL;
-        let out = attempt!(sd::latent::composite(&to, &from, x / cell, y / cell, feather / cell).map_err(compute_error));
+        let out =
+            attempt!(sd::latent::composite(&to, &from, x / cell, y / cell, feather / cell).map_err(compute_error));
         Ok(Ok(self.push_latent(out)?))
     }
 
@@ -350,7 +390,11 @@ impl Host for CallState {
         length: u32,
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
         let latent = self.latent(&samples)?;
-        Ok(Ok(self.push_latent(sd::latent::from_batch(&latent, batch_index, length))?))
+        Ok(Ok(self.push_latent(sd::latent::from_batch(
+            &latent,
+            batch_index,
+            length,
+        ))?))
     }
 
     fn repeat_latent_batch(
@@ -379,7 +423,7 @@ impl Host for CallState {
             hash: file.hash,
             file_path: file.file_path,
         };
-        let bytes = attempt!(self.read_asset(asset).map_err(|e| node_error(&e.code, e.message)));
+        let bytes = attempt!(read_asset(&*self.diffusion.assets, asset).map_err(|e| node_error(&e.code, e.message)));
         let latent = attempt!(sd::latent::read_latent_file(&bytes).map_err(compute_error));
         Ok(Ok(self.push_latent(latent)?))
     }
@@ -426,7 +470,7 @@ impl Host for CallState {
         let result = {
             let state = &*self;
             sd::ksample(&model, &positive, &negative, &latent, &settings, &mut |step, steps| {
-                state.call.progress.report(step as u32, steps as u32, None);
+                state.diffusion.progress.report(step as u32, steps as u32, None);
                 match state.interruption() {
                     None => StepControl::Continue,
                     Some(why) => {

@@ -173,7 +173,10 @@ mod tests {
         let code = |name: &str| models.resolve("checkpoints", name).unwrap_err().code();
         assert_eq!(code("../secret.safetensors"), "invalid_model_name");
         assert_eq!(code("sd1/../a.safetensors"), "invalid_model_name");
-        assert_eq!(code(&root.path().join("secret.safetensors").display().to_string()), "invalid_model_name");
+        assert_eq!(
+            code(&root.path().join("secret.safetensors").display().to_string()),
+            "invalid_model_name"
+        );
         assert_eq!(code(""), "invalid_model_name");
         assert_eq!(code("missing.safetensors"), "model_not_found");
         #[cfg(unix)]

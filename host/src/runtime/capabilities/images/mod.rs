@@ -2,13 +2,40 @@
 
 use std::sync::Arc;
 
-use wasmtime::component::Resource;
+use wasmtime::component::{HasSelf, Linker, Resource};
 use weft_compute::{self as compute, ComputeError};
 
-use super::CallState;
-use crate::runtime::bindings::weft::node::images::Host;
+use super::{CallState, Capabilities, Capability};
+use crate::runtime::bindings::weft::node::images::{add_to_linker, Host};
 use crate::runtime::bindings::wit::{AssetRef, NodeError};
+use crate::runtime::call::{read_asset, AssetReader, CallContext};
+use crate::runtime::limits::Limits;
 use crate::runtime::value::{ImageRes, MaskRes};
+use crate::runtime::worlds::v0_2;
+
+/// The images capability.
+pub struct Images;
+
+/// Where a call's images are loaded from.
+pub struct ImagesState {
+    assets: Arc<dyn AssetReader>,
+}
+
+impl Capability for Images {
+    type Config = ();
+    type State = ImagesState;
+
+    fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+        add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)?;
+        v0_2::weft::node::images::add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)
+    }
+
+    fn new_state(_: &(), _: &Limits, call: &CallContext, _: &Capabilities) -> ImagesState {
+        ImagesState {
+            assets: call.assets.clone(),
+        }
+    }
+}
 
 fn node_error(e: ComputeError) -> NodeError {
     NodeError {
@@ -79,7 +106,7 @@ impl Host for CallState {
         &mut self,
         asset: AssetRef,
     ) -> wasmtime::Result<Result<(Resource<ImageRes>, Resource<MaskRes>), NodeError>> {
-        let bytes = match self.read_asset(asset) {
+        let bytes = match read_asset(&*self.images.assets, asset) {
             Ok(bytes) => bytes,
             Err(e) => return Ok(Err(e)),
         };

@@ -3,14 +3,60 @@
 
 use std::sync::Arc;
 
-use wasmtime::component::Resource;
+use wasmtime::component::{HasSelf, Linker, Resource};
 use weft_compute::values::AudioClip;
 use weft_v2m::{self as v2m, V2mError};
 
-use super::CallState;
-use crate::runtime::bindings::weft::node::music::Host;
+use super::{CallState, Capabilities, Capability};
+use crate::runtime::bindings::weft::node::music::{add_to_linker, Host};
 use crate::runtime::bindings::wit::{AssetRef, NodeError};
+use crate::runtime::call::{read_asset, AssetReader, CallContext, CancelToken};
+use crate::runtime::limits::Limits;
 use crate::runtime::value::AudioRes;
+use crate::runtime::worlds::v0_2;
+
+/// The music capability.
+pub struct Music;
+
+/// The server's video-to-music engine; without one (its SoundFont did not load), calls fail.
+#[derive(Clone, Default)]
+pub struct MusicConfig(pub Option<Arc<v2m::Engine>>);
+
+impl std::fmt::Debug for MusicConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "MusicConfig(engine)"
+        } else {
+            "MusicConfig(none)"
+        })
+    }
+}
+
+/// The engine, where a call's videos are read from, and how a render learns the job was
+/// canceled.
+pub struct MusicState {
+    engine: Option<Arc<v2m::Engine>>,
+    assets: Arc<dyn AssetReader>,
+    cancel: CancelToken,
+}
+
+impl Capability for Music {
+    type Config = MusicConfig;
+    type State = MusicState;
+
+    fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+        add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)?;
+        v0_2::weft::node::music::add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)
+    }
+
+    fn new_state(config: &MusicConfig, _: &Limits, call: &CallContext, _: &Capabilities) -> MusicState {
+        MusicState {
+            engine: config.0.clone(),
+            assets: call.assets.clone(),
+            cancel: call.cancel.clone(),
+        }
+    }
+}
 
 fn node_error(e: V2mError) -> NodeError {
     NodeError {
@@ -26,11 +72,11 @@ impl Host for CallState {
         prompt: String,
         seed: u64,
     ) -> wasmtime::Result<Result<Resource<AudioRes>, NodeError>> {
-        let bytes = match self.read_asset(video) {
+        let bytes = match read_asset(&*self.music.assets, video) {
             Ok(bytes) => bytes,
             Err(e) => return Ok(Err(e)),
         };
-        let Some(engine) = self.music.clone() else {
+        let Some(engine) = self.music.engine.clone() else {
             return Ok(Err(node_error(V2mError::GenerationFailed(
                 "video-to-music is not available on this server (see its start-up log)".into(),
             ))));
@@ -42,7 +88,7 @@ impl Host for CallState {
             )))));
         }
         drop(bytes);
-        let cancel = self.call.cancel.clone();
+        let cancel = self.music.cancel.clone();
         let samples = match engine.generate_blocking(temp.path(), Some(&prompt), seed, &|| cancel.is_canceled()) {
             Ok(Some(samples)) => samples,
             Ok(None) => {

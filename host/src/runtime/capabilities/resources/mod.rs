@@ -1,12 +1,29 @@
 //! `weft:node/types`: accessors and destructors of the host-held resources.
 
-use wasmtime::component::Resource;
+use wasmtime::component::{HasSelf, Linker, Resource};
 
-use super::CallState;
+use super::{CallState, Capabilities, Capability};
 use crate::runtime::bindings::weft::node::types::{
-    Host, HostAudio, HostClip, HostConditioning, HostImage, HostLatent, HostMask, HostModel, HostVae,
+    add_to_linker, Host, HostAudio, HostClip, HostConditioning, HostImage, HostLatent, HostMask, HostModel, HostVae,
 };
+use crate::runtime::call::CallContext;
 use crate::runtime::value::{AudioRes, ClipRes, ConditioningRes, ImageRes, LatentRes, MaskRes, ModelRes, VaeRes};
+
+/// The resources capability. The handles live in the call's shared table, so it has no
+/// state of its own.
+pub struct Resources;
+
+impl Capability for Resources {
+    type Config = ();
+    type State = ();
+
+    fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+        add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)?;
+        crate::runtime::worlds::v0_2::weft::node::types::add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)
+    }
+
+    fn new_state(_: &(), _: &crate::runtime::limits::Limits, _: &CallContext, _: &Capabilities) {}
+}
 
 impl Host for CallState {}
 

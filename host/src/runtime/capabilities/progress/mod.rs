@@ -1,0 +1,47 @@
+//! `weft:node/host`: progress reports and cancellation checks.
+
+use std::sync::Arc;
+
+use wasmtime::component::{HasSelf, Linker};
+
+use super::{CallState, Capabilities, Capability};
+use crate::runtime::bindings::weft::node::host::{add_to_linker, Host};
+use crate::runtime::call::{CallContext, CancelToken, ProgressSink};
+
+/// The progress capability.
+pub struct Progress;
+
+/// What a call reports progress to, and how it learns it was canceled.
+pub struct ProgressState {
+    sink: Arc<dyn ProgressSink>,
+    cancel: CancelToken,
+}
+
+impl Capability for Progress {
+    type Config = ();
+    type State = ProgressState;
+
+    fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+        add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)?;
+        crate::runtime::worlds::v0_2::weft::node::host::add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)
+    }
+
+    fn new_state(_: &(), _: &crate::runtime::limits::Limits, call: &CallContext, _: &Capabilities) -> ProgressState {
+        ProgressState {
+            sink: call.progress.clone(),
+            cancel: call.cancel.clone(),
+        }
+    }
+}
+
+impl Host for CallState {
+    fn progress(&mut self, step: u32, steps: u32, message: Option<String>) -> wasmtime::Result<()> {
+        self.hostcalls.charge(message.as_ref().map_or(0, String::len))?;
+        self.progress.sink.report(step, steps.max(step), message);
+        Ok(())
+    }
+
+    fn is_canceled(&mut self) -> wasmtime::Result<bool> {
+        Ok(self.progress.cancel.is_canceled())
+    }
+}
