@@ -37,7 +37,7 @@ fn main() {
             ));
         }
     }
-    let code = format!("/// Built-in plugins: (name, component bytes).\npub static BUILTIN_PLUGINS: &[(&str, &[u8])] = &[\n{entries}];\n");
+    let code = format!("/// Built-in plugins: (name, component bytes).\npub(crate) static BUILTIN_PLUGINS: &[(&str, &[u8])] = &[\n{entries}];\n");
     std::fs::write(out, code).unwrap();
 }
 

@@ -12,7 +12,7 @@ use super::simd::{self, exp, Kernel};
 use super::{contiguous_f32, filled, par_init};
 
 /// `a · gelu(g)` for `x = [a | g]` along the last dimension.
-pub fn geglu(x: &Tensor) -> Result<Tensor> {
+pub(crate) fn geglu(x: &Tensor) -> Result<Tensor> {
     if x.device().is_cpu() && x.dtype() == DType::F32 {
         return x.contiguous()?.apply_op1_no_bwd(&FusedGeglu);
     }

@@ -18,14 +18,14 @@ const ROWS_PER_TASK: usize = 64;
 
 /// `y = x · weightᵀ + bias` over the last dimension: `[.., inputs] → [.., outputs]`.
 #[derive(Debug, Clone)]
-pub struct Linear {
+pub(crate) struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
 }
 
 impl Linear {
     /// Reads `weight` (`[outputs, inputs]`) and `bias` (`[outputs]`) from `vb`.
-    pub fn new(vb: VarBuilder, inputs: usize, outputs: usize) -> Result<Self> {
+    pub(crate) fn new(vb: VarBuilder, inputs: usize, outputs: usize) -> Result<Self> {
         Ok(Linear {
             weight: vb.get((outputs, inputs), "weight")?,
             bias: Some(vb.get(outputs, "bias")?),
@@ -34,7 +34,7 @@ impl Linear {
 
     /// Bias-free layers of one input width, stacked into one: the output is their outputs
     /// side by side, in order (`parts` gives each one's weights and output width).
-    pub fn stacked_without_bias(parts: &[(VarBuilder, usize)], inputs: usize) -> Result<Self> {
+    pub(crate) fn stacked_without_bias(parts: &[(VarBuilder, usize)], inputs: usize) -> Result<Self> {
         let weights = parts
             .iter()
             .map(|(vb, outputs)| vb.get((*outputs, inputs), "weight"))
@@ -46,7 +46,7 @@ impl Linear {
     }
 
     /// `x · weightᵀ + bias + residual`, `residual` of the output's shape.
-    pub fn forward_add(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward_add(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
         self.forward_with(x, Some(residual))
     }
 

@@ -17,7 +17,7 @@ pub(crate) struct View<'a> {
 
 impl<'a> View<'a> {
     /// A row-major `rows × cols` matrix.
-    pub fn rows(data: &'a [f32], rows: usize, cols: usize) -> Self {
+    pub(crate) fn rows(data: &'a [f32], rows: usize, cols: usize) -> Self {
         View {
             data,
             rows,
@@ -28,7 +28,7 @@ impl<'a> View<'a> {
     }
 
     /// The transpose, without moving data.
-    pub fn t(self) -> Self {
+    pub(crate) fn t(self) -> Self {
         View {
             rows: self.cols,
             cols: self.rows,

@@ -14,7 +14,7 @@ use super::{contiguous_f32, filled, par_init};
 
 /// `GroupNorm(groups, channels, eps)` with learned `weight` and `bias`, then SiLU if asked.
 #[derive(Debug, Clone)]
-pub struct GroupNorm {
+pub(crate) struct GroupNorm {
     weight: Tensor,
     bias: Tensor,
     groups: usize,
@@ -24,7 +24,7 @@ pub struct GroupNorm {
 
 impl GroupNorm {
     /// Reads `weight` and `bias` (`[channels]`) from `vb`.
-    pub fn new(vb: VarBuilder, groups: usize, channels: usize, eps: f64, silu: bool) -> Result<Self> {
+    pub(crate) fn new(vb: VarBuilder, groups: usize, channels: usize, eps: f64, silu: bool) -> Result<Self> {
         if groups == 0 || !channels.is_multiple_of(groups) {
             candle_core::bail!("group norm: {channels} channels do not split into {groups} groups");
         }

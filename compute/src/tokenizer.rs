@@ -17,18 +17,18 @@ use std::sync::OnceLock;
 use regex::Regex;
 
 /// `<|startoftext|>`.
-pub const BOS: u32 = 49406;
+pub(crate) const BOS: u32 = 49406;
 /// `<|endoftext|>`; SD1 also pads with it.
-pub const EOS: u32 = 49407;
+pub(crate) const EOS: u32 = 49407;
 /// Token positions of CLIP's text encoder.
-pub const CONTEXT_LENGTH: usize = 77;
+pub(crate) const CONTEXT_LENGTH: usize = 77;
 
 const VOCAB_GZ: &[u8] = include_bytes!("../assets/clip/bpe_simple_vocab_16e6.txt.gz");
 /// CLIP uses the first 49152 - 256 - 2 merges of the file.
 const MERGES: usize = 49152 - 256 - 2;
 
 /// A CLIP BPE tokenizer.
-pub struct ClipTokenizer {
+pub(crate) struct ClipTokenizer {
     encoder: HashMap<String, u32>,
     ranks: HashMap<(String, String), usize>,
     byte_chars: [char; 256],
@@ -59,20 +59,20 @@ fn bytes_to_unicode() -> Vec<(u8, char)> {
 
 impl ClipTokenizer {
     /// The tokenizer with CLIP's shipped vocabulary (parsed once per process).
-    pub fn shared() -> &'static ClipTokenizer {
+    pub(crate) fn shared() -> &'static ClipTokenizer {
         static T: OnceLock<ClipTokenizer> = OnceLock::new();
         T.get_or_init(|| ClipTokenizer::from_gz(VOCAB_GZ).expect("the shipped CLIP vocabulary is valid"))
     }
 
     /// Builds a tokenizer from a gzipped `bpe_simple_vocab_16e6.txt`.
-    pub fn from_gz(gz: &[u8]) -> anyhow::Result<ClipTokenizer> {
+    pub(crate) fn from_gz(gz: &[u8]) -> anyhow::Result<ClipTokenizer> {
         let mut text = String::new();
         flate2::read::GzDecoder::new(gz).read_to_string(&mut text)?;
         ClipTokenizer::from_merges(&text)
     }
 
     /// Builds a tokenizer from the text of `bpe_simple_vocab_16e6.txt`.
-    pub fn from_merges(text: &str) -> anyhow::Result<ClipTokenizer> {
+    pub(crate) fn from_merges(text: &str) -> anyhow::Result<ClipTokenizer> {
         let merges: Vec<(String, String)> = text
             .split('\n')
             .skip(1)
@@ -118,7 +118,7 @@ impl ClipTokenizer {
     }
 
     /// Token ids of `text` without start/end tokens.
-    pub fn encode(&self, text: &str) -> Vec<u32> {
+    pub(crate) fn encode(&self, text: &str) -> Vec<u32> {
         let clean = text.split_whitespace().collect::<Vec<_>>().join(" ").to_lowercase();
         let mut out = Vec::new();
         for m in self.pattern.find_iter(&clean) {
@@ -130,7 +130,7 @@ impl ClipTokenizer {
 
     /// SD1 text-encoder input: `BOS`, up to 75 tokens of `text`, `EOS`, padded with `EOS` to
     /// [`CONTEXT_LENGTH`] (ComfyUI's SD1 tokenizer pads with the end token).
-    pub fn encode_padded(&self, text: &str) -> Vec<u32> {
+    pub(crate) fn encode_padded(&self, text: &str) -> Vec<u32> {
         let mut ids = vec![BOS];
         ids.extend(self.encode(text).into_iter().take(CONTEXT_LENGTH - 2));
         ids.push(EOS);

@@ -1,7 +1,7 @@
 //! The few bits of JSON the SDK writes (input defaults).
 
 /// Values that can be an input's default, written as JSON text.
-pub trait JsonLiteral {
+pub(crate) trait JsonLiteral {
     /// This value as JSON text.
     fn to_json(&self) -> String;
 }
@@ -49,7 +49,7 @@ impl JsonLiteral for f64 {
 }
 
 /// `s` as a JSON string literal.
-pub fn json_string(s: &str) -> String {
+pub(crate) fn json_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {

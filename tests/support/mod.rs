@@ -11,17 +11,17 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 /// Repository root.
-pub fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
 /// The weft binary under test.
-pub fn weft_bin() -> PathBuf {
+pub(crate) fn weft_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_weft"))
 }
 
 /// A running server, killed on drop.
-pub struct Server {
+pub(crate) struct Server {
     child: Child,
     /// `http://127.0.0.1:PORT`.
     pub base: String,
@@ -36,7 +36,7 @@ pub struct Server {
 
 /// How to start a server.
 #[derive(Default, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// Extra `weft serve` arguments.
     pub args: Vec<String>,
     /// Existing data dir (for restart tests).
@@ -49,12 +49,12 @@ pub struct Options {
 
 impl Server {
     /// Starts `weft serve` with default options.
-    pub fn start() -> Server {
+    pub(crate) fn start() -> Server {
         Self::with(Options::default())
     }
 
     /// Starts `weft serve` with `options`, waiting until it is ready.
-    pub fn with(options: Options) -> Server {
+    pub(crate) fn with(options: Options) -> Server {
         let (temp, data_dir) = match options.data_dir.clone() {
             Some(d) => (None, d),
             None => {
@@ -126,7 +126,7 @@ impl Server {
     }
 
     /// `base + path` (an absolute URL is returned as it is).
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         if path.starts_with("http://") || path.starts_with("https://") {
             return path.to_string();
         }
@@ -141,27 +141,27 @@ impl Server {
     }
 
     /// Sends `token` (or none) as the bearer token from now on.
-    pub fn set_token(&self, token: Option<&str>) {
+    pub(crate) fn set_token(&self, token: Option<&str>) {
         *self.token.lock().unwrap() = token.map(String::from);
     }
 
     /// GET `path`.
-    pub fn get(&self, path: &str) -> reqwest::blocking::Response {
+    pub(crate) fn get(&self, path: &str) -> reqwest::blocking::Response {
         self.auth(self.http.get(self.url(path))).send().unwrap()
     }
 
     /// POST JSON to `path`.
-    pub fn post(&self, path: &str, body: &Value) -> reqwest::blocking::Response {
+    pub(crate) fn post(&self, path: &str, body: &Value) -> reqwest::blocking::Response {
         self.auth(self.http.post(self.url(path)).json(body)).send().unwrap()
     }
 
     /// A request builder with auth.
-    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::blocking::RequestBuilder {
+    pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::blocking::RequestBuilder {
         self.auth(self.http.request(method, self.url(path)))
     }
 
     /// Submits `workflow`, asserting 201, returning the job.
-    pub fn submit(&self, workflow: Value) -> Value {
+    pub(crate) fn submit(&self, workflow: Value) -> Value {
         let r = self.post("/api/v2/jobs", &json!({ "workflow": workflow }));
         let status = r.status().as_u16();
         let body: Value = r.json().unwrap();
@@ -170,7 +170,7 @@ impl Server {
     }
 
     /// Polls job `id` until it is terminal, returning it.
-    pub fn wait(&self, id: &str) -> Value {
+    pub(crate) fn wait(&self, id: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(240);
         loop {
             let job: Value = self.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
@@ -184,20 +184,20 @@ impl Server {
     }
 
     /// Submits and waits.
-    pub fn run(&self, workflow: Value) -> Value {
+    pub(crate) fn run(&self, workflow: Value) -> Value {
         let job = self.submit(workflow);
         self.wait(job["id"].as_str().unwrap())
     }
 
     /// Downloads an output or asset by its `url` (host-relative).
-    pub fn download(&self, url: &str) -> Vec<u8> {
+    pub(crate) fn download(&self, url: &str) -> Vec<u8> {
         let r = self.http.get(self.url(url)).send().unwrap();
         assert_eq!(r.status().as_u16(), 200, "download of {url} failed");
         r.bytes().unwrap().to_vec()
     }
 
     /// Uploads `bytes` as an asset named `name`, returning the asset record.
-    pub fn upload(&self, name: &str, bytes: Vec<u8>) -> Value {
+    pub(crate) fn upload(&self, name: &str, bytes: Vec<u8>) -> Value {
         let form = reqwest::blocking::multipart::Form::new()
             .part(
                 "file",
@@ -216,12 +216,12 @@ impl Server {
     }
 
     /// The process id.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Kills the server hard (SIGKILL) and waits for it.
-    pub fn kill(mut self) -> PathBuf {
+    pub(crate) fn kill(mut self) -> PathBuf {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let dir = self.data_dir.clone();
@@ -242,7 +242,7 @@ impl Drop for Server {
 
 /// Builds the hostile test plugins (a no-op when up to date) and returns the directory of
 /// their components.
-pub fn test_plugins_dir() -> PathBuf {
+pub(crate) fn test_plugins_dir() -> PathBuf {
     let status = Command::new(root().join("scripts/build-wasm.sh"))
         .arg("test")
         .stdout(Stdio::null())
@@ -253,7 +253,7 @@ pub fn test_plugins_dir() -> PathBuf {
 }
 
 /// A plugins dir holding only the named components from the test build.
-pub fn plugins_with(names: &[&str]) -> tempfile::TempDir {
+pub(crate) fn plugins_with(names: &[&str]) -> tempfile::TempDir {
     let built = test_plugins_dir();
     let dir = tempfile::tempdir().unwrap();
     for name in names {
@@ -264,13 +264,13 @@ pub fn plugins_with(names: &[&str]) -> tempfile::TempDir {
 }
 
 /// The error envelope's code.
-pub fn error_code(body: &Value) -> &str {
+pub(crate) fn error_code(body: &Value) -> &str {
     body["error"]["code"].as_str().unwrap_or("")
 }
 
 /// Creates an API key for `tenant` in `data_dir` with `weft keys create`, returning the key
 /// (printed on the command's last line).
-pub fn new_key(data_dir: &Path, tenant: &str) -> String {
+pub(crate) fn new_key(data_dir: &Path, tenant: &str) -> String {
     let out = Command::new(weft_bin())
         .args(["keys", "create", "--tenant", tenant, "--data-dir"])
         .arg(data_dir)
@@ -288,7 +288,7 @@ pub fn new_key(data_dir: &Path, tenant: &str) -> String {
 
 /// A server with the counter test plugin (`SlowCounter`, `PoliteCounter`) and `args`; keep
 /// the returned directory alive as long as the server.
-pub fn slow_server(args: &[&str]) -> (Server, tempfile::TempDir) {
+pub(crate) fn slow_server(args: &[&str]) -> (Server, tempfile::TempDir) {
     let plugins = plugins_with(&["weft_test_counter"]);
     let server = Server::with(Options {
         args: args.iter().map(|s| s.to_string()).collect(),
@@ -300,7 +300,7 @@ pub fn slow_server(args: &[&str]) -> (Server, tempfile::TempDir) {
 
 /// A workflow that counts for `seconds` (`SlowCounter` from the counter test plugin, see
 /// [`slow_server`]) and previews the count.
-pub fn slow_workflow(seconds: f64) -> Value {
+pub(crate) fn slow_workflow(seconds: f64) -> Value {
     json!({
         "1": {"class_type": "SlowCounter", "inputs": {"seconds": seconds}},
         "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}

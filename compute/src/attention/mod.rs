@@ -37,7 +37,7 @@ const KEYS: usize = 512;
 /// `k, v: [b, m, heads·d]`; returns `[b, n, heads·d]`, the heads side by side. The inputs'
 /// rows may be strided (columns of a wider tensor) as long as each row's elements are
 /// adjacent.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale: f64) -> Result<Tensor> {
+pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale: f64) -> Result<Tensor> {
     let (b, n, width) = q.dims3()?;
     let (kb, m, kwidth) = k.dims3()?;
     if heads == 0 || width % heads != 0 || kb != b || kwidth != width || v.dims3()? != (b, m, width) {

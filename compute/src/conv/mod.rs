@@ -25,7 +25,7 @@ use super::{filled, par_init, repeated, with_buffer, CpuF32};
 
 /// A square-kernel convolution with bias: `[b, cin, h, w] → [b, cout, h', w']`.
 #[derive(Debug, Clone)]
-pub struct Conv2d {
+pub(crate) struct Conv2d {
     weight: Tensor,
     bias: Tensor,
     stride: usize,
@@ -57,7 +57,14 @@ thread_local! {
 
 impl Conv2d {
     /// Reads `weight` (`[cout, cin, k, k]`) and `bias` (`[cout]`) from `vb`.
-    pub fn new(vb: VarBuilder, cin: usize, cout: usize, kernel: usize, stride: usize, padding: usize) -> Result<Self> {
+    pub(crate) fn new(
+        vb: VarBuilder,
+        cin: usize,
+        cout: usize,
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+    ) -> Result<Self> {
         if stride == 0 {
             candle_core::bail!("conv2d: stride must be at least 1");
         }
@@ -78,7 +85,12 @@ impl Conv2d {
     /// gives `[h'·w', cout]`, and that is turned back to NCHW in the same pass that adds the
     /// bias, shift and residual. At SD1's 64x64 level the product runs about 35% faster that
     /// way than channel-major, which more than pays for the two transposes.
-    pub fn forward_fused(&self, x: &Tensor, shift: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
+    pub(crate) fn forward_fused(
+        &self,
+        x: &Tensor,
+        shift: Option<&Tensor>,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
         if !(x.device().is_cpu() && x.dtype() == DType::F32) {
             let cfg = Conv2dConfig {
                 padding: self.padding,
@@ -181,7 +193,7 @@ impl Conv2d {
 
     /// A 1×1 convolution from NCHW `x` to tokens `[b, h·w, cout]`, the layout of the
     /// transformer blocks (the transpose is folded into the product).
-    pub fn forward_to_tokens(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward_to_tokens(&self, x: &Tensor) -> Result<Tensor> {
         let (b, cin, h, w) = x.dims4()?;
         let cout = self.pointwise(cin)?;
         if !(x.device().is_cpu() && x.dtype() == DType::F32) {
@@ -214,7 +226,12 @@ impl Conv2d {
 
     /// A 1×1 convolution from tokens `[b, h·w, cin]` back to NCHW `[b, cout, h, w]`, plus
     /// `residual` (of the output's shape).
-    pub fn forward_from_tokens(&self, tokens: &Tensor, (h, w): (usize, usize), residual: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward_from_tokens(
+        &self,
+        tokens: &Tensor,
+        (h, w): (usize, usize),
+        residual: &Tensor,
+    ) -> Result<Tensor> {
         let (b, p, cin) = tokens.dims3()?;
         let cout = self.pointwise(cin)?;
         if p != h * w {

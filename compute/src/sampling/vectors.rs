@@ -13,11 +13,11 @@ use super::scheduler::{ksampler_sigmas, sigmas, Scheduler};
 use super::{Denoiser, Tensor};
 
 /// Tolerance for scheduler outputs and the sigma table.
-pub const SCHEDULER_TOL: f64 = 1e-6;
+pub(super) const SCHEDULER_TOL: f64 = 1e-6;
 /// Tolerance for sampler trajectories.
-pub const SAMPLER_TOL: f64 = 1e-4;
+pub(super) const SAMPLER_TOL: f64 = 1e-4;
 /// Tolerance for noise emulating torch's non-AVX kernel (the AVX2 path must be bit-exact).
-pub const NOISE_NO_AVX_TOL: f64 = 2e-6;
+pub(super) const NOISE_NO_AVX_TOL: f64 = 2e-6;
 
 /// Outcome of one case.
 #[derive(Debug, Clone, PartialEq)]

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A running `weft serve`, killed when dropped; its data directory lives as long as it does.
-pub struct Server {
+pub(crate) struct Server {
     /// The process.
     pub child: Child,
     /// `http://127.0.0.1:PORT`.
@@ -20,7 +20,7 @@ pub struct Server {
 
 impl Server {
     /// `127.0.0.1:PORT`, for raw TCP clients.
-    pub fn addr(&self) -> &str {
+    pub(crate) fn addr(&self) -> &str {
         self.base.trim_start_matches("http://")
     }
 }
@@ -34,7 +34,7 @@ impl Drop for Server {
 
 /// Starts `bin serve` on a free loopback port with its data in `dir`, plus `args`, logging at
 /// `log`. Returns once `/healthz` answers 200, with the time that took.
-pub fn start(bin: &Path, dir: tempfile::TempDir, args: &[&str], log: &str) -> (Server, Duration) {
+pub(crate) fn start(bin: &Path, dir: tempfile::TempDir, args: &[&str], log: &str) -> (Server, Duration) {
     let started = Instant::now();
     let mut child = Command::new(bin)
         .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
@@ -72,7 +72,7 @@ pub fn start(bin: &Path, dir: tempfile::TempDir, args: &[&str], log: &str) -> (S
 }
 
 /// The `p` quantile (0 to 1) of ascending `sorted` samples; zero when there are none.
-pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -80,7 +80,7 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 /// Resident memory of process `pid` in MiB (0 where `/proc` is missing).
-pub fn rss_mib(pid: u32) -> f64 {
+pub(crate) fn rss_mib(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib: f64 = status
         .lines()

@@ -12,15 +12,33 @@ use crate::jobs::assets::AssetError;
 #[derive(Debug, Clone)]
 pub enum ApiError {
     /// 422: graph validation failed, with per-node details.
-    InvalidWorkflow { message: String, details: Json },
+    InvalidWorkflow {
+        /// What is wrong, for people.
+        message: String,
+        /// `node_errors` and the other per-node details.
+        details: Json,
+    },
     /// 422: the workflow is in the UI export format.
     WorkflowFormatUi(String),
     /// 422: referenced assets are missing or not the caller's.
-    MissingAsset { message: String, details: Json },
+    MissingAsset {
+        /// What is missing, for people.
+        message: String,
+        /// The missing references.
+        details: Json,
+    },
     /// 422: the idempotency key was already presented.
-    IdempotencyKeyReuse { job_id: Option<String> },
+    IdempotencyKeyReuse {
+        /// The job the key first created, when it is the caller's.
+        job_id: Option<String>,
+    },
     /// 409: the upload does not hash to `expected_hash`.
-    HashMismatch { expected: String, actual: String },
+    HashMismatch {
+        /// The hash the caller declared.
+        expected: String,
+        /// The hash of the bytes received.
+        actual: String,
+    },
     /// 404: no blob with this hash is available to the caller.
     BlobNotFound,
     /// 404: no such resource (for this caller), or no such route.
@@ -32,25 +50,52 @@ pub enum ApiError {
     /// 403: authenticated but not allowed.
     Forbidden(String),
     /// 402: out of credits.
-    InsufficientCredits { balance: i64, cost: i64 },
+    InsufficientCredits {
+        /// Credits left.
+        balance: i64,
+        /// What the job would cost.
+        cost: i64,
+    },
     /// 429: the queue is full.
-    QueueFull { retry_after: u64 },
+    QueueFull {
+        /// Seconds to wait before trying again (`Retry-After`).
+        retry_after: u64,
+    },
     /// 429: the deployment is still starting.
-    DeploymentNotReady { retry_after: u64 },
+    DeploymentNotReady {
+        /// Seconds to wait before trying again (`Retry-After`).
+        retry_after: u64,
+    },
     /// 422: the deployment was drained by its operator.
     DeploymentStopped,
     /// 429: too many open event streams.
-    TooManyStreams { retry_after: u64 },
+    TooManyStreams {
+        /// Seconds to wait before trying again (`Retry-After`).
+        retry_after: u64,
+    },
     /// 409: the asset is an output of a live job.
     AssetInUse,
     /// 400: the request is malformed.
-    BadRequest { code: &'static str, message: String },
+    BadRequest {
+        /// The error code.
+        code: &'static str,
+        /// What is wrong, for people.
+        message: String,
+    },
     /// 422: the request is well formed but a field breaks a rule (for example `metadata_invalid`).
-    Unprocessable { code: &'static str, message: String },
+    Unprocessable {
+        /// The error code.
+        code: &'static str,
+        /// What is wrong, for people.
+        message: String,
+    },
     /// 413: the body is larger than allowed.
     PayloadTooLarge(String),
     /// 416: the range cannot be satisfied.
-    RangeNotSatisfiable { size: u64 },
+    RangeNotSatisfiable {
+        /// The content's size in bytes.
+        size: u64,
+    },
     /// 500: an unexpected failure; the message is generic.
     Upstream,
 }

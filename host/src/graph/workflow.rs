@@ -16,7 +16,7 @@ pub(super) struct RawNode<'a> {
 
 impl<'a> RawNode<'a> {
     /// The ids of the nodes this node links to (with repeats, unchecked).
-    pub fn links(&self) -> impl Iterator<Item = &'a str> + 'a {
+    pub(crate) fn links(&self) -> impl Iterator<Item = &'a str> + 'a {
         self.inputs.values().filter_map(|raw| as_link(raw).map(|(n, _)| n))
     }
 }

@@ -12,7 +12,7 @@ use crate::runtime::{FileData, OutputFile, OutputKind};
 
 /// One encoded file, ready to store.
 #[derive(Debug)]
-pub struct EncodedFile {
+pub(crate) struct EncodedFile {
     /// File name.
     pub name: String,
     /// Output type.
@@ -25,7 +25,7 @@ pub struct EncodedFile {
 
 /// Per-job file numbering: each prefix counts from 1.
 #[derive(Default)]
-pub struct Numbering {
+pub(crate) struct Numbering {
     next: HashMap<String, u32>,
 }
 
@@ -55,7 +55,7 @@ fn clean_prefix(prefix: &str) -> String {
 }
 
 /// Encodes `file`; `workflow` goes into PNG text chunks.
-pub fn encode(file: &OutputFile, numbering: &mut Numbering, workflow: &str) -> Result<Vec<EncodedFile>, String> {
+pub(crate) fn encode(file: &OutputFile, numbering: &mut Numbering, workflow: &str) -> Result<Vec<EncodedFile>, String> {
     let mut out = Vec::new();
     match &file.data {
         FileData::Bytes(bytes) => {

@@ -18,4 +18,4 @@ wasmtime::component::bindgen!({
     imports: { default: trappable },
 });
 
-pub use weft::node::types as wit;
+pub(crate) use weft::node::types as wit;

@@ -5,7 +5,7 @@ use super::registry::{Manifest, PluginSource};
 include!(concat!(env!("OUT_DIR"), "/builtin_plugins.rs"));
 
 /// The built-in plugins, with empty manifests: they need no capabilities.
-pub fn sources() -> Vec<PluginSource> {
+pub(crate) fn sources() -> Vec<PluginSource> {
     BUILTIN_PLUGINS
         .iter()
         .map(|(name, bytes)| PluginSource {

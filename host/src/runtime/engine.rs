@@ -11,10 +11,10 @@ use super::limits::Limits;
 
 /// How often the epoch advances. Each running call checks its deadline and its job's
 /// cancel flag once per tick, so a cancel interrupts a node within about this long.
-pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// Builds the engine for `limits`, with pool slots for `concurrent_calls` simultaneous calls.
-pub fn build(limits: &Limits, concurrent_calls: u32) -> anyhow::Result<Engine> {
+pub(crate) fn build(limits: &Limits, concurrent_calls: u32) -> anyhow::Result<Engine> {
     let slots = concurrent_calls.max(4);
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(slots)
@@ -38,13 +38,13 @@ pub fn build(limits: &Limits, concurrent_calls: u32) -> anyhow::Result<Engine> {
 }
 
 /// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.
-pub struct EpochTicker {
+pub(crate) struct EpochTicker {
     stop: Arc<AtomicBool>,
 }
 
 impl EpochTicker {
     /// Starts the ticker thread for `engine`.
-    pub fn start(engine: &Engine) -> Self {
+    pub(crate) fn start(engine: &Engine) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let engine = engine.weak();
         let flag = stop.clone();

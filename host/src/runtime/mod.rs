@@ -26,7 +26,7 @@ mod value;
 mod worlds;
 
 pub use call::{AssetReader, CallContext, CancelToken, ProgressSink};
-pub use capabilities::diffusion::{DiffusionConfig, Library as ModelLibrary, FOLDERS as MODEL_FOLDERS};
+pub use capabilities::diffusion::{DiffusionConfig, Library as ModelLibrary};
 pub use capabilities::{Capabilities, CapabilityConfig, MusicConfig};
 pub use catalog::{Catalog, InputSpec, NodeDef, OutputSpec};
 pub use invoke::{NodeFailure, NodeOutput};

@@ -33,7 +33,7 @@ pub struct Manifest {
 }
 
 /// A loaded plugin, ready to instantiate.
-pub struct LoadedPlugin {
+pub(crate) struct LoadedPlugin {
     /// Plugin name.
     pub name: String,
     /// Where it came from.
@@ -48,7 +48,7 @@ pub struct LoadedPlugin {
 }
 
 /// Lists the plugins of `dir`: each `*.wasm` with its optional `<stem>.toml` manifest.
-pub fn scan_dir(dir: &Path) -> anyhow::Result<Vec<PluginSource>> {
+pub(crate) fn scan_dir(dir: &Path) -> anyhow::Result<Vec<PluginSource>> {
     let mut sources = Vec::new();
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| anyhow::anyhow!("cannot read plugins dir {}: {e}", dir.display()))?

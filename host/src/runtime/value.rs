@@ -136,30 +136,39 @@ impl Value {
 
 /// Host side of the `image` resource.
 #[derive(Debug, Clone)]
+#[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
 pub struct ImageRes(pub Arc<ImageBatch>);
 /// Host side of the `latent` resource.
 #[derive(Debug, Clone)]
+#[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
 pub struct LatentRes(pub Arc<LatentBatch>);
 /// Host side of the `mask` resource.
 #[derive(Debug, Clone)]
+#[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
 pub struct MaskRes(pub Arc<MaskBatch>);
 /// Host side of the `audio` resource.
 #[derive(Debug, Clone)]
+#[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
 pub struct AudioRes(pub Arc<AudioClip>);
 /// Host side of the `model` resource.
 #[derive(Debug, Clone)]
+#[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
 pub struct ModelRes(pub Arc<Opaque>);
 /// Host side of the `clip` resource.
 #[derive(Debug, Clone)]
+#[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
 pub struct ClipRes(pub Arc<Opaque>);
 /// Host side of the `vae` resource.
 #[derive(Debug, Clone)]
+#[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
 pub struct VaeRes(pub Arc<Opaque>);
 /// Host side of the `conditioning` resource.
 #[derive(Debug, Clone)]
+#[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
 pub struct ConditioningRes(pub Arc<Opaque>);
 /// Host side of the `handle` resource (`weft:node@0.2.0` on).
 #[derive(Debug, Clone)]
+#[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
 pub struct HandleRes(pub Handle);
 
 /// The kind of a committed output file: the interface's `OutputType`.

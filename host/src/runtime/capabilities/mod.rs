@@ -11,7 +11,7 @@ use wasmtime::component::{Linker, ResourceTable};
 use super::call::CallContext;
 use super::limits::{CallLimiter, HostcallBudget, Limits};
 
-pub mod diffusion;
+pub(crate) mod diffusion;
 mod images;
 mod music;
 mod progress;
@@ -72,7 +72,7 @@ macro_rules! capabilities {
         }
 
         /// Links every capability, in the order listed.
-        pub fn link_all(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+        pub(crate) fn link_all(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
             $(<$capability as Capability>::link(linker)
                 .map_err(|e| e.context(concat!("linking capability ", stringify!($field))))?;)*
             Ok(())

@@ -15,12 +15,12 @@ use super::catalog::NodeDef;
 use super::invoke::{NodeFailure, NodeOutput};
 use super::value::Value;
 
-pub mod v0_1;
-pub mod v0_2;
+pub(crate) mod v0_1;
+pub(crate) mod v0_2;
 
 /// A version of the `weft:node` contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum World {
+pub(crate) enum World {
     /// `weft:node@0.1.0`, the first released contract.
     V0_1,
     /// `weft:node@0.2.0`: generic handles, model-folder combos, the diffusion interface.
@@ -29,10 +29,10 @@ pub enum World {
 
 impl World {
     /// Every version the host serves, oldest first.
-    pub const ALL: [World; 2] = [World::V0_1, World::V0_2];
+    pub(crate) const ALL: [World; 2] = [World::V0_1, World::V0_2];
 
     /// The package version, for example `0.2.0`.
-    pub fn version(self) -> &'static str {
+    pub(crate) fn version(self) -> &'static str {
         match self {
             World::V0_1 => "0.1.0",
             World::V0_2 => "0.2.0",
@@ -41,7 +41,7 @@ impl World {
 
     /// The world `component` targets, from the version of the `weft:node/types` interface
     /// it imports (every plugin does: its exports use those types).
-    pub fn of(engine: &Engine, component: &Component) -> anyhow::Result<World> {
+    pub(crate) fn of(engine: &Engine, component: &Component) -> anyhow::Result<World> {
         let ty = component.component_type();
         let versions: Vec<&str> = ty
             .imports(engine)
@@ -61,7 +61,7 @@ impl World {
 }
 
 /// A plugin pre-linked against its own world.
-pub enum PluginPre {
+pub(crate) enum PluginPre {
     /// Built against `weft:node@0.1.0`.
     V0_1(super::bindings::PluginPre<CallState>),
     /// Built against `weft:node@0.2.0`.
@@ -70,7 +70,7 @@ pub enum PluginPre {
 
 impl PluginPre {
     /// Pre-links `component`, whose world is read from its imports.
-    pub fn new(engine: &Engine, linker: &Linker<CallState>, component: &Component) -> anyhow::Result<Self> {
+    pub(crate) fn new(engine: &Engine, linker: &Linker<CallState>, component: &Component) -> anyhow::Result<Self> {
         let world = World::of(engine, component)?;
         let pre = linker.instantiate_pre(component)?;
         Ok(match world {
@@ -80,7 +80,7 @@ impl PluginPre {
     }
 
     /// The world the plugin was built against.
-    pub fn world(&self) -> World {
+    pub(crate) fn world(&self) -> World {
         match self {
             PluginPre::V0_1(_) => World::V0_1,
             PluginPre::V0_2(_) => World::V0_2,
@@ -88,7 +88,7 @@ impl PluginPre {
     }
 
     /// Instantiates the plugin in `store` and calls its `describe()`.
-    pub fn describe(&self, store: &mut Store<CallState>, plugin: &str) -> wasmtime::Result<Vec<NodeDef>> {
+    pub(crate) fn describe(&self, store: &mut Store<CallState>, plugin: &str) -> wasmtime::Result<Vec<NodeDef>> {
         match self {
             PluginPre::V0_1(pre) => v0_1::describe(pre, store, plugin),
             PluginPre::V0_2(pre) => v0_2::describe(pre, store, plugin),
@@ -97,7 +97,7 @@ impl PluginPre {
 
     /// Instantiates the plugin in `store` and runs node `class` on `inputs`. `Err` is a
     /// trap or host error (the caller classifies it); `Ok(Err)` a failure already named.
-    pub fn execute(
+    pub(crate) fn execute(
         &self,
         store: &mut Store<CallState>,
         class: &str,

@@ -16,7 +16,7 @@ use super::super::value::*;
 use super::v0_2::wit as next;
 
 /// Calls the plugin's `describe()`.
-pub fn describe(
+pub(crate) fn describe(
     pre: &PluginPre<CallState>,
     store: &mut Store<CallState>,
     plugin: &str,
@@ -68,7 +68,7 @@ fn upgrade(def: wit::NodeDef) -> next::NodeDef {
 }
 
 /// Runs node `class` on `inputs`.
-pub fn execute(
+pub(crate) fn execute(
     pre: &PluginPre<CallState>,
     store: &mut Store<CallState>,
     class: &str,

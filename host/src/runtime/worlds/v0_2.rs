@@ -24,10 +24,10 @@ wasmtime::component::bindgen!({
     imports: { default: trappable },
 });
 
-pub use weft::node::types as wit;
+pub(crate) use weft::node::types as wit;
 
 /// Calls the plugin's `describe()`.
-pub fn describe(
+pub(crate) fn describe(
     pre: &PluginPre<CallState>,
     store: &mut Store<CallState>,
     plugin: &str,
@@ -40,7 +40,7 @@ pub fn describe(
 }
 
 /// Runs node `class` on `inputs`.
-pub fn execute(
+pub(crate) fn execute(
     pre: &PluginPre<CallState>,
     store: &mut Store<CallState>,
     class: &str,

@@ -31,7 +31,7 @@ use weft_compute::sampling::{SamplerKind, Scheduler, StepControl};
 use weft_compute::values::{LatentBatch, Opaque};
 use weft_compute::{device, ComputeError};
 
-pub use models_dir::{ModelsDir, FOLDERS};
+pub(crate) use models_dir::ModelsDir;
 
 /// Operator settings of the diffusion capability (`weft serve --models-dir`,
 /// `--model-cache-mib`).

@@ -6,7 +6,7 @@
 use std::path::{Component, Path, PathBuf};
 
 /// The folders of a models directory that nodes may name files in.
-pub const FOLDERS: [&str; 4] = ["checkpoints", "loras", "vae", "embeddings"];
+pub(crate) const FOLDERS: [&str; 4] = ["checkpoints", "loras", "vae", "embeddings"];
 
 /// File extensions listed (weft loads safetensors only).
 const EXTENSIONS: [&str; 2] = ["safetensors", "sft"];
@@ -16,7 +16,7 @@ const MAX_DEPTH: usize = 8;
 
 /// Why a model name was not resolved; each is a clean node error.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum NameError {
+pub(crate) enum NameError {
     /// The name is absolute, empty, or has `..` / `.` parts.
     #[error("{name:?} is not a file name inside the {folder} folder")]
     Invalid {
@@ -45,7 +45,7 @@ pub enum NameError {
 
 impl NameError {
     /// The node-error code.
-    pub fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> &'static str {
         match self {
             NameError::Invalid { .. } | NameError::Escapes { .. } => "invalid_model_name",
             NameError::NotFound { .. } => "model_not_found",
@@ -55,19 +55,19 @@ impl NameError {
 
 /// A models directory.
 #[derive(Debug, Clone)]
-pub struct ModelsDir {
+pub(crate) struct ModelsDir {
     root: PathBuf,
 }
 
 impl ModelsDir {
     /// The models directory at `root` (its folders need not exist yet).
-    pub fn new(root: PathBuf) -> Self {
+    pub(crate) fn new(root: PathBuf) -> Self {
         ModelsDir { root }
     }
 
     /// The model files of `folder`, as names relative to it (`/`-separated), sorted. Files
     /// that resolve outside the folder are left out; a missing folder lists nothing.
-    pub fn list(&self, folder: &str) -> Vec<String> {
+    pub(crate) fn list(&self, folder: &str) -> Vec<String> {
         if !FOLDERS.contains(&folder) {
             return Vec::new();
         }
@@ -82,7 +82,7 @@ impl ModelsDir {
     }
 
     /// The file that `name` means in `folder`, checked to stay inside the folder.
-    pub fn resolve(&self, folder: &str, name: &str) -> Result<PathBuf, NameError> {
+    pub(crate) fn resolve(&self, folder: &str, name: &str) -> Result<PathBuf, NameError> {
         let invalid = || NameError::Invalid {
             folder: folder.to_string(),
             name: name.to_string(),
