@@ -117,6 +117,9 @@ fn inputs(nodes: &Value, class: &str) -> Vec<(String, String, Value)> {
     out
 }
 
+/// A node's contract: class, `(input, type, default)` per input, output types, category.
+type NodeContract = (&'static str, Vec<(&'static str, &'static str, Value)>, Vec<&'static str>, &'static str);
+
 #[test]
 fn every_diffusion_node_has_comfyuis_inputs_defaults_and_outputs() {
     let models = models_dir();
@@ -124,7 +127,7 @@ fn every_diffusion_node_has_comfyuis_inputs_defaults_and_outputs() {
     let nodes: Value = server.get("/api/v2/nodes").json().unwrap();
     // (class, [(input, type, default)], outputs, category)
     let n = Value::Null;
-    let cases: Vec<(&str, Vec<(&str, &str, Value)>, Vec<&str>, &str)> = vec![
+    let cases: Vec<NodeContract> = vec![
         (
             "CheckpointLoaderSimple",
             vec![("ckpt_name", "COMBO", n.clone())],
@@ -506,7 +509,7 @@ fn safetensors_with(path: &Path, names: &[&str]) {
         );
     }
     let mut text = Value::Object(header).to_string().into_bytes();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut bytes = (text.len() as u64).to_le_bytes().to_vec();

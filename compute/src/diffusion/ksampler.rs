@@ -200,8 +200,11 @@ struct Guidance<'a> {
     scale: f32,
 }
 
+/// A latent region in cells: `(y, x, height, width)`.
+type Region = (usize, usize, usize, usize);
+
 /// The latent region an entry reads, in cells: `(y, x, height, width)`, clamped to the latent.
-fn region(area: Option<Area>, height: usize, width: usize) -> Option<(usize, usize, usize, usize)> {
+fn region(area: Option<Area>, height: usize, width: usize) -> Option<Region> {
     match area {
         None => Some((0, 0, height, width)),
         Some(a) => {
@@ -260,7 +263,7 @@ impl Guidance<'_> {
         let [b, c, height, width] = [self.shape[0], self.shape[1], self.shape[2], self.shape[3]];
         let mut out = vec![0.0f32; x.len()];
         let mut counts = vec![1e-37f32; x.len()];
-        let mut groups: Vec<((usize, usize, usize, usize), usize, Vec<&CondEntry>)> = Vec::new();
+        let mut groups: Vec<(Region, usize, Vec<&CondEntry>)> = Vec::new();
         for entry in entries {
             let Some(region) = region(entry.area, height, width) else {
                 continue;
