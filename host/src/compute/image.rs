@@ -74,7 +74,8 @@ impl ImageBatch {
     }
 
     /// Encodes image `index` of the batch as an 8-bit RGB PNG, with `text` as tEXt chunks
-    /// (ComfyUI stores `prompt` and `workflow` there).
+    /// (ComfyUI stores `prompt` and `workflow` there). Values are quantised as ComfyUI's
+    /// `SaveImage` does: `255 · v` in float32, clamped to 0..=255 and truncated.
     pub fn encode_png(&self, index: u32, text: &[(String, String)]) -> Result<Vec<u8>, ComputeError> {
         if index >= self.batch {
             return Err(ComputeError::invalid(format!(
@@ -86,7 +87,7 @@ impl ImageBatch {
         let start = index as usize * len;
         let bytes: Vec<u8> = self.data[start..start + len]
             .iter()
-            .map(|v| (v.clamp(0.0, 1.0) * 255.0).round() as u8)
+            .map(|v| (v * 255.0).clamp(0.0, 255.0) as u8)
             .collect();
         let mut out = Vec::with_capacity(bytes.len() / 2 + 1024);
         {

@@ -3,6 +3,8 @@
 //! wasm, jobs or HTTP.
 
 pub mod attention;
+#[cfg(test)]
+mod comfyui_parity;
 pub mod conv;
 pub mod device;
 pub mod geglu;
