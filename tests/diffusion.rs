@@ -118,7 +118,12 @@ fn inputs(nodes: &Value, class: &str) -> Vec<(String, String, Value)> {
 }
 
 /// A node's contract: class, `(input, type, default)` per input, output types, category.
-type NodeContract = (&'static str, Vec<(&'static str, &'static str, Value)>, Vec<&'static str>, &'static str);
+type NodeContract = (
+    &'static str,
+    Vec<(&'static str, &'static str, Value)>,
+    Vec<&'static str>,
+    &'static str,
+);
 
 #[test]
 fn every_diffusion_node_has_comfyuis_inputs_defaults_and_outputs() {

@@ -6,7 +6,8 @@ use super::values::LatentBatch;
 use super::ComputeError;
 
 /// Encodes image `index` of `image` as an 8-bit RGB PNG, with `text` as tEXt chunks
-/// (ComfyUI stores `prompt` and `workflow` there).
+/// (ComfyUI stores `prompt` and `workflow` there). Values are quantised as ComfyUI's
+/// `SaveImage` does: `255 · v` in float32, clamped to 0..=255 and truncated.
 pub fn encode_png(image: &ImageBatch, index: u32, text: &[(String, String)]) -> Result<Vec<u8>, ComputeError> {
     if index >= image.batch {
         return Err(ComputeError::invalid(format!(
@@ -18,7 +19,7 @@ pub fn encode_png(image: &ImageBatch, index: u32, text: &[(String, String)]) -> 
     let start = index as usize * len;
     let bytes: Vec<u8> = image.data[start..start + len]
         .iter()
-        .map(|v| (v.clamp(0.0, 1.0) * 255.0).round() as u8)
+        .map(|v| (v * 255.0).clamp(0.0, 255.0) as u8)
         .collect();
     let mut out = Vec::with_capacity(bytes.len() / 2 + 1024);
     {

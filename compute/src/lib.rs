@@ -18,6 +18,8 @@
 
 mod attention;
 pub mod codecs;
+#[cfg(test)]
+mod comfyui_parity;
 mod conv;
 pub mod device;
 pub mod diffusion;

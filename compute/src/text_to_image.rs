@@ -133,6 +133,16 @@ pub fn text_to_image(
     req: &TextToImage,
     callback: &mut dyn FnMut(&StepInfo<'_>) -> StepControl,
 ) -> Result<ImageBatch> {
+    vae::decode(models, &text_to_latent(models, req, callback)?)
+}
+
+/// The pipeline up to the sampler's result: the latent `VAEDecode` receives, in the VAE's
+/// space (ComfyUI's `LATENT`, as its `SaveLatent` writes it).
+pub fn text_to_latent(
+    models: &Sd1Models,
+    req: &TextToImage,
+    callback: &mut dyn FnMut(&StepInfo<'_>) -> StepControl,
+) -> Result<Tensor> {
     let scale = vae_scale(models);
     anyhow::ensure!(
         req.width >= scale
@@ -161,7 +171,7 @@ pub fn text_to_image(
     let mut denoiser = |x: &Tensor, sigma: f32| unet.denoise(x, sigma);
     let mut step_noise = TorchNoise::new(req.seed);
     let latent = sample(req.sampler, &mut denoiser, x0, &sigmas, &mut step_noise, callback)?;
-    vae::decode(models, &vae::process_out(&latent))
+    Ok(vae::process_out(&latent))
 }
 
 #[cfg(test)]

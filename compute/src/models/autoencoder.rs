@@ -288,8 +288,7 @@ mod tests {
         let cfg = Sd1Config::tiny();
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
-        let theirs = AutoEncoderKL::new(vb.clone(), 3, 3, super::super::candle_sd1::vae_config(&cfg)).unwrap();
-        let ours = Sd1Vae::new(vb, &cfg).unwrap();
+        let theirs = AutoEncoderKL::new(vb, 3, 3, super::super::candle_sd1::vae_config(&cfg)).unwrap();
         // Random biases and norm parameters too, so that every term is exercised; candle's
         // posterior keeps its mean private, so its log-variance is pinned at -1e4 (a zero
         // standard deviation: sampling gives the mean). Ours reads only the mean's half.
@@ -313,6 +312,23 @@ mod tests {
             };
             var.set(&value).unwrap();
         }
+        // candle made the attention projections linear ([c, c]); checkpoints hold them as
+        // 1x1 convolutions ([c, c, 1, 1]), as this autoencoder reads them.
+        let tensors = varmap
+            .data()
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(name, var)| {
+                let t = var.as_tensor();
+                let t = match t.dims() {
+                    &[rows, cols] => t.reshape((rows, cols, 1, 1)).unwrap(),
+                    _ => t.clone(),
+                };
+                (name.clone(), t)
+            })
+            .collect();
+        let ours = Sd1Vae::new(VarBuilder::from_tensors(tensors, DType::F32, &dev), &cfg).unwrap();
         let compare = |what: &str, got: Tensor, want: Tensor| {
             assert_eq!(got.dims(), want.dims(), "{what}");
             let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();

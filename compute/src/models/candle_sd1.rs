@@ -3,7 +3,7 @@
 //! [`crate::device::select_device`]).
 //!
 //! The checkpoint is validated by [`open_sd1`] first (header cap, bounds, shapes, dtypes, arch),
-//! then memory-mapped; tensors are renamed with [`ldm_to_candle`]. Errors from validation are
+//! then read tensor by tensor; tensors are renamed with [`ldm_to_candle`]. Errors from validation are
 //! [`CheckpointError`](crate::models::CheckpointError)s inside the returned
 //! `anyhow::Error` (use `downcast_ref`).
 
@@ -73,24 +73,20 @@ pub fn load_sd1(path: &Path, device: &Device) -> Result<Sd1Models> {
 /// Loads networks of layout `cfg` from `path` (float32).
 pub fn load_sd1_with_config(path: &Path, cfg: &Sd1Config, device: &Device) -> Result<Sd1Models> {
     let index = open_sd1(path, cfg, DEFAULT_MAX_HEADER)?;
-    // SAFETY: the file was just validated; like every mmap-based loader we assume it is not
-    // modified while mapped.
-    let mm = unsafe { candle_core::safetensors::MmapedSafetensors::new(path) }
-        .with_context(|| format!("memory-mapping {}", path.display()))?;
+    // Tensor by tensor, read and converted in parallel: the file is not mapped, so only its
+    // float32 copy counts against the process's memory, not the float16 pages as well.
     let mut parts: HashMap<Component, HashMap<String, Tensor>> = HashMap::new();
     let mut bytes = 0u64;
-    for name in index.tensors.keys() {
+    for (name, info) in &index.tensors {
         let Some((component, target)) = ldm_to_candle(name, cfg) else {
             continue;
         };
-        let t = mm
-            .load(name, device)
-            .with_context(|| format!("loading tensor {name}"))?
-            .to_dtype(DType::F32)?;
+        let values = index.read_f32(name)?;
+        let t = Tensor::from_vec(values, info.shape.as_slice(), device)
+            .with_context(|| format!("loading tensor {name}"))?;
         bytes += t.elem_count() as u64 * 4;
         parts.entry(component).or_default().insert(target, t);
     }
-    drop(mm);
     let mut take = |c: Component| parts.remove(&c).unwrap_or_default();
     let unet_vb = VarBuilder::from_tensors(take(Component::Unet), DType::F32, device);
     let unet = Sd1Unet::new(unet_vb, cfg).context("building the UNet")?;
