@@ -83,6 +83,16 @@ enum ModelsCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Writes a tiny random-weight standalone VAE (original layout) for `weft models tiny-sd`
+    /// checkpoints, for the `vae` models folder.
+    TinyVae {
+        /// Output .safetensors file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Writes a tiny random LoRA (kohya layout) that fits `weft models tiny-sd` checkpoints.
     TinyLora {
         /// Output .safetensors file.
@@ -499,6 +509,13 @@ fn main() -> anyhow::Result<()> {
         } => {
             weft::compute::models::write_random_checkpoint(&out, &weft::compute::models::Sd1Config::tiny(), seed)?;
             println!("wrote a tiny random-weight SD1 checkpoint to {}", out.display());
+            Ok(())
+        }
+        Command::Models {
+            command: ModelsCommand::TinyVae { out, seed },
+        } => {
+            weft::compute::diffusion::write_random_vae(&out, &weft::compute::models::Sd1Config::tiny(), seed)?;
+            println!("wrote a tiny random-weight VAE to {}", out.display());
             Ok(())
         }
         Command::Models {
