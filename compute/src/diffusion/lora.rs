@@ -199,8 +199,9 @@ pub fn load_component(
     Ok(tensors)
 }
 
-/// Writes a random kohya-layout LoRA of rank `rank` for layout `cfg`: every linear weight of
-/// the UNet's attention and of the text encoder's layers, `alpha` equal to the rank.
+/// Writes a random kohya-layout LoRA of rank `rank` for layout `cfg`: every linear and 1x1
+/// convolution weight of the UNet's transformer blocks and of the text encoder's layers,
+/// `alpha` equal to the rank.
 pub fn write_random_lora(path: &Path, cfg: &Sd1Config, seed: u64, rank: usize) -> std::io::Result<()> {
     let mut g = TorchGenerator::new(seed);
     let mut tensors = Vec::new();
@@ -208,26 +209,28 @@ pub fn write_random_lora(path: &Path, cfg: &Sd1Config, seed: u64, rank: usize) -
         let Some((component, candle)) = ldm_to_candle(&ldm, cfg) else {
             continue;
         };
-        let wanted = match component {
-            Component::Unet => candle.contains(".attn"),
-            Component::Clip => candle.contains(".layers."),
-            Component::Vae => false,
+        let prefix = match component {
+            Component::Unet if candle.contains(".attentions.") => "lora_unet",
+            Component::Clip if candle.contains(".layers.") => "lora_te",
+            _ => continue,
         };
-        let (Some(part), [rows, cols]) = (key_part(&candle), shape.as_slice()) else {
-            continue;
+        let (rows, cols, conv) = match shape.as_slice() {
+            [rows, cols] => (*rows, *cols, false),
+            [rows, cols, 1, 1] => (*rows, *cols, true),
+            _ => continue,
         };
-        if !wanted {
+        let Some(part) = key_part(&candle) else {
             continue;
-        }
-        let prefix = if component == Component::Unet {
-            "lora_unet"
-        } else {
-            "lora_te"
         };
         let key = format!("{prefix}_{part}");
-        let mut draw = |n: usize| g.randn(n).into_iter().map(|v| v * 0.1).collect::<Vec<f32>>();
-        tensors.push((format!("{key}.lora_down.weight"), vec![rank, *cols], draw(rank * cols)));
-        tensors.push((format!("{key}.lora_up.weight"), vec![*rows, rank], draw(rows * rank)));
+        let mut draw = |n: usize| g.randn(n).into_iter().map(|v| v * 0.2).collect::<Vec<f32>>();
+        let (down_shape, up_shape) = if conv {
+            (vec![rank, cols, 1, 1], vec![rows, rank, 1, 1])
+        } else {
+            (vec![rank, cols], vec![rows, rank])
+        };
+        tensors.push((format!("{key}.lora_down.weight"), down_shape, draw(rank * cols)));
+        tensors.push((format!("{key}.lora_up.weight"), up_shape, draw(rows * rank)));
         tensors.push((format!("{key}.alpha"), vec![], vec![rank as f32]));
     }
     let mut meta = BTreeMap::new();

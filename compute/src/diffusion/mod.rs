@@ -4,6 +4,7 @@
 //! decoding with ComfyUI's cropping and inpainting. Nothing here knows about wasm, jobs or
 //! HTTP; the runtime's `diffusion` capability exposes it to nodes by handle.
 
+pub mod autoencoder;
 pub mod checkpoint;
 pub mod conditioning;
 pub mod ksampler;
@@ -14,6 +15,7 @@ pub mod resize;
 pub mod text;
 pub mod vae;
 
+pub use autoencoder::{write_random_vae, Autoencoder, StandaloneVae};
 pub use checkpoint::{detect_layout, load_checkpoint, ModelError};
 pub use conditioning::{Area, CondEntry, Conditioning};
 pub use ksampler::{ksample, SampleFailure, SampleSettings};

@@ -83,10 +83,11 @@ mod tests {
         let zero = base.with_lora(lora.clone(), 0.0).unwrap();
         assert_eq!(crate::max_abs_diff(&plain, &run(&zero)), 0.0);
         let patched = base.with_lora(lora.clone(), 1.0).unwrap();
-        assert!(crate::max_abs_diff(&plain, &run(&patched)) > 1e-4);
-        // LoRAs chain.
+        let moved = crate::max_abs_diff(&plain, &run(&patched));
+        assert!(moved > 0.0);
+        // LoRAs chain: the same one at -1 takes it back out (up to rounding).
         let twice = patched.with_lora(lora, -1.0).unwrap();
         assert_eq!(twice.loras.len(), 2);
-        assert!(crate::max_abs_diff(&plain, &run(&twice)) < 1e-4);
+        assert!(crate::max_abs_diff(&plain, &run(&twice)) < moved / 10.0);
     }
 }

@@ -1,25 +1,25 @@
-//! `VAEDecode`, `VAEEncode` and `VAEEncodeForInpaint` on a checkpoint's autoencoder, with
-//! ComfyUI's cropping to whole latent cells and inpainting's mask handling.
+//! `VAEDecode`, `VAEEncode` and `VAEEncodeForInpaint` on an [`Autoencoder`], with ComfyUI's
+//! cropping to whole latent cells and inpainting's mask handling.
 
 use std::sync::Arc;
 
+use super::autoencoder::Autoencoder;
 use super::latent::{plain, PIXELS_PER_CELL};
 use super::resize::{resize_planes, Mode};
 use crate::image::{ImageBatch, MaskBatch};
-use crate::models::Sd1Models;
 use crate::sampling::Tensor;
 use crate::values::LatentBatch;
-use crate::{vae, ComputeError};
+use crate::ComputeError;
 
 fn failed(e: anyhow::Error) -> ComputeError {
     ComputeError::Failed(format!("{e:#}"))
 }
 
 /// Decodes `latent` into images.
-pub fn decode(models: &Sd1Models, latent: &LatentBatch) -> Result<ImageBatch, ComputeError> {
+pub fn decode(vae: &Autoencoder, latent: &LatentBatch) -> Result<ImageBatch, ComputeError> {
     let shape = latent.shape.iter().map(|&d| d as usize).collect();
     let t = Tensor::try_new(shape, latent.data.clone()).map_err(failed)?;
-    vae::decode(models, &t).map_err(failed)
+    vae.decode(&t).map_err(failed)
 }
 
 /// `pixels` cut to whole latent cells, centred, keeping only RGB.
@@ -57,21 +57,21 @@ fn crop_to_cells(pixels: &ImageBatch) -> Result<ImageBatch, ComputeError> {
     })
 }
 
-fn encode_cropped(models: &Sd1Models, pixels: &ImageBatch) -> Result<LatentBatch, ComputeError> {
-    let t = vae::encode(models, pixels).map_err(failed)?;
+fn encode_cropped(vae: &Autoencoder, pixels: &ImageBatch) -> Result<LatentBatch, ComputeError> {
+    let t = vae.encode(pixels).map_err(failed)?;
     let shape = [t.shape[0], t.shape[1], t.shape[2], t.shape[3]].map(|d| d as u32);
     Ok(plain(shape, t.data))
 }
 
 /// `VAEEncode`: `pixels` (cut to whole latent cells) encoded into latents.
-pub fn encode(models: &Sd1Models, pixels: &ImageBatch) -> Result<LatentBatch, ComputeError> {
-    encode_cropped(models, &crop_to_cells(pixels)?)
+pub fn encode(vae: &Autoencoder, pixels: &ImageBatch) -> Result<LatentBatch, ComputeError> {
+    encode_cropped(vae, &crop_to_cells(pixels)?)
 }
 
 /// `VAEEncodeForInpaint`: `pixels` with the masked part set to grey, encoded, with the
 /// mask grown by `grow_by` pixels as the latent's noise mask.
 pub fn encode_for_inpaint(
-    models: &Sd1Models,
+    vae: &Autoencoder,
     pixels: &ImageBatch,
     mask: &MaskBatch,
     grow_by: u32,
@@ -106,7 +106,7 @@ pub fn encode_for_inpaint(
             }
         }
     }
-    let mut latent = encode_cropped(models, &grey)?;
+    let mut latent = encode_cropped(vae, &grey)?;
     latent.noise_mask = Some(Arc::new(MaskBatch {
         width: w as u32,
         height: h as u32,
@@ -161,6 +161,7 @@ mod tests {
     #[test]
     fn encoding_crops_and_inpainting_sets_the_noise_mask() {
         let (_dir, m) = tiny_test_models(4).unwrap();
+        let m = Autoencoder::Checkpoint(std::sync::Arc::new(m));
         let image = crate::image::empty(20, 17, 1, 0x808080).unwrap();
         let latent = encode(&m, &image).unwrap();
         // Cut to 16x16 pixels; the tiny VAE halves them.

@@ -27,6 +27,16 @@ pub(crate) enum ModelsCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Writes a tiny random-weight standalone VAE (original layout) for `weft models tiny-sd`
+    /// checkpoints, for the `vae` models folder.
+    TinyVae {
+        /// Output .safetensors file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Writes a tiny random LoRA (kohya layout) that fits `weft models tiny-sd` checkpoints.
     TinyLora {
         /// Output .safetensors file.
@@ -91,6 +101,7 @@ impl ModelsCommand {
         match self {
             ModelsCommand::TinySd { out, seed } => tiny_sd(out, seed),
             ModelsCommand::Sd15Random { out, seed } => sd15_random(out, seed),
+            ModelsCommand::TinyVae { out, seed } => tiny_vae(out, seed),
             ModelsCommand::TinyLora { out, seed, rank } => tiny_lora(out, seed, rank),
             ModelsCommand::Generate(args) => generate(args),
         }
@@ -108,6 +119,13 @@ fn tiny_sd(out: PathBuf, seed: u64) -> anyhow::Result<()> {
 fn sd15_random(out: PathBuf, seed: u64) -> anyhow::Result<()> {
     let written = models::sd15_random::write(&out, seed)?;
     println!("{}: {written:?}", out.display());
+    Ok(())
+}
+
+/// Writes the tiny random standalone VAE.
+fn tiny_vae(out: PathBuf, seed: u64) -> anyhow::Result<()> {
+    diffusion::write_random_vae(&out, &models::Sd1Config::tiny(), seed)?;
+    println!("wrote a tiny random-weight VAE to {}", out.display());
     Ok(())
 }
 

@@ -24,9 +24,10 @@ use crate::runtime::value::{Handle, HandleRes, ImageRes, LatentRes, MaskRes};
 use crate::runtime::worlds::v0_2::weft::node::diffusion::{Area, Checkpoint, Host, SampleOptions};
 use crate::runtime::worlds::v0_2::wit::{AssetRef, NodeError};
 use weft_compute::diffusion::{
-    self as sd, Conditioning, DiffusionModel, Lora, ModelError, SampleFailure, SampleSettings, TextEncoder,
+    self as sd, Autoencoder, Conditioning, DiffusionModel, Lora, ModelError, SampleFailure, SampleSettings,
+    StandaloneVae, TextEncoder,
 };
-use weft_compute::models::{ModelCache, Sd1Models};
+use weft_compute::models::ModelCache;
 use weft_compute::sampling::{SamplerKind, Scheduler, StepControl};
 use weft_compute::values::{LatentBatch, Opaque};
 use weft_compute::{device, ComputeError};
@@ -228,19 +229,19 @@ impl Host for CallState {
         let models = attempt!(sd::load_checkpoint(&library.cache, &path, &ckpt_name).map_err(model_error));
         let model = Arc::new(DiffusionModel::new(models.clone(), path.clone()));
         let clip = Arc::new(TextEncoder::new(models.clone(), path));
+        let vae = Arc::new(Autoencoder::Checkpoint(models));
         Ok(Ok(Checkpoint {
             model: self.push_handle("MODEL", ckpt_name.clone(), 0, model)?,
             clip: self.push_handle("CLIP", ckpt_name.clone(), 0, clip)?,
-            vae: self.push_handle("VAE", ckpt_name, 0, models)?,
+            vae: self.push_handle("VAE", ckpt_name, 0, vae)?,
         }))
     }
 
     fn load_vae(&mut self, vae_name: String) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
-        attempt!(self.diffusion.library.resolve("vae", &vae_name));
-        fail!(node_error(
-            "not_supported",
-            format!("{vae_name:?}: standalone VAE files are not supported yet; use the checkpoint's VAE"),
-        ))
+        let path = attempt!(self.diffusion.library.resolve("vae", &vae_name));
+        let own = attempt!(StandaloneVae::load(&path, &vae_name, &device::select_device()).map_err(model_error));
+        let vae = Arc::new(Autoencoder::File(Arc::new(own)));
+        Ok(Ok(self.push_handle("VAE", vae_name, 0, vae)?))
     }
 
     fn load_lora(
@@ -492,7 +493,7 @@ impl Host for CallState {
         vae: Resource<HandleRes>,
         samples: Resource<LatentRes>,
     ) -> wasmtime::Result<Result<Resource<ImageRes>, NodeError>> {
-        let models = attempt!(self.payload::<Sd1Models>(&vae, "VAE")?);
+        let models = attempt!(self.payload::<Autoencoder>(&vae, "VAE")?);
         let latent = self.latent(&samples)?;
         let image = attempt!(sd::vae::decode(&models, &latent).map_err(compute_error));
         Ok(Ok(self.table.push(ImageRes(Arc::new(image)))?))
@@ -503,7 +504,7 @@ impl Host for CallState {
         vae: Resource<HandleRes>,
         pixels: Resource<ImageRes>,
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
-        let models = attempt!(self.payload::<Sd1Models>(&vae, "VAE")?);
+        let models = attempt!(self.payload::<Autoencoder>(&vae, "VAE")?);
         let image = self.table.get(&pixels)?.0.clone();
         let latent = attempt!(sd::vae::encode(&models, &image).map_err(compute_error));
         Ok(Ok(self.push_latent(latent)?))
@@ -516,7 +517,7 @@ impl Host for CallState {
         mask: Resource<MaskRes>,
         grow_mask_by: u32,
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
-        let models = attempt!(self.payload::<Sd1Models>(&vae, "VAE")?);
+        let models = attempt!(self.payload::<Autoencoder>(&vae, "VAE")?);
         let image = self.table.get(&pixels)?.0.clone();
         let mask = self.table.get(&mask)?.0.clone();
         let latent = attempt!(sd::vae::encode_for_inpaint(&models, &image, &mask, grow_mask_by).map_err(compute_error));
