@@ -4,10 +4,10 @@
 //! on [`process_in`]`(latent)` (times 0.18215) and hand back through [`process_out`].
 
 use anyhow::{Context, Result};
-use candle_core::Tensor as CTensor;
+use candle_core::{Device, Tensor as CTensor};
 
 use super::image::ImageBatch;
-use super::models::Sd1Models;
+use super::models::{Sd1Models, Sd1Vae};
 use super::sampling::Tensor;
 
 /// SD1.x latent scale factor.
@@ -38,14 +38,19 @@ pub fn from_candle(t: &CTensor) -> Result<Tensor> {
 /// Decodes VAE-space latents `[batch, 4, h, w]` into an `8w` x `8h` image batch:
 /// `clamp((decoder(latent) + 1) / 2, 0, 1)`.
 pub fn decode(models: &Sd1Models, latent: &Tensor) -> Result<ImageBatch> {
+    decode_with(&models.vae, &models.device, models.config.latent_channels, latent)
+}
+
+/// [`decode`] with any SD1 autoencoder: a checkpoint's or a standalone VAE file's.
+pub fn decode_with(vae: &Sd1Vae, device: &Device, latent_channels: usize, latent: &Tensor) -> Result<ImageBatch> {
     anyhow::ensure!(
-        latent.shape.len() == 4 && latent.shape[1] == models.config.latent_channels,
+        latent.shape.len() == 4 && latent.shape[1] == latent_channels,
         "decode needs a [batch, {}, h, w] latent, got {:?}",
-        models.config.latent_channels,
+        latent_channels,
         latent.shape
     );
-    let x = to_candle(latent, models)?;
-    let img = models.vae.decode(&x).context("VAE decode")?;
+    let x = CTensor::from_slice(&latent.data, latent.shape.as_slice(), device)?;
+    let img = vae.decode(&x).context("VAE decode")?;
     let img = ((img + 1.0)? / 2.0)?
         .clamp(0f32, 1f32)?
         .permute((0, 2, 3, 1))?
@@ -63,6 +68,11 @@ pub fn decode(models: &Sd1Models, latent: &Tensor) -> Result<ImageBatch> {
 /// Encodes an RGB image batch (sides multiples of 8) into VAE-space latents: the mean of the
 /// posterior of `encoder(2 * image - 1)`, as ComfyUI's `VAEEncode` does.
 pub fn encode(models: &Sd1Models, image: &ImageBatch) -> Result<Tensor> {
+    encode_with(&models.vae, &models.device, image)
+}
+
+/// [`encode`] with any SD1 autoencoder: a checkpoint's or a standalone VAE file's.
+pub fn encode_with(vae: &Sd1Vae, device: &Device, image: &ImageBatch) -> Result<Tensor> {
     anyhow::ensure!(
         image.channels == 3,
         "encode needs an RGB image, got {} channels",
@@ -80,11 +90,11 @@ pub fn encode(models: &Sd1Models, image: &ImageBatch) -> Result<Tensor> {
         image.width as usize,
         3usize,
     );
-    let x = CTensor::from_slice(&image.data, shape, &models.device)?
+    let x = CTensor::from_slice(&image.data, shape, device)?
         .permute((0, 3, 1, 2))?
         .contiguous()?;
     let x = ((x * 2.0)? - 1.0)?;
-    let latent = models.vae.encode(&x).context("VAE encode")?;
+    let latent = vae.encode(&x).context("VAE encode")?;
     from_candle(&latent)
 }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
-use candle_core::{DType, Device, Tensor as CTensor};
+use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 
 use super::checkpoint::ModelError;
@@ -122,41 +122,11 @@ impl StandaloneVae {
     }
 
     fn decode(&self, latent: &Tensor) -> anyhow::Result<ImageBatch> {
-        anyhow::ensure!(
-            latent.shape.len() == 4 && latent.shape[1] == self.latent_channels,
-            "decode needs a [batch, {}, h, w] latent, got {:?}",
-            self.latent_channels,
-            latent.shape
-        );
-        let x = CTensor::from_slice(&latent.data, latent.shape.as_slice(), &self.device)?;
-        let img = self.vae.decode(&x).context("VAE decode")?;
-        let img = ((img + 1.0)? / 2.0)?
-            .clamp(0f32, 1f32)?
-            .permute((0, 2, 3, 1))?
-            .contiguous()?;
-        let (b, h, w, c) = img.dims4()?;
-        Ok(ImageBatch {
-            width: w as u32,
-            height: h as u32,
-            batch: b as u32,
-            channels: c as u32,
-            data: img.flatten_all()?.to_vec1::<f32>()?,
-        })
+        vae::decode_with(&self.vae, &self.device, self.latent_channels, latent)
     }
 
     fn encode(&self, image: &ImageBatch) -> anyhow::Result<Tensor> {
-        let shape = (
-            image.batch as usize,
-            image.height as usize,
-            image.width as usize,
-            3usize,
-        );
-        let x = CTensor::from_slice(&image.data, shape, &self.device)?
-            .permute((0, 3, 1, 2))?
-            .contiguous()?;
-        let x = ((x * 2.0)? - 1.0)?;
-        let latent = self.vae.encode(&x).context("VAE encode")?;
-        vae::from_candle(&latent)
+        vae::encode_with(&self.vae, &self.device, image)
     }
 }
 
