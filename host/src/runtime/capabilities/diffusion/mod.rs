@@ -10,8 +10,9 @@
 mod models_dir;
 
 use std::any::Any;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use wasmtime::component::{HasSelf, Linker, Resource};
@@ -27,7 +28,7 @@ use weft_compute::diffusion::{
     self as sd, Autoencoder, Conditioning, DiffusionModel, Lora, ModelError, SampleFailure, SampleSettings,
     StandaloneVae, TextEncoder,
 };
-use weft_compute::models::ModelCache;
+use weft_compute::models::{ModelCache, Sd1Models};
 use weft_compute::sampling::{SamplerKind, Scheduler, StepControl};
 use weft_compute::values::{LatentBatch, Opaque};
 use weft_compute::{device, ComputeError};
@@ -58,6 +59,9 @@ impl Default for DiffusionConfig {
 pub struct Library {
     models_dir: Option<ModelsDir>,
     cache: ModelCache,
+    /// One gate per checkpoint file: jobs asking for the same file at once wait for one
+    /// load instead of loading it twice.
+    loading: Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
 }
 
 impl Library {
@@ -66,7 +70,22 @@ impl Library {
         Library {
             models_dir: config.models_dir.clone().map(ModelsDir::new),
             cache: ModelCache::new(config.model_cache_bytes, device::select_device()),
+            loading: Mutex::default(),
         }
+    }
+
+    /// The networks of checkpoint file `path` (called `name`), loaded once however many
+    /// calls ask for it at the same time.
+    fn checkpoint(&self, path: &Path, name: &str) -> Result<Arc<Sd1Models>, ModelError> {
+        let gate = self
+            .loading
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(path.to_path_buf())
+            .or_default()
+            .clone();
+        let _one_at_a_time = gate.lock().unwrap_or_else(|e| e.into_inner());
+        sd::load_checkpoint(&self.cache, path, name)
     }
 
     /// The files of models folder `folder`, listed now (nothing without a models directory).
@@ -226,7 +245,7 @@ impl Host for CallState {
     fn load_checkpoint(&mut self, ckpt_name: String) -> wasmtime::Result<Result<Checkpoint, NodeError>> {
         let library = self.diffusion.library.clone();
         let path = attempt!(library.resolve("checkpoints", &ckpt_name));
-        let models = attempt!(sd::load_checkpoint(&library.cache, &path, &ckpt_name).map_err(model_error));
+        let models = attempt!(library.checkpoint(&path, &ckpt_name).map_err(model_error));
         let model = Arc::new(DiffusionModel::new(models.clone(), path.clone()));
         let clip = Arc::new(TextEncoder::new(models.clone(), path));
         let vae = Arc::new(Autoencoder::Checkpoint(models));
@@ -522,5 +541,40 @@ impl Host for CallState {
         let mask = self.table.get(&mask)?.0.clone();
         let latent = attempt!(sd::vae::encode_for_inpaint(&models, &image, &mask, grow_mask_by).map_err(compute_error));
         Ok(Ok(self.push_latent(latent)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_loading_one_checkpoint_at_once_share_one_load() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("checkpoints")).unwrap();
+        let path = root.path().join("checkpoints/tiny.safetensors");
+        weft_compute::models::write_random_checkpoint(&path, &weft_compute::models::Sd1Config::tiny(), 1).unwrap();
+        let library = Library::new(&DiffusionConfig {
+            models_dir: Some(root.path().to_path_buf()),
+            ..DiffusionConfig::default()
+        });
+        let resolved = library.resolve("checkpoints", "tiny.safetensors").unwrap();
+        let loaded: Vec<Arc<Sd1Models>> = std::thread::scope(|scope| {
+            let runs: Vec<_> = (0..3)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let loaded = library.checkpoint(&resolved, "tiny.safetensors");
+                        loaded.unwrap_or_else(|e| panic!("the checkpoint loads: {e}"))
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|r| r.join().expect("no panic")).collect()
+        });
+        assert!(loaded.iter().all(|m| Arc::ptr_eq(m, &loaded[0])), "one load, shared");
+        assert_eq!(library.list("checkpoints"), ["tiny.safetensors"]);
+        assert_eq!(
+            library.resolve("checkpoints", "../x").unwrap_err().code,
+            "invalid_model_name"
+        );
     }
 }
