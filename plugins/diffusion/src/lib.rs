@@ -14,8 +14,8 @@ pub use conditioning::{
     ConditioningZeroOut,
 };
 pub use latent::{
-    EmptyLatentImage, LatentComposite, LatentFromBatch, LatentUpscale, LatentUpscaleBy, LoadLatent,
-    RepeatLatentBatch, SaveLatent, SetLatentNoiseMask,
+    EmptyLatentImage, LatentComposite, LatentFromBatch, LatentUpscale, LatentUpscaleBy, LoadLatent, RepeatLatentBatch,
+    SaveLatent, SetLatentNoiseMask,
 };
 pub use loaders::{CheckpointLoaderSimple, LoraLoader, LoraLoaderModelOnly, VAELoader};
 pub use sampling::{KSampler, KSamplerAdvanced};
