@@ -53,16 +53,6 @@ impl Plan {
     }
 }
 
-impl PlanInput {
-    /// The literal value, when this input is not a link.
-    pub fn literal(&self) -> Option<&Value> {
-        match self {
-            PlanInput::Literal(v) => Some(v),
-            PlanInput::Link { .. } => None,
-        }
-    }
-}
-
 /// `outputs` and everything they depend on.
 pub(super) fn ancestors<'a>(outputs: &[&'a str], nodes: &HashMap<&'a str, RawNode<'a>>) -> BTreeSet<&'a str> {
     let mut seen = BTreeSet::new();
