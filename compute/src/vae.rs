@@ -23,11 +23,6 @@ pub fn process_out(latent: &Tensor) -> Tensor {
     latent.with_data(latent.data.iter().map(|v| v / SD1_SCALE_FACTOR).collect())
 }
 
-/// Converts a host tensor to a candle tensor on the models' device.
-pub fn to_candle(t: &Tensor, models: &Sd1Models) -> Result<CTensor> {
-    Ok(CTensor::from_slice(&t.data, t.shape.as_slice(), &models.device)?)
-}
-
 /// Converts a candle tensor back (float32).
 pub fn from_candle(t: &CTensor) -> Result<Tensor> {
     let t = t.to_dtype(candle_core::DType::F32)?;

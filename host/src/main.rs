@@ -205,10 +205,10 @@ struct ServeArgs {
     #[arg(long, env = "WEFT_V2M_MAX_UPLOAD_BYTES", default_value_t = weft_v2m::DEFAULT_MAX_UPLOAD_BYTES)]
     v2m_max_upload_bytes: u64,
     /// Longest video accepted by video-to-music, in seconds.
-    #[arg(long, env = "WEFT_V2M_MAX_DURATION_SECS", default_value_t = 360)]
+    #[arg(long, env = "WEFT_V2M_MAX_DURATION_SECS", default_value_t = weft_v2m::DEFAULT_MAX_DURATION_SECS)]
     v2m_max_duration_secs: u64,
     /// Most streams (`copies`) one video-to-music request may ask for.
-    #[arg(long, env = "WEFT_V2M_MAX_COPIES", default_value_t = 4)]
+    #[arg(long, env = "WEFT_V2M_MAX_COPIES", default_value_t = weft_v2m::DEFAULT_MAX_COPIES)]
     v2m_max_copies: u32,
     /// A host that video-to-music `video` URLs may name. Repeatable; none means no URLs.
     #[arg(long = "v2m-allow-url-host", env = "WEFT_V2M_ALLOW_URL_HOSTS", value_delimiter = ',')]

@@ -57,6 +57,12 @@ pub const DEFAULT_SOUNDFONT: &str = "/usr/share/sounds/sf2/TimGM6mb.sf2";
 /// Largest video accepted when no limit is configured, in bytes.
 pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 300_000_000;
 
+/// Longest accepted video by default, in seconds: six minutes.
+pub const DEFAULT_MAX_DURATION_SECS: u64 = 360;
+
+/// Most copies per prompt by default.
+pub const DEFAULT_MAX_COPIES: u32 = 4;
+
 /// Errors of the engine; [`V2mError::code`] gives a stable snake_case code.
 #[derive(Debug, thiserror::Error)]
 pub enum V2mError {
@@ -73,14 +79,6 @@ pub enum V2mError {
         duration_s: f64,
         /// Configured limit.
         max_duration_s: f64,
-    },
-    /// The upload exceeds the configured byte limit.
-    #[error("upload is {size} bytes; the limit is {max} bytes")]
-    UploadTooLarge {
-        /// Bytes received (or announced).
-        size: u64,
-        /// Configured limit.
-        max: u64,
     },
     /// More copies were requested than allowed.
     #[error("{requested} copies requested; the limit is {max}")]
@@ -105,7 +103,6 @@ impl V2mError {
             V2mError::MissingVideo => "missing_video",
             V2mError::UnreadableVideo(_) => "unreadable_video",
             V2mError::VideoTooLong { .. } => "video_too_long",
-            V2mError::UploadTooLarge { .. } => "upload_too_large",
             V2mError::TooManyCopies { .. } => "too_many_copies",
             V2mError::SoundFont(_) => "soundfont_error",
             V2mError::GenerationFailed(_) => "generation_failed",
@@ -137,8 +134,8 @@ impl Default for V2mConfig {
     fn default() -> Self {
         Self {
             soundfont: PathBuf::from(DEFAULT_SOUNDFONT),
-            max_duration: Duration::from_secs(360),
-            max_copies: 4,
+            max_duration: Duration::from_secs(DEFAULT_MAX_DURATION_SECS),
+            max_copies: DEFAULT_MAX_COPIES,
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             render: RenderOptions::default(),
             analysis: AnalyzeOptions::default(),
@@ -182,17 +179,6 @@ impl Engine {
             max_duration_s: Some(self.cfg.max_duration.as_secs_f64()),
             ..self.cfg.analysis.clone()
         }
-    }
-
-    /// Rejects uploads over the configured size.
-    pub fn check_upload_size(&self, size: u64) -> Result<(), V2mError> {
-        if size > self.cfg.max_upload_bytes {
-            return Err(V2mError::UploadTooLarge {
-                size,
-                max: self.cfg.max_upload_bytes,
-            });
-        }
-        Ok(())
     }
 
     /// Rejects copy counts of 0 or over the limit.
@@ -374,7 +360,6 @@ mod tests {
         assert_eq!(e.code(), "video_too_long");
         let e = engine.analyze(&video).await.unwrap_err();
         assert_eq!(e.code(), "video_too_long");
-        assert_eq!(engine.check_upload_size(11).unwrap_err().code(), "upload_too_large");
         assert!(engine.check_copies(4).is_ok());
         assert_eq!(engine.check_copies(5).unwrap_err().code(), "too_many_copies");
         assert!(engine.check_copies(0).is_err());

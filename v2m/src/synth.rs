@@ -288,11 +288,6 @@ impl Renderer {
         wav::HEADER_LEN as u64 + wav::data_len(self.score.total_frames, CHANNELS)
     }
 
-    /// Frames emitted so far.
-    pub fn position_frames(&self) -> u64 {
-        self.pos
-    }
-
     /// Renders internal samples until index `upto` (exclusive) is available.
     fn render_internal(&mut self, upto: u64) {
         let have = self.ibase + self.il.len() as u64;

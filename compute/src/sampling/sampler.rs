@@ -160,30 +160,6 @@ impl SamplerKind {
             SamplerKind::Dpm2 | SamplerKind::Dpm2Ancestral | SamplerKind::UniPc | SamplerKind::UniPcBh2
         )
     }
-
-    /// Whether the sampler draws from its [`NoiseSource`].
-    pub fn is_stochastic(self) -> bool {
-        use SamplerKind::*;
-        matches!(
-            self,
-            EulerAncestral
-                | Dpm2Ancestral
-                | Dpmpp2sAncestral
-                | DpmppSde
-                | Dpmpp2mSde
-                | Dpmpp2mSdeHeun
-                | Dpmpp3mSde
-                | Ddpm
-                | Lcm
-                | ResMultistep
-                | ResMultistepAncestral
-                | ErSde
-                | Seeds2
-                | Seeds3
-                | SaSolver
-                | SaSolverPece
-        )
-    }
 }
 
 impl fmt::Display for SamplerKind {

@@ -75,7 +75,6 @@ impl From<V2mError> for DetailError {
                 DetailError::UnsupportedVideo(format!("the file is not a readable video: {m}"))
             }
             e @ V2mError::VideoTooLong { .. } => DetailError::VideoTooLong(e.to_string()),
-            e @ V2mError::UploadTooLarge { .. } => DetailError::UploadTooLarge(e.to_string()),
             e @ V2mError::TooManyCopies { .. } => DetailError::InvalidRequest(e.to_string()),
             e @ (V2mError::SoundFont(_) | V2mError::GenerationFailed(_)) => {
                 tracing::error!(error = %e, "video-to-music failed");

@@ -67,8 +67,8 @@ impl Default for V2mSettings {
         Self {
             soundfont: PathBuf::from(v2m::DEFAULT_SOUNDFONT),
             max_upload_bytes: v2m::DEFAULT_MAX_UPLOAD_BYTES,
-            max_duration_secs: 360,
-            max_copies: 4,
+            max_duration_secs: v2m::DEFAULT_MAX_DURATION_SECS,
+            max_copies: v2m::DEFAULT_MAX_COPIES,
             allow_url_hosts: Vec::new(),
             allow_private_urls: false,
             url_ca_file: None,

@@ -16,7 +16,6 @@ mod images;
 mod music;
 mod progress;
 mod resources;
-mod since_v0_2;
 mod wasi;
 
 pub use music::MusicConfig;

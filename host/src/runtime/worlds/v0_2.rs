@@ -151,3 +151,20 @@ fn lift(table: &mut ResourceTable, value: wit::Value) -> wasmtime::Result<Value>
         wit::Value::Handle(r) => Value::Handle(take(table, r)?.0),
     })
 }
+
+/// A 0.2.0 asset reference as the 0.1.0 implementations take it.
+pub(crate) fn asset_to_v0_1(a: wit::AssetRef) -> crate::runtime::bindings::wit::AssetRef {
+    crate::runtime::bindings::wit::AssetRef {
+        id: a.id,
+        hash: a.hash,
+        file_path: a.file_path,
+    }
+}
+
+/// A 0.1.0 implementation's node error as 0.2.0 returns it.
+pub(crate) fn error_from_v0_1(e: crate::runtime::bindings::wit::NodeError) -> wit::NodeError {
+    wit::NodeError {
+        code: e.code,
+        message: e.message,
+    }
+}

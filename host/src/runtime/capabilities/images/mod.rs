@@ -1,5 +1,7 @@
 //! `weft:node/images`: pixel work on host-held images.
 
+mod v0_2_face;
+
 use std::sync::Arc;
 
 use wasmtime::component::{HasSelf, Linker, Resource};

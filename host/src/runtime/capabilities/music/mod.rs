@@ -1,6 +1,8 @@
 //! `weft:node/music`: video-to-music for the `VideoToMusic` node, rendered by the server's
 //! [`weft_v2m::Engine`]. The guest only ever holds the resulting `audio` handle.
 
+mod v0_2_face;
+
 use std::sync::Arc;
 
 use wasmtime::component::{HasSelf, Linker, Resource};

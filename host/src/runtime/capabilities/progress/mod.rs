@@ -1,5 +1,7 @@
 //! `weft:node/host`: progress reports and cancellation checks.
 
+mod v0_2_face;
+
 use std::sync::Arc;
 
 use wasmtime::component::{HasSelf, Linker};

@@ -1,5 +1,7 @@
 //! `weft:node/types`: accessors and destructors of the host-held resources.
 
+mod v0_2_face;
+
 use wasmtime::component::{HasSelf, Linker, Resource};
 
 use super::{CallState, Capabilities, Capability};

@@ -1,0 +1,86 @@
+//! The `weft:node@0.2.0` face of `images`: the 0.1.0 calls, plus `load-mask`.
+
+use std::sync::Arc;
+
+use wasmtime::component::Resource;
+
+use crate::runtime::bindings::weft::node as v1;
+use crate::runtime::capabilities::CallState;
+use crate::runtime::value::{ImageRes, MaskRes};
+use crate::runtime::worlds::v0_2::weft::node as v2;
+use crate::runtime::worlds::v0_2::wit::{AssetRef, NodeError};
+use crate::runtime::worlds::v0_2::{asset_to_v0_1 as asset, error_from_v0_1 as error};
+use weft_compute::image::MaskBatch;
+
+impl v2::images::Host for CallState {
+    fn empty(
+        &mut self,
+        width: u32,
+        height: u32,
+        batch_size: u32,
+        color: u32,
+    ) -> wasmtime::Result<Result<Resource<ImageRes>, NodeError>> {
+        Ok(v1::images::Host::empty(self, width, height, batch_size, color)?.map_err(error))
+    }
+
+    fn invert(&mut self, image: Resource<ImageRes>) -> wasmtime::Result<Resource<ImageRes>> {
+        v1::images::Host::invert(self, image)
+    }
+
+    fn scale(
+        &mut self,
+        image: Resource<ImageRes>,
+        method: String,
+        width: u32,
+        height: u32,
+        crop: String,
+    ) -> wasmtime::Result<Result<Resource<ImageRes>, NodeError>> {
+        Ok(v1::images::Host::scale(self, image, method, width, height, crop)?.map_err(error))
+    }
+
+    fn load(
+        &mut self,
+        asset_ref: AssetRef,
+    ) -> wasmtime::Result<Result<(Resource<ImageRes>, Resource<MaskRes>), NodeError>> {
+        Ok(v1::images::Host::load(self, asset(asset_ref))?.map_err(error))
+    }
+
+    fn load_mask(
+        &mut self,
+        asset_ref: AssetRef,
+        channel: String,
+    ) -> wasmtime::Result<Result<Resource<MaskRes>, NodeError>> {
+        let index = match channel.as_str() {
+            "red" => Some(0),
+            "green" => Some(1),
+            "blue" => Some(2),
+            "alpha" => None,
+            other => {
+                return Ok(Err(NodeError {
+                    code: "invalid_input".into(),
+                    message: format!("unknown channel {other:?}; expected alpha, red, green or blue"),
+                }))
+            }
+        };
+        let (image, mask) = match v1::images::Host::load(self, asset(asset_ref))? {
+            Ok(loaded) => loaded,
+            Err(e) => return Ok(Err(error(e))),
+        };
+        let image = self.table.delete(image)?.0;
+        let alpha = self.table.delete(mask)?.0;
+        let mask = match index {
+            None => alpha,
+            Some(c) => Arc::new(MaskBatch {
+                width: image.width,
+                height: image.height,
+                batch: image.batch,
+                data: image
+                    .data
+                    .chunks_exact(image.channels as usize)
+                    .map(|pixel| pixel[c])
+                    .collect(),
+            }),
+        };
+        Ok(Ok(self.table.push(MaskRes(mask))?))
+    }
+}
