@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use serde_json::{json, Value};
+use support::sse::Sse;
 use support::{plugins_with, weft_bin, Options, Server};
 
 /// The checkpoint name ComfyUI's default workflow uses.
@@ -564,22 +566,57 @@ fn truncated_and_other_architecture_checkpoints_are_clean_node_errors() {
     }
 }
 
+/// Waits until job `id`'s `KSampler` has finished two steps.
+fn wait_until_sampling(server: &Server, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let job: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
+        let p = &job["progress"];
+        if p["current_node_class"] == "KSampler" && p["step"].as_u64().unwrap_or(0) >= 2 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "sampling never started: {job}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sampling_sends_latent_previews_as_small_pngs_on_the_event_stream() {
+    let models = models_dir();
+    let server = server(models.path(), None, &[]);
+    let job = server.submit(default_graph(3, 64, 10000));
+    let id = job["id"].as_str().unwrap();
+    wait_until_sampling(&server, id);
+    // The first preview comes with the snapshot on connect, the next one live.
+    let mut sse = Sse::open(&server, id, None);
+    let mut previews = Vec::new();
+    while previews.len() < 2 {
+        let frame = sse.next_event().expect("the stream ended before two previews");
+        if frame.event == "preview" {
+            previews.push(frame.data);
+        }
+    }
+    for preview in &previews {
+        assert_eq!(preview["node_id"], "3", "{preview}");
+        assert_eq!(preview["content_type"], "image/png");
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(preview["data_base64"].as_str().unwrap())
+            .unwrap();
+        assert!(is_png(&png));
+        let size = |at: usize| u32::from_be_bytes(png[at..at + 4].try_into().unwrap());
+        assert_eq!((size(16), size(20)), (8, 8), "1/8 of the 64x64 image");
+    }
+    server.post(&format!("/api/v2/jobs/{id}/cancel"), &json!({}));
+    assert_eq!(server.wait(id)["status"], "canceled");
+}
+
 #[test]
 fn a_cancel_during_sampling_ends_the_job_canceled_before_the_next_step() {
     let models = models_dir();
     let server = server(models.path(), None, &[]);
     let job = server.submit(default_graph(3, 64, 10000));
     let id = job["id"].as_str().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let job: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
-        let p = &job["progress"];
-        if p["current_node_class"] == "KSampler" && p["step"].as_u64().unwrap_or(0) >= 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "sampling never started: {job}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until_sampling(&server, id);
     let asked = Instant::now();
     let r = server.post(&format!("/api/v2/jobs/{id}/cancel"), &json!({}));
     assert_eq!(r.status().as_u16(), 200);

@@ -3,94 +3,11 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{slow_workflow, Server};
-
-/// One SSE frame: event name, id, data (parsed), or a comment.
-#[derive(Debug, Clone)]
-struct Frame {
-    event: String,
-    id: Option<u64>,
-    data: Value,
-    comment: Option<String>,
-}
-
-struct Sse {
-    lines: std::io::Lines<BufReader<reqwest::blocking::Response>>,
-}
-
-impl Sse {
-    fn open(server: &Server, id: &str, last_event_id: Option<u64>) -> Sse {
-        let mut rb = server.request(reqwest::Method::GET, &format!("/api/v2/jobs/{id}/events"));
-        if let Some(last) = last_event_id {
-            rb = rb.header("Last-Event-ID", last.to_string());
-        }
-        let r = rb.send().unwrap();
-        assert_eq!(r.status().as_u16(), 200);
-        assert!(r.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/event-stream"));
-        Sse {
-            lines: BufReader::new(r).lines(),
-        }
-    }
-
-    /// The next frame (comments included), or None at the end of the stream.
-    fn next_frame(&mut self) -> Option<Frame> {
-        let mut frame = Frame {
-            event: "message".into(),
-            id: None,
-            data: Value::Null,
-            comment: None,
-        };
-        let mut data = String::new();
-        let mut any = false;
-        loop {
-            let line = match self.lines.next() {
-                Some(Ok(l)) => l,
-                _ => return any.then_some(frame),
-            };
-            if line.is_empty() {
-                if any {
-                    frame.data = serde_json::from_str(&data).unwrap_or(Value::String(data));
-                    return Some(frame);
-                }
-                continue;
-            }
-            any = true;
-            if let Some(c) = line.strip_prefix(':') {
-                frame.comment = Some(c.trim().to_string());
-            } else if let Some(v) = line.strip_prefix("event:") {
-                frame.event = v.trim().to_string();
-            } else if let Some(v) = line.strip_prefix("id:") {
-                frame.id = v.trim().parse().ok();
-            } else if let Some(v) = line.strip_prefix("data:") {
-                if !data.is_empty() {
-                    data.push('\n');
-                }
-                data.push_str(v.strip_prefix(' ').unwrap_or(v));
-            }
-        }
-    }
-
-    /// The next event that is not a comment.
-    fn next_event(&mut self) -> Option<Frame> {
-        loop {
-            let f = self.next_frame()?;
-            if f.comment.is_none() {
-                return Some(f);
-            }
-        }
-    }
-
-    fn rest(&mut self) -> Vec<Frame> {
-        std::iter::from_fn(|| self.next_event()).collect()
-    }
-}
+use support::sse::Sse;
+use support::{plugins_with, slow_workflow, Options, Server};
 
 fn wait_running_with_progress(server: &Server, id: &str) {
     for _ in 0..6000 {
@@ -247,4 +164,39 @@ fn an_idle_stream_gets_a_keep_alive_comment() {
     assert!(frame.comment.is_some(), "expected a comment, got {frame:?}");
     cancel(&server, &id);
     cancel(&server, &bid);
+}
+
+#[test]
+fn what_a_node_writes_to_stdout_reaches_the_stream_as_a_log_event() {
+    let plugins = plugins_with(&["weft_test_counter", "weft_test_stdout_flood"]);
+    let server = Server::with(Options {
+        args: vec!["--workers".into(), "1".into()],
+        plugins_dir: Some(plugins.path().to_path_buf()),
+        ..Default::default()
+    });
+    // The only worker is busy, so the stream below opens while the job still waits.
+    let blocker = server.submit(slow_workflow(300.0));
+    let blocker = blocker["id"].as_str().unwrap();
+    wait_running_with_progress(&server, blocker);
+    let job = server.submit(json!({
+        "1": {"class_type": "HostileStdoutFlood", "inputs": {"megabytes": 1}},
+        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}
+    }));
+    let id = job["id"].as_str().unwrap();
+    let mut sse = Sse::open(&server, id, None);
+    cancel(&server, blocker);
+    let frames = sse.rest();
+    let log = frames
+        .iter()
+        .find(|f| f.event == "log")
+        .unwrap_or_else(|| panic!("no log event in {frames:?}"));
+    assert_eq!(log.data["level"], "info");
+    let message = log.data["message"].as_str().unwrap();
+    assert!(message.ends_with("FLOOD-END-MARKER\n"), "the newest output is sent");
+    assert!(
+        message.len() <= 64 << 10,
+        "a log event is bounded by the log tail, not by what the node wrote: {} bytes",
+        message.len()
+    );
+    assert_eq!(frames.last().unwrap().data["status"], "succeeded");
 }

@@ -25,6 +25,7 @@ weft_allocator::install!();
 struct Nothing;
 impl ProgressSink for Nothing {
     fn report(&self, _: u32, _: u32, _: Option<String>) {}
+    fn preview(&self, _: &'static str, _: Vec<u8>) {}
 }
 impl AssetReader for Nothing {
     fn read(&self, _: &AssetRef) -> Result<Vec<u8>, String> {

@@ -10,7 +10,7 @@ use super::model::DiffusionModel;
 use super::resize::{resize_planes, Mode};
 use crate::sampling::{
     cfg, ksampler_sigmas, sample, seeded_noise, ModelSampling, SampleError, SamplerKind, Scheduler, StepControl,
-    Tensor, TorchGenerator, TorchNoise,
+    StepInfo, Tensor, TorchGenerator, TorchNoise,
 };
 use crate::values::LatentBatch;
 use crate::ComputeError;
@@ -55,15 +55,16 @@ pub enum SampleFailure {
 }
 
 /// Samples `latent` with `model`'s UNet guided by `positive` against `negative`.
-/// `on_step(step, steps)` runs after every step (1-based); [`StepControl::Stop`] ends the
-/// run with [`SampleFailure::Stopped`].
+/// `on_step` runs after every step with the sampler's view of it (its `step` is 0-based, and
+/// `denoised` is the model's prediction, in the sampler's space, as previews show it);
+/// [`StepControl::Stop`] ends the run with [`SampleFailure::Stopped`].
 pub fn ksample(
     model: &DiffusionModel,
     positive: &Conditioning,
     negative: &Conditioning,
     latent: &LatentBatch,
     settings: &SampleSettings,
-    on_step: &mut dyn FnMut(usize, usize) -> StepControl,
+    on_step: &mut dyn FnMut(&StepInfo<'_>) -> StepControl,
 ) -> Result<LatentBatch, SampleFailure> {
     let models = &model.checkpoint;
     let shape: Vec<usize> = latent.shape.iter().map(|&d| d as usize).collect();
@@ -137,20 +138,12 @@ pub fn ksample(
         ))
     };
     let mut step_noise = TorchNoise::new(settings.seed);
-    let mut callback = |info: &crate::sampling::StepInfo<'_>| on_step(info.step + 1, info.total);
     let x0 = Tensor::new(shape.clone(), x0);
-    let samples = sample(
-        settings.sampler,
-        &mut denoiser,
-        x0,
-        &sigmas,
-        &mut step_noise,
-        &mut callback,
-    )
-    .map_err(|e| match e {
-        SampleError::Cancelled { step } => SampleFailure::Stopped(step),
-        other => SampleFailure::Compute(ComputeError::Failed(other.to_string())),
-    })?;
+    let samples =
+        sample(settings.sampler, &mut denoiser, x0, &sigmas, &mut step_noise, on_step).map_err(|e| match e {
+            SampleError::Cancelled { step } => SampleFailure::Stopped(step),
+            other => SampleFailure::Compute(ComputeError::Failed(other.to_string())),
+        })?;
     Ok(LatentBatch {
         data: samples.data.iter().map(|v| v / SCALE_FACTOR).collect(),
         ..latent.clone()
@@ -362,7 +355,8 @@ mod tests {
         let neg = Conditioning::from_context(encode("blurry"));
         let empty = latent::empty(32, 16, 1).unwrap();
         let mut steps = Vec::new();
-        let out = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |s, n| {
+        let out = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |info| {
+            let (s, n) = (info.step + 1, info.total);
             steps.push((s, n));
             StepControl::Continue
         })
@@ -392,18 +386,19 @@ mod tests {
             .fold(0f32, f32::max);
         assert!(worst < 1e-4, "node path and text_to_image differ by {worst}");
         // Same seed, same latent; another seed, another one.
-        let again = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |_, _| {
+        let again = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |_| {
             StepControl::Continue
         })
         .unwrap();
         assert_eq!(again.data, out.data);
-        let other = ksample(&model, &pos, &neg, &empty, &settings(43), &mut |_, _| {
+        let other = ksample(&model, &pos, &neg, &empty, &settings(43), &mut |_| {
             StepControl::Continue
         })
         .unwrap();
         assert_ne!(other.data, out.data);
         // A stop ends the run.
-        let stopped = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |s, _| {
+        let stopped = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |info| {
+            let s = info.step + 1;
             if s == 1 {
                 StepControl::Stop
             } else {
@@ -424,7 +419,7 @@ mod tests {
         let neg = Conditioning::from_context(encode("")).zero_out().unwrap();
         let base = latent::empty(128, 64, 2).unwrap();
         let go =
-            |l: &LatentBatch, s: &SampleSettings| ksample(&model, &pos, &neg, l, s, &mut |_, _| StepControl::Continue);
+            |l: &LatentBatch, s: &SampleSettings| ksample(&model, &pos, &neg, l, s, &mut |_| StepControl::Continue);
         let out = go(&base, &settings(1)).unwrap();
         assert_eq!(out.shape, base.shape);
         // A window past the schedule leaves the latent as it was.

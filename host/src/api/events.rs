@@ -103,6 +103,9 @@ pub async fn stream(
                     .id(mark.to_string()),
             );
         }
+        if let Some(event) = jobs.latest_preview(&id) {
+            first.extend(render_event(&links, &Numbered { id: mark, event }));
+        }
     }
     if view.job.status.is_terminal() {
         let events = stream::iter(first.into_iter().map(Ok::<_, Infallible>));

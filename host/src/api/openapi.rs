@@ -126,10 +126,33 @@ fn schemas() -> Json {
                     "self": {"type": "string"}, "events": {"type": "string"}, "cancel": {"type": "string"}}},
                 "logs": {"$ref": "#/components/schemas/JobLogs"},
                 "metrics": {"type": "object", "additionalProperties": {"type": ["integer", "null"]}}}},
+        "PreviewEvent": {"type": "object", "required": ["node_id", "content_type", "data_base64"], "properties": {
+            "node_id": {"type": "string"}, "content_type": {"type": "string", "examples": ["image/png"]},
+            "data_base64": {"type": "string", "contentEncoding": "base64"}}},
+        "LogEvent": {"type": "object", "required": ["level", "message"], "properties": {
+            "level": {"type": "string", "enum": ["info", "warning", "error"]}, "message": {"type": "string"}}},
         "Asset": {"type": "object", "required": ["id", "hash", "size_bytes", "content_type"], "properties": {
             "id": {"type": "string"}, "hash": {"type": ["string", "null"]}, "size_bytes": {"type": "integer"}, "content_type": {"type": "string"},
             "file_path": {"type": "string"}, "created_new": {"type": "boolean"}, "created_at": {"type": "string"}, "url": {"type": "string"},
             "url_expires_at": {"type": "string"}, "expires_at": {"type": ["string", "null"]}, "job_id": {"type": ["string", "null"]}}},
+    })
+}
+
+/// The job event stream's response: its event names and the JSON `data` of each.
+fn event_stream() -> Json {
+    let schema = |name: &str| json!({"$ref": format!("#/components/schemas/{name}")});
+    json!({
+        "description": "A server-sent event stream. On connect: the job's `status`, its latest `progress` and, while a sampler runs, its latest `preview`; then live events, each with an `id` that `Last-Event-ID` resumes after. It ends after the terminal `status` event. Clients skip event names they do not know.",
+        "content": {"text/event-stream": {
+            "schema": {"type": "string"},
+            "x-events": {
+                "status": {"description": "Every status transition: the job without `logs`, with `queue_position`.", "schema": schema("Job")},
+                "progress": {"description": "A progress snapshot, at most about two a second.", "schema": schema("Progress")},
+                "preview": {"description": "A small image of what a running node is making: a sampler's current latent mapped to RGB, 1/8 of the image size, at most about two a second.", "schema": schema("PreviewEvent")},
+                "output": {"description": "An output, as it is committed.", "schema": schema("Output")},
+                "log": {"description": "What a node wrote to stdout and stderr during its call (the newest bytes, within the job's log size).", "schema": schema("LogEvent")}
+            }
+        }}
     })
 }
 
@@ -144,6 +167,8 @@ pub fn document(mount_prefix: &str) -> Json {
             .map(|code| {
                 let body = if *code >= 400 {
                     json!({"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}}})
+                } else if path.ends_with("/events") {
+                    event_stream()
                 } else {
                     json!({"description": "success"})
                 };

@@ -39,6 +39,8 @@ struct Tracker {
     jobs: Arc<Jobs>,
     progress: Arc<Mutex<Progress>>,
     last_sent: Mutex<Option<Instant>>,
+    preview: Arc<Mutex<Option<JobEvent>>>,
+    last_preview: Mutex<Option<Instant>>,
 }
 
 impl Tracker {
@@ -76,6 +78,28 @@ impl ProgressSink for Tracker {
             }
         });
     }
+
+    fn preview(&self, content_type: &'static str, data: Vec<u8>) {
+        let mut last = self.last_preview.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|t| t.elapsed() < PROGRESS_INTERVAL) {
+            return;
+        }
+        *last = Some(Instant::now());
+        drop(last);
+        let node_id = self
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .current_node
+            .clone();
+        let event = JobEvent::Preview {
+            node_id: node_id.unwrap_or_default(),
+            content_type: content_type.to_string(),
+            data,
+        };
+        *self.preview.lock().unwrap_or_else(|e| e.into_inner()) = Some(event.clone());
+        self.jobs.hub.publish(&self.job_id, event);
+    }
 }
 
 /// How a run ended, before it is recorded.
@@ -104,11 +128,13 @@ impl Jobs {
         self.metrics.queue_wait(job.created_at);
         let cancel = CancelToken::new();
         let progress = Arc::new(Mutex::new(Progress::default()));
+        let preview = Arc::new(Mutex::new(None));
         self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(
             id.clone(),
             Running {
                 cancel: cancel.clone(),
                 progress: progress.clone(),
+                preview: preview.clone(),
             },
         );
         let log = TailLog::new(self.config.log_bytes);
@@ -117,6 +143,8 @@ impl Jobs {
             jobs: self.clone(),
             progress,
             last_sent: Mutex::new(None),
+            preview,
+            last_preview: Mutex::new(None),
         });
         let outcome = match self.execute(&job, &cancel, &log, &tracker).await {
             Ok(()) if cancel.is_canceled() => Outcome::Canceled,
@@ -289,12 +317,14 @@ impl Jobs {
                     let class = node.class_type.clone();
                     let call_ctx = ctx.clone();
                     let began = Instant::now();
+                    let log_start = log.written();
                     let result = tokio::task::spawn_blocking(move || runtime.call(&class, inputs, &call_ctx))
                         .await
                         .map_err(|e| {
                             node_error("node_execution_error", format!("the node call was lost: {e}"), None)
                         })?;
                     self.metrics.node_call(&node.class_type, began.elapsed());
+                    self.publish_log(&job.id, log, log_start);
                     let output = result.map_err(|f| node_error(&f.code, f.message, f.traceback))?;
                     if cancel.is_canceled() {
                         // Canceled while the node ran: nothing more is committed.
@@ -340,6 +370,18 @@ impl Jobs {
             });
         }
         Ok(())
+    }
+
+    /// Announces what a node wrote to the log since byte `start` (as much as the log still
+    /// holds) as one `log` event: bounded by the log's own size, one event per node call.
+    fn publish_log(&self, job_id: &str, log: &TailLog, start: u64) {
+        if log.written() == start {
+            return;
+        }
+        let message = log.since(start);
+        if !message.is_empty() {
+            self.hub.publish(job_id, JobEvent::Log { level: "info", message });
+        }
     }
 
     /// Records `file` as an output asset of `job` and announces it.

@@ -114,6 +114,8 @@ pub struct JobView {
 struct Running {
     cancel: CancelToken,
     progress: Arc<Mutex<Progress>>,
+    /// The latest preview event, sent first to streams that open while the job runs.
+    preview: Arc<Mutex<Option<JobEvent>>>,
 }
 
 /// The job service.
@@ -321,6 +323,18 @@ impl Jobs {
             outputs,
             queue_position,
         })
+    }
+
+    /// The latest `preview` event of running job `id`, if it sent one.
+    pub fn latest_preview(&self, id: &str) -> Option<JobEvent> {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let preview = running
+            .get(id)?
+            .preview
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        preview
     }
 
     /// Cancels `tenant`'s job `id`: queued goes straight to canceled, running to canceling

@@ -13,6 +13,10 @@ use super::value::AssetRef;
 pub trait ProgressSink: Send + Sync {
     /// The node reached `step` of `steps`.
     fn report(&self, step: u32, steps: u32, message: Option<String>);
+
+    /// A small preview of what the node is making (a sampler's current latent as an
+    /// image), as `content_type` bytes. Sinks may drop previews that come too often.
+    fn preview(&self, content_type: &'static str, data: Vec<u8>);
 }
 
 /// Reads uploaded assets for nodes such as `LoadImage`.

@@ -144,6 +144,7 @@ impl Runtime {
         struct Discard;
         impl ProgressSink for Discard {
             fn report(&self, _: u32, _: u32, _: Option<String>) {}
+            fn preview(&self, _: &'static str, _: Vec<u8>) {}
         }
         impl AssetReader for Discard {
             fn read(&self, _: &AssetRef) -> Result<Vec<u8>, String> {

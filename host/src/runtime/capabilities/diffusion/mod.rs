@@ -489,8 +489,12 @@ impl Host for CallState {
         let mut stopped_by = None;
         let result = {
             let state = &*self;
-            sd::ksample(&model, &positive, &negative, &latent, &settings, &mut |step, steps| {
-                state.diffusion.progress.report(step as u32, steps as u32, None);
+            sd::ksample(&model, &positive, &negative, &latent, &settings, &mut |step| {
+                let progress = &state.diffusion.progress;
+                progress.report(step.step as u32 + 1, step.total as u32, None);
+                if let Some(png) = preview_png(step.denoised) {
+                    progress.preview("image/png", png);
+                }
                 match state.interruption() {
                     None => StepControl::Continue,
                     Some(why) => {
@@ -542,6 +546,20 @@ impl Host for CallState {
         let latent = attempt!(sd::vae::encode_for_inpaint(&models, &image, &mask, grow_mask_by).map_err(compute_error));
         Ok(Ok(self.push_latent(latent)?))
     }
+}
+
+/// A PNG of the first item of a sampler's `denoised` latent, mapped to colours as ComfyUI's
+/// latent previews are: 1/8 of the image's size. `None` for latents it cannot show.
+fn preview_png(denoised: &weft_compute::sampling::Tensor) -> Option<Vec<u8>> {
+    let [_, channels, height, width] = denoised.shape[..] else {
+        return None;
+    };
+    let first = weft_compute::sampling::Tensor::new(
+        vec![1, channels, height, width],
+        denoised.data.get(..channels * height * width)?.to_vec(),
+    );
+    let image = weft_compute::preview::latent_to_rgb(&first).ok()?;
+    weft_compute::codecs::encode_png(&image, 0, &[]).ok()
 }
 
 #[cfg(test)]
