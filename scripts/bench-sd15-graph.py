@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""ComfyUI's stock default graph on the SD1.5-layout random checkpoint, through weft's job API,
+then `weft models generate` with the same settings, on the same machine, one after the other.
+
+Prints each node class's time (from the server's own `weft_node_duration_seconds` metrics),
+the end-to-end time seen by the client (submit to `succeeded`, checkpoint load included),
+the time of `weft models generate`, and the node path's overhead over it.
+
+    python3 scripts/bench-sd15-graph.py [--weft target/release/weft] [--size 512] [--steps 20]
+
+The checkpoint (2.1 GB, `weft models sd15-random --seed 0`) is built once in
+$WEFT_CACHE_DIR (default ~/.cache/weft) and shared with the parity test.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+PROMPT = "beautiful scenery nature glass bottle landscape, , purple galaxy bottle,"
+NEGATIVE = "text, watermark"
+SEED = 156680208700286
+
+
+def graph(size, steps):
+    return {
+        "3": {"class_type": "KSampler", "inputs": {
+            "cfg": 8, "denoise": 1, "latent_image": ["5", 0], "model": ["4", 0], "negative": ["7", 0],
+            "positive": ["6", 0], "sampler_name": "euler", "scheduler": "normal", "seed": SEED, "steps": steps}},
+        "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sd15-random-s0.safetensors"}},
+        "5": {"class_type": "EmptyLatentImage", "inputs": {"batch_size": 1, "height": size, "width": size}},
+        "6": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["4", 1], "text": PROMPT}},
+        "7": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["4", 1], "text": NEGATIVE}},
+        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
+        "9": {"class_type": "SaveImage", "inputs": {"filename_prefix": "ComfyUI", "images": ["8", 0]}},
+    }
+
+
+def checkpoint(weft):
+    cache = os.environ.get("WEFT_CACHE_DIR") or os.path.expanduser("~/.cache/weft")
+    shared = os.path.join(cache, "sd15-random-s0.safetensors")
+    if not os.path.exists(shared):
+        os.makedirs(cache, exist_ok=True)
+        subprocess.run([weft, "models", "sd15-random", "--seed", "0", "--out", shared], check=True)
+    models = os.path.join(cache, "bench-models")
+    inside = os.path.join(models, "checkpoints", "sd15-random-s0.safetensors")
+    if not os.path.exists(inside):
+        os.makedirs(os.path.dirname(inside), exist_ok=True)
+        try:
+            os.link(shared, inside)  # a name inside the folder; symlinks out of it are refused
+        except OSError:
+            shutil.copyfile(shared, inside)
+    return models, inside
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request(url, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        raw = r.read()
+        return json.loads(raw) if r.headers.get("content-type", "").startswith("application/json") else raw.decode()
+
+
+def node_seconds(metrics):
+    sums = {}
+    for line in metrics.splitlines():
+        m = re.match(r'weft_node_duration_seconds_sum\{class="([^"]+)"\} ([0-9.eE+-]+)', line)
+        if m:
+            sums[m.group(1)] = float(m.group(2))
+    return sums
+
+
+def via_job_api(weft, models, size, steps):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as data:
+        server = subprocess.Popen(
+            [weft, "serve", "--addr", f"127.0.0.1:{port}", "--data-dir", data, "--models-dir", models,
+             "--cache-mib", "0"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(600):
+                try:
+                    request(base + "/healthz")
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            began = time.perf_counter()
+            job = request(base + "/api/v2/jobs", {"workflow": graph(size, steps)})
+            while job["status"] not in ("succeeded", "failed", "canceled", "expired"):
+                time.sleep(0.05)
+                job = request(f"{base}/api/v2/jobs/{job['id']}")
+            took = time.perf_counter() - began
+            if job["status"] != "succeeded":
+                sys.exit(f"the job did not succeed: {job}")
+            return took, node_seconds(request(base + "/metrics"))
+        finally:
+            server.terminate()
+            server.wait()
+
+
+def via_generate(weft, ckpt, size, steps):
+    with tempfile.TemporaryDirectory() as out:
+        began = time.perf_counter()
+        subprocess.run(
+            [weft, "models", "generate", "--checkpoint", ckpt, "--prompt", PROMPT, "--negative", NEGATIVE,
+             "--seed", str(SEED), "--steps", str(steps), "--cfg", "8", "--width", str(size), "--height", str(size),
+             "--sampler", "euler", "--scheduler", "normal", "--out", os.path.join(out, "image.png")],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - began
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--weft", default="target/release/weft")
+    parser.add_argument("--size", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    models, ckpt = checkpoint(args.weft)
+    print(f"default graph, {args.size}x{args.size}, {args.steps} steps, euler/normal, cfg 8, on {os.cpu_count()} CPUs")
+    took, nodes = via_job_api(args.weft, models, args.size, args.steps)
+    for name, seconds in sorted(nodes.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:<24} {seconds:8.2f} s")
+    print(f"job API, end to end:       {took:8.2f} s ({(took - nodes.get('KSampler', 0)) :.2f} s outside KSampler)")
+    direct = via_generate(args.weft, ckpt, args.size, args.steps)
+    print(f"weft models generate:      {direct:8.2f} s")
+    print(f"node path overhead:        {100 * (took / direct - 1):+8.2f} %")
+
+
+if __name__ == "__main__":
+    main()
