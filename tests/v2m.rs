@@ -415,6 +415,58 @@ fn video_urls_need_an_allowed_host_and_a_public_address() {
     assert!(tmp_files(&server).is_empty());
 }
 
+/// Answers HTTP GETs on a loopback port with a large announced body that it then sends one
+/// byte at a time, slowly, forever; returns the port.
+fn serve_trickle() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                let head = "HTTP/1.1 200 OK\r\nContent-Type: video/mp4\r\nContent-Length: 1000000\r\n\r\n";
+                let _ = stream.write_all(head.as_bytes());
+                while stream.write_all(b"x").is_ok() {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn a_video_url_that_trickles_its_bytes_is_cut_off_at_the_download_timeout() {
+    let port = serve_trickle();
+    let server = Server::with(Options {
+        args: [
+            "--v2m-allow-url-host",
+            "127.0.0.1",
+            "--v2m-allow-private-urls",
+            "--v2m-url-timeout-secs",
+            "1",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Options::default()
+    });
+    let form = Form::new().text("video", format!("http://127.0.0.1:{port}/slow.mp4"));
+    let response = post(&server, form, Some("t"));
+    assert_eq!(response.status().as_u16(), 415);
+    let body: Value = response.json().unwrap();
+    assert_eq!(body["detail"]["code"], "unsupported_video", "{body}");
+    assert!(
+        body["detail"]["message"].as_str().unwrap().contains("took longer"),
+        "{body}"
+    );
+    assert!(tmp_files(&server).is_empty(), "the partial download is removed");
+}
+
 /// Serves `body` over TLS on a loopback port, with a fresh self-signed certificate for
 /// `localhost` and 127.0.0.1; returns the port and the certificate's PEM.
 fn serve_file_tls(body: Vec<u8>) -> (u16, String) {

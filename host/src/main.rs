@@ -220,6 +220,10 @@ struct ServeArgs {
     /// Mozilla roots).
     #[arg(long, env = "WEFT_V2M_URL_CA_FILE")]
     v2m_url_ca_file: Option<PathBuf>,
+    /// Longest a video-to-music URL download may take in all, in seconds; a server that
+    /// trickles its bytes is cut off then.
+    #[arg(long, env = "WEFT_V2M_URL_TIMEOUT_SECS", default_value_t = 300)]
+    v2m_url_timeout_secs: u64,
 }
 
 /// Prepends the settings of `--config FILE` as flags, so real flags and env vars win.
@@ -333,6 +337,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
                 allow_url_hosts: args.v2m_allow_url_hosts,
                 allow_private_urls: args.v2m_allow_private_urls,
                 url_ca_file: args.v2m_url_ca_file,
+                url_timeout: std::time::Duration::from_secs(args.v2m_url_timeout_secs.max(1)),
             },
         },
         jobs: JobsConfig {

@@ -58,6 +58,8 @@ pub struct AnalyzeOptions {
     pub max_duration_s: Option<f64>,
     /// Decoder threads passed to ffmpeg.
     pub threads: u32,
+    /// Wall time one analysis may take before it fails, whatever the file.
+    pub timeout: std::time::Duration,
 }
 
 impl Default for AnalyzeOptions {
@@ -71,6 +73,7 @@ impl Default for AnalyzeOptions {
             full_decode_budget_mpix: 250.0,
             max_duration_s: None,
             threads: 2,
+            timeout: std::time::Duration::from_secs(300),
         }
     }
 }
@@ -408,7 +411,9 @@ async fn read_frames<R: AsyncRead + Unpin>(mut r: R) -> std::io::Result<Decoded>
     Ok(d)
 }
 
-async fn decode(path: &Path, opts: &AnalyzeOptions, keyframes: bool) -> Result<Decoded, V2mError> {
+/// Decodes at most the first `limit_s` seconds of `path`'s first video stream: a file whose
+/// container understates its length is read no further than its probed duration.
+async fn decode(path: &Path, opts: &AnalyzeOptions, keyframes: bool, limit_s: f64) -> Result<Decoded, V2mError> {
     let mut cmd = Command::new(&opts.ffmpeg);
     cmd.args(["-nostdin", "-hide_banner", "-v", "error"])
         .args(["-threads", &opts.threads.max(1).to_string()]);
@@ -432,7 +437,8 @@ async fn decode(path: &Path, opts: &AnalyzeOptions, keyframes: bool) -> Result<D
     if keyframes {
         cmd.args(["-r", &opts.fps.to_string()]);
     }
-    cmd.args(["-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"])
+    cmd.args(["-t", &format!("{limit_s:.3}")])
+        .args(["-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -466,9 +472,16 @@ async fn decode(path: &Path, opts: &AnalyzeOptions, keyframes: bool) -> Result<D
 
 /// Motion per slot from inter-frame packet sizes, plus key-frame times, from
 /// `ffprobe -show_entries packet` (demux only, no decode).
-async fn packet_motion(path: &Path, opts: &AnalyzeOptions, slots: usize, pixels: f64) -> Option<(Vec<f32>, Vec<f64>)> {
+async fn packet_motion(
+    path: &Path,
+    opts: &AnalyzeOptions,
+    slots: usize,
+    pixels: f64,
+    limit_s: f64,
+) -> Option<(Vec<f32>, Vec<f64>)> {
     let out = Command::new(&opts.ffprobe)
         .args(["-v", "error", "-select_streams", "v:0"])
+        .args(["-read_intervals", &format!("%+{limit_s:.3}")])
         .args(["-show_entries", "packet=pts_time,dts_time,size,flags"])
         .args(["-of", "csv=p=0"])
         .arg(path)
@@ -600,8 +613,16 @@ pub async fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<Analysis, V2m
     analyze_probed(path, info, opts).await
 }
 
-/// Like [`analyze`] for a video already probed with [`probe`].
+/// Like [`analyze`] for a video already probed with [`probe`]. Reads no further than the
+/// probed duration (plus a second), and fails after [`AnalyzeOptions::timeout`].
 pub async fn analyze_probed(path: &Path, info: VideoInfo, opts: &AnalyzeOptions) -> Result<Analysis, V2mError> {
+    let timeout = opts.timeout;
+    tokio::time::timeout(timeout, analyze_within(path, info, opts))
+        .await
+        .map_err(|_| V2mError::GenerationFailed(format!("the video analysis took longer than {timeout:?}")))?
+}
+
+async fn analyze_within(path: &Path, info: VideoInfo, opts: &AnalyzeOptions) -> Result<Analysis, V2mError> {
     let pixels = f64::from(info.width) * f64::from(info.height);
     let mode = match opts.mode {
         DecodeMode::Auto => {
@@ -619,10 +640,15 @@ pub async fn analyze_probed(path: &Path, info: VideoInfo, opts: &AnalyzeOptions)
     let step_s = 1.0 / opts.fps;
     let slots = ((info.duration_s * opts.fps).ceil() as usize).max(1);
     let keyframes = mode == DecodeMode::Keyframes;
+    // One second past the probed end is enough to fill the last slot.
+    let limit_s = info.duration_s + 1.0;
     let (decoded, packets) = if keyframes {
-        tokio::join!(decode(path, opts, true), packet_motion(path, opts, slots, pixels))
+        tokio::join!(
+            decode(path, opts, true, limit_s),
+            packet_motion(path, opts, slots, pixels, limit_s)
+        )
     } else {
-        (decode(path, opts, false).await, None)
+        (decode(path, opts, false, limit_s).await, None)
     };
     let mut d = decoded?;
 
@@ -735,6 +761,77 @@ pub(crate) mod tests {
             .expect("run ffmpeg");
         assert!(status.success());
         out
+    }
+
+    /// Writes a 20-second 64x48 video whose container claims it lasts one second (the
+    /// duration fields of `mvhd`, `mdhd` and `tkhd` rewritten). Returns its path.
+    fn understated_video(dir: &Path) -> PathBuf {
+        let honest = dir.join("honest.mp4");
+        let status = std::process::Command::new("ffmpeg")
+            .args([
+                "-y",
+                "-v",
+                "error",
+                "-f",
+                "lavfi",
+                "-i",
+                "testsrc=size=64x48:rate=10",
+                "-t",
+                "20",
+            ])
+            .args([
+                "-c:v", "libx264", "-preset", "veryfast", "-pix_fmt", "yuv420p", "-g", "10",
+            ])
+            .arg(&honest)
+            .status()
+            .expect("run ffmpeg");
+        assert!(status.success());
+        let mut bytes = std::fs::read(&honest).unwrap();
+        // Version-0 boxes: after the 4-byte tag come version+flags, then 32-bit fields.
+        // mvhd/mdhd: creation, modification, timescale, duration; tkhd: creation,
+        // modification, track id, reserved, duration.
+        for (tag, duration_at, in_timescale_units) in [(b"mvhd", 16, true), (b"mdhd", 16, true), (b"tkhd", 20, false)] {
+            let at = bytes.windows(4).position(|w| w == tag).expect("box present") + 4;
+            assert_eq!(bytes[at], 0, "version-0 box");
+            let timescale = u32::from_be_bytes(bytes[at + 12..at + 16].try_into().unwrap());
+            let one_second = if in_timescale_units { timescale } else { 1 };
+            bytes[at + duration_at..at + duration_at + 4].copy_from_slice(&one_second.to_be_bytes());
+        }
+        let crafted = dir.join("understated.mp4");
+        std::fs::write(&crafted, bytes).unwrap();
+        crafted
+    }
+
+    #[tokio::test]
+    async fn a_container_that_understates_its_length_is_decoded_no_further_than_its_probed_duration() {
+        let dir = temp_dir("understated");
+        let video = understated_video(&dir);
+        let opts = AnalyzeOptions::default();
+        let info = probe(&video, &opts).await.unwrap();
+        assert!(info.duration_s <= 1.5, "the container claims {} s", info.duration_s);
+        for keyframes in [false, true] {
+            let frames = decode(&video, &opts, keyframes, info.duration_s + 1.0).await.unwrap();
+            let most = ((info.duration_s + 1.0) * opts.fps).ceil() as usize + 1;
+            assert!(
+                frames.raws.len() <= most,
+                "keyframes={keyframes}: {} frames decoded from a file probed at {} s",
+                frames.raws.len(),
+                info.duration_s
+            );
+        }
+        let limited = AnalyzeOptions {
+            max_duration_s: Some(5.0),
+            ..Default::default()
+        };
+        let analysis = analyze(&video, &limited).await.unwrap();
+        assert_eq!(analysis.frames.len(), (info.duration_s * opts.fps).ceil() as usize);
+        let hurried = AnalyzeOptions {
+            timeout: std::time::Duration::from_nanos(1),
+            ..Default::default()
+        };
+        let e = analyze(&video, &hurried).await.unwrap_err();
+        assert!(e.to_string().contains("took longer"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     pub(crate) fn temp_dir(name: &str) -> PathBuf {

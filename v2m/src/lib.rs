@@ -128,6 +128,9 @@ pub struct V2mConfig {
     pub analysis: AnalyzeOptions,
     /// Where videos are written for ffmpeg to read (see [`TempVideo`]).
     pub temp_dir: PathBuf,
+    /// Analyses (ffmpeg decodes) that run at once; more wait their turn. One per core by
+    /// default: each keeps a core busy.
+    pub max_concurrent_analyses: usize,
 }
 
 impl Default for V2mConfig {
@@ -140,6 +143,7 @@ impl Default for V2mConfig {
             render: RenderOptions::default(),
             analysis: AnalyzeOptions::default(),
             temp_dir: std::env::temp_dir(),
+            max_concurrent_analyses: std::thread::available_parallelism().map_or(2, |n| n.get()),
         }
     }
 }
@@ -149,6 +153,8 @@ impl Default for V2mConfig {
 pub struct Engine {
     cfg: V2mConfig,
     soundfont: Arc<rustysynth::SoundFont>,
+    /// One permit per analysis (ffmpeg decode) allowed at once, shared by every caller.
+    analyses: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -161,7 +167,12 @@ impl Engine {
     /// Loads the SoundFont named in `cfg` (blocking file read, ~6 MB).
     pub fn new(cfg: V2mConfig) -> Result<Self, V2mError> {
         let sf = synth::load_soundfont(&cfg.soundfont)?;
-        Ok(Self { cfg, soundfont: sf })
+        let analyses = Arc::new(tokio::sync::Semaphore::new(cfg.max_concurrent_analyses.max(1)));
+        Ok(Self {
+            cfg,
+            soundfont: sf,
+            analyses,
+        })
     }
 
     /// The configuration.
@@ -209,14 +220,24 @@ impl Engine {
     }
 
     /// Analysis of a video already checked with [`Engine::probe`] (saves
-    /// the second ffprobe run).
+    /// the second ffprobe run). Waits for one of the engine's analysis permits.
     pub async fn analyze_probed(&self, path: &Path, info: VideoInfo) -> Result<Analysis, V2mError> {
+        let _permit = self.analysis_permit().await?;
         analysis::analyze_probed(path, info, &self.analyze_options()).await
     }
 
-    /// Full analysis (includes the duration check).
+    /// Full analysis (includes the duration check). Waits for one of the engine's analysis
+    /// permits.
     pub async fn analyze(&self, path: &Path) -> Result<Analysis, V2mError> {
+        let _permit = self.analysis_permit().await?;
         analysis::analyze(path, &self.analyze_options()).await
+    }
+
+    async fn analysis_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, V2mError> {
+        self.analyses
+            .acquire()
+            .await
+            .map_err(|_| V2mError::GenerationFailed("the engine is shutting down".into()))
     }
 
     /// Starts rendering `plan`; the returned iterator yields WAV chunks.

@@ -23,6 +23,7 @@ pub(super) struct UrlFetcher {
     allow_hosts: Vec<String>,
     allow_private: bool,
     tls: TlsConnector,
+    timeout: Duration,
 }
 
 impl UrlFetcher {
@@ -32,7 +33,27 @@ impl UrlFetcher {
             allow_hosts: settings.allow_url_hosts.clone(),
             allow_private: settings.allow_private_urls,
             tls: tls_connector(settings.url_ca_file.as_deref())?,
+            timeout: settings.url_timeout,
         })
+    }
+
+    /// [`UrlFetcher::fetch_unbounded`] within the configured overall time: name lookup,
+    /// connection, headers and body together.
+    pub(super) async fn fetch(
+        &self,
+        text: &str,
+        temp: TempVideo,
+        max: u64,
+    ) -> Result<(TempVideo, String), DetailError> {
+        let timeout = self.timeout;
+        tokio::time::timeout(timeout, self.fetch_unbounded(text, temp, max))
+            .await
+            .map_err(|_| {
+                DetailError::UnsupportedVideo(format!(
+                    "fetching the video URL failed: it took longer than {} s",
+                    timeout.as_secs_f64()
+                ))
+            })?
     }
 
     /// Downloads an allowed `http://` or `https://` URL into `temp`, at most `max` bytes, and
@@ -40,12 +61,7 @@ impl UrlFetcher {
     /// its name is resolved here and every address checked, the connection goes to a checked
     /// address (so a second lookup cannot change it), TLS verifies the certificate against the
     /// URL's host name, and redirects are not followed.
-    pub(super) async fn fetch(
-        &self,
-        text: &str,
-        temp: TempVideo,
-        max: u64,
-    ) -> Result<(TempVideo, String), DetailError> {
+    async fn fetch_unbounded(&self, text: &str, temp: TempVideo, max: u64) -> Result<(TempVideo, String), DetailError> {
         let refuse = |m: String| DetailError::InvalidRequest(m);
         let url = url::Url::parse(text).map_err(|_| refuse("`video` is not a valid URL".into()))?;
         let host = url

@@ -60,6 +60,8 @@ pub struct V2mSettings {
     pub allow_private_urls: bool,
     /// PEM certificates trusted for `https://` video URLs on top of the built-in roots.
     pub url_ca_file: Option<PathBuf>,
+    /// Longest a URL download may take in all.
+    pub url_timeout: Duration,
 }
 
 impl Default for V2mSettings {
@@ -72,6 +74,7 @@ impl Default for V2mSettings {
             allow_url_hosts: Vec::new(),
             allow_private_urls: false,
             url_ca_file: None,
+            url_timeout: Duration::from_secs(300),
         }
     }
 }
