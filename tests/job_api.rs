@@ -761,6 +761,25 @@ fn credits_are_drawn_down_and_402_when_out() {
 }
 
 #[test]
+fn concurrent_submissions_never_spend_more_credits_than_the_tenant_has() {
+    let server = server_with(&["--surface", "serverless", "--initial-credits", "3", "--job-cost", "1"]);
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let submits: Vec<_> = (0..16)
+            .map(|i| {
+                let server = &server;
+                scope.spawn(move || submit_with(server, json!({"workflow": text_workflow(&format!("c{i}"))}), None).0)
+            })
+            .collect();
+        submits.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 3, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 402).count(), 13, "{statuses:?}");
+    let (status, _, body) = submit_with(&server, json!({"workflow": text_workflow("after")}), None);
+    assert_eq!(status, 402);
+    assert_envelope(&body, "insufficient_credits");
+}
+
+#[test]
 fn deployment_stopped_after_an_operator_drain() {
     let server = server_with(&[
         "--surface",

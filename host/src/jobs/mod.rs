@@ -148,16 +148,45 @@ impl Jobs {
         })
     }
 
-    /// Starts the workers. Call once, after recovery.
+    /// Starts the workers. Call once, after recovery. A job whose run panics fails with
+    /// `internal_error`, and its worker goes on to the next job.
     pub fn start_workers(self: &Arc<Self>) {
+        use futures::FutureExt;
         for _ in 0..self.config.workers.max(1) {
             let jobs = self.clone();
             tokio::spawn(async move {
                 loop {
                     let (_tenant, id) = jobs.queue.pop().await;
-                    jobs.run(id).await;
+                    if let Err(panic) = std::panic::AssertUnwindSafe(jobs.run(id.clone())).catch_unwind().await {
+                        jobs.fail_after_panic(&id, panic).await;
+                    }
                 }
             });
+        }
+    }
+
+    /// Records that running job `id` panicked: it fails with `internal_error`, unless it
+    /// already reached another end.
+    async fn fail_after_panic(&self, id: &str, panic: Box<dyn std::any::Any + Send>) {
+        let text = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        tracing::error!(job = %id, panic = %text, "a job's run panicked; its worker goes on");
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        let update = JobUpdate {
+            error: Some(crate::store::JobError {
+                code: "internal_error".into(),
+                message: "the server failed while running this job".into(),
+                node_id: None,
+                class_type: None,
+                traceback: None,
+            }),
+            ..Default::default()
+        };
+        if let Err(e) = self.transition(id, Trigger::Fail, update).await {
+            tracing::error!(job = %id, error = %e, "cannot record the failure of a panicked job");
         }
     }
 
@@ -271,15 +300,14 @@ impl Jobs {
             logs: None,
             seq: 0,
         };
-        match self.store.insert_job(job.clone(), idempotency_key).await {
+        let cost = self.config.job_cost;
+        match self.store.insert_job(job.clone(), idempotency_key, cost).await {
             Ok(()) => {}
             Err(StoreError::IdempotencyReuse { job_id }) => return Err(SubmitError::IdempotencyReuse { job_id }),
-            Err(e) => return Err(SubmitError::Store(e)),
-        }
-        if self.config.job_cost > 0 {
-            if let Err(e) = self.store.add_credits(tenant, -self.config.job_cost).await {
-                tracing::warn!(job = %job.id, error = %e, "charging credits failed");
+            Err(StoreError::InsufficientCredits { balance }) => {
+                return Err(SubmitError::InsufficientCredits { balance, cost })
             }
+            Err(e) => return Err(SubmitError::Store(e)),
         }
         // The job is durable now: it is queued even if a race filled the queue meanwhile.
         let _ = self.queue.push(tenant, job.id.clone(), true);

@@ -36,6 +36,12 @@ pub enum StoreError {
     /// The asset is an output of a job that still exists.
     #[error("asset is in use")]
     InUse,
+    /// The tenant has fewer credits than the job costs; nothing was written.
+    #[error("insufficient credits")]
+    InsufficientCredits {
+        /// The tenant's balance.
+        balance: i64,
+    },
     /// The database failed; whether the write happened is unknown.
     #[error("storage failure: {0}")]
     Backend(String),
@@ -87,8 +93,11 @@ pub enum Deleted {
 #[async_trait]
 pub trait Store: Send + Sync {
     /// Records a new job durably; with `idempotency_key`, claims the key in the same
-    /// transaction (fails with [`StoreError::IdempotencyReuse`] if it was claimed before).
-    async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>) -> Result<(), StoreError>;
+    /// transaction (fails with [`StoreError::IdempotencyReuse`] if it was claimed before);
+    /// with a `cost` above zero, draws it from the tenant's credits in the same transaction
+    /// (fails with [`StoreError::InsufficientCredits`], writing nothing, if the balance is
+    /// short), so concurrent submissions can never overspend.
+    async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>, cost: i64) -> Result<(), StoreError>;
     /// Whether `tenant`'s idempotency `key` is claimed and live at `now` (claimed less than
     /// [`IDEMPOTENCY_TTL`] before): `Some(job id)` if so. A fast pre-check; `insert_job` decides races.
     async fn idempotency_claim(

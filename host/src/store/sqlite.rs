@@ -208,7 +208,14 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<WriteRequest>) {
         let mut results = Vec::with_capacity(batch.len());
         for req in batch {
             let _ = conn.execute_batch("SAVEPOINT op");
-            let out = (req.op)(&conn);
+            // A panicking request fails alone: the writer thread lives on for the others.
+            let out =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (req.op)(&conn))).unwrap_or_else(|panic| {
+                    Err(StoreError::Backend(format!(
+                        "a store write panicked: {}",
+                        panic_text(&panic)
+                    )))
+                });
             if out.is_err() {
                 let _ = conn.execute_batch("ROLLBACK TO op");
             }
@@ -229,6 +236,15 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<WriteRequest>) {
             }
         }
     }
+}
+
+/// The message of a caught panic.
+fn panic_text(panic: &Box<dyn Any + Send>) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
 }
 
 fn parse_time(s: Option<String>) -> Option<DateTime<Utc>> {
@@ -297,8 +313,22 @@ fn job_where(conn: &Connection, clause: &str, args: impl rusqlite::Params) -> Re
 
 #[async_trait]
 impl Store for SqliteStore {
-    async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>) -> Result<(), StoreError> {
+    async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>, cost: i64) -> Result<(), StoreError> {
         self.write(Durability::Durable, move |c| {
+            if cost > 0 {
+                let charged = c
+                    .prepare_cached("UPDATE tenants SET credits = credits - ?2 WHERE name = ?1 AND credits >= ?2")?
+                    .execute(params![job.tenant, cost])?;
+                if charged == 0 {
+                    let balance: Option<i64> = c
+                        .prepare_cached("SELECT credits FROM tenants WHERE name = ?1")?
+                        .query_row(params![job.tenant], |r| r.get(0))
+                        .optional()?;
+                    return Err(StoreError::InsufficientCredits {
+                        balance: balance.unwrap_or(0),
+                    });
+                }
+            }
             if let Some(key) = &idempotency_key {
                 // A key lives IDEMPOTENCY_TTL from its first use, whether or not the sweeper
                 // has purged it yet: an older claim is replaced.
@@ -779,7 +809,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("weft.db")).unwrap();
         let then = Utc::now() - chrono::Duration::hours(30);
-        store.insert_job(job("j1", then), Some("k".into())).await.unwrap();
+        store.insert_job(job("j1", then), Some("k".into()), 0).await.unwrap();
         let at = |h| then + chrono::Duration::hours(h);
         assert_eq!(
             store.idempotency_claim("t", "k", at(23)).await.unwrap(),
@@ -789,7 +819,7 @@ mod tests {
         assert_eq!(store.idempotency_claim("other", "k", at(1)).await.unwrap(), None);
         // Within 24 hours of the claim: rejected, naming the job.
         match store
-            .insert_job(job("j2", then + chrono::Duration::hours(23)), Some("k".into()))
+            .insert_job(job("j2", then + chrono::Duration::hours(23)), Some("k".into()), 0)
             .await
         {
             Err(StoreError::IdempotencyReuse { job_id }) => assert_eq!(job_id.as_deref(), Some("j1")),
@@ -797,10 +827,10 @@ mod tests {
         }
         // After 24 hours (not yet purged): the key is free again.
         store
-            .insert_job(job("j3", then + chrono::Duration::hours(25)), Some("k".into()))
+            .insert_job(job("j3", then + chrono::Duration::hours(25)), Some("k".into()), 0)
             .await
             .unwrap();
-        match store.insert_job(job("j4", Utc::now()), Some("k".into())).await {
+        match store.insert_job(job("j4", Utc::now()), Some("k".into()), 0).await {
             Err(StoreError::IdempotencyReuse { job_id }) => assert_eq!(job_id.as_deref(), Some("j3")),
             other => panic!("expected reuse, got {other:?}"),
         }
@@ -812,6 +842,50 @@ mod tests {
                 .unwrap(),
             1
         );
-        store.insert_job(job("j5", Utc::now()), Some("k".into())).await.unwrap();
+        store
+            .insert_job(job("j5", Utc::now()), Some("k".into()), 0)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_panicking_write_fails_alone_and_the_writer_lives_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("weft.db")).unwrap();
+        let failed = store
+            .write(Durability::Durable, |_| -> Result<(), StoreError> { panic!("a bug") })
+            .await;
+        match failed {
+            Err(StoreError::Backend(m)) => assert!(m.contains("a bug"), "{m}"),
+            other => panic!("expected a backend error, got {other:?}"),
+        }
+        store.insert_job(job("after", Utc::now()), None, 0).await.unwrap();
+        assert!(store.job("t", "after").await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_job_is_recorded_only_if_the_tenant_can_pay_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("weft.db")).unwrap();
+        assert_eq!(store.add_credits("t", 3).await.unwrap(), 3);
+        let attempts = (0..10).map(|i| store.insert_job(job(&format!("j{i}"), Utc::now()), Some(format!("k{i}")), 1));
+        let results = futures::future::join_all(attempts).await;
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 3);
+        for refused in results.iter().filter(|r| r.is_err()) {
+            assert!(
+                matches!(refused, Err(StoreError::InsufficientCredits { balance: 0 })),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(store.tenant("t").await.unwrap().unwrap().credits, 0);
+        // A refused job claims no idempotency key.
+        let refused_key = (0..10).find(|i| results[*i].is_err()).unwrap();
+        assert_eq!(
+            store
+                .idempotency_claim("t", &format!("k{refused_key}"), Utc::now())
+                .await
+                .unwrap(),
+            None
+        );
     }
 }
