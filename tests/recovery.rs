@@ -118,3 +118,67 @@ fn retention_expires_a_running_job_then_removes_it_with_its_outputs_and_blobs() 
     assert!(gone(&format!("/api/v2/assets/{output}")), "output still there");
     assert!(!blob.exists(), "blob file still there");
 }
+
+/// Where blob `hash` lives under `data_dir`.
+fn blob_file(data_dir: &std::path::Path, hash: &str) -> std::path::PathBuf {
+    data_dir.join("blobs").join(&hash[..2]).join(hash)
+}
+
+/// Writes a blob file no asset references, last modified `age` ago, as a crash between a
+/// blob's write and its asset's commit leaves one.
+fn plant_orphan(data_dir: &std::path::Path, content: &[u8], age: Duration) -> std::path::PathBuf {
+    let path = blob_file(data_dir, blake3::hash(content).to_hex().as_str());
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, content).unwrap();
+    let file = std::fs::File::options().write(true).open(&path).unwrap();
+    file.set_modified(std::time::SystemTime::now() - age).unwrap();
+    path
+}
+
+#[test]
+fn orphaned_blobs_older_than_an_hour_are_swept_and_referenced_or_recent_ones_stay() {
+    let server = Server::start();
+    let uploaded = server.upload("kept.txt", b"an uploaded asset, referenced".to_vec());
+    let hash = uploaded["hash"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("blake3:")
+        .to_string();
+    let data_dir = server.kill();
+    let referenced = blob_file(&data_dir, &hash);
+    assert!(referenced.exists(), "uploaded blob at {}", referenced.display());
+    std::fs::File::options()
+        .write(true)
+        .open(&referenced)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(7200))
+        .unwrap();
+    let old_orphan = plant_orphan(&data_dir, b"left by a crash two hours ago", Duration::from_secs(7200));
+    let new_orphan = plant_orphan(
+        &data_dir,
+        b"written a minute ago, maybe still committing",
+        Duration::from_secs(60),
+    );
+
+    let server = Server::with(Options {
+        data_dir: Some(data_dir.clone()),
+        ..Default::default()
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while old_orphan.exists() {
+        assert!(std::time::Instant::now() < deadline, "the old orphan was never swept");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(referenced.exists(), "a referenced blob stays, however old");
+    assert!(new_orphan.exists(), "a recent blob stays");
+    let asset: Value = server
+        .get(&format!("/api/v2/assets/{}", uploaded["id"].as_str().unwrap()))
+        .json()
+        .unwrap();
+    assert_eq!(
+        server.download(asset["url"].as_str().unwrap()),
+        b"an uploaded asset, referenced"
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(data_dir);
+}

@@ -266,12 +266,12 @@ impl Assets {
         self.store.insert_asset(asset).await.map_err(|e| e.to_string())
     }
 
-    /// Deletes those of `candidates` (blob hashes) that no asset references; returns how many.
-    pub(super) async fn collect_garbage(&self, mut candidates: Vec<String>) -> Result<usize, StoreError> {
+    /// Deletes those of `candidates` (blob hashes) that no asset references; returns them.
+    pub(super) async fn collect_garbage(&self, mut candidates: Vec<String>) -> Result<Vec<String>, StoreError> {
         candidates.sort();
         candidates.dedup();
         if candidates.is_empty() {
-            return Ok(0);
+            return Ok(Vec::new());
         }
         let _guard = self.link_lock.lock().await;
         let orphans = self.store.unreferenced_blobs(candidates).await?;
@@ -280,7 +280,23 @@ impl Assets {
                 tracing::warn!(blob = %hash, error = %e, "cannot remove blob");
             }
         }
-        Ok(orphans.len())
+        Ok(orphans)
+    }
+
+    /// Deletes every blob written more than `grace` ago that no asset references: what a
+    /// crash or a failed commit left behind. The grace spares blobs whose asset is still
+    /// being recorded. Returns them.
+    pub(super) async fn collect_orphans(&self, grace: std::time::Duration) -> Result<Vec<String>, StoreError> {
+        let blobs = self.blobs.clone();
+        let old = tokio::task::spawn_blocking(move || blobs.older_than(grace))
+            .await
+            .map_err(|e| StoreError::Backend(e.to_string()))?
+            .map_err(|e| StoreError::Backend(format!("listing blobs: {e}")))?;
+        let mut removed = Vec::new();
+        for batch in old.chunks(1000) {
+            removed.extend(self.collect_garbage(batch.to_vec()).await?);
+        }
+        Ok(removed)
     }
 
     async fn insert(&self, asset: AssetRecord) -> Result<(), AssetError> {

@@ -95,6 +95,27 @@ impl NodeCache {
         }
     }
 
+    /// Drops every entry whose committed files use one of `removed` (blobs garbage-collected
+    /// since), so a later hit never points at a deleted blob.
+    pub fn forget_blobs(&self, removed: &[String]) {
+        if removed.is_empty() {
+            return;
+        }
+        let removed: std::collections::HashSet<&str> = removed.iter().map(String::as_str).collect();
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let stale: Vec<(String, [u8; 32])> = inner
+            .lru
+            .iter()
+            .filter(|(_, (entry, _))| entry.files.iter().any(|f| removed.contains(f.blob.as_str())))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in stale {
+            if let Some((_, size)) = inner.lru.pop(&key) {
+                inner.bytes -= size;
+            }
+        }
+    }
+
     /// Entries held.
     pub fn len(&self) -> usize {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).lru.len()
@@ -125,5 +146,25 @@ mod tests {
         }
         assert!(cache.len() < 11);
         assert!(cache.get("a", &[1; 32]).is_none());
+    }
+
+    #[test]
+    fn entries_whose_blobs_were_collected_are_forgotten() {
+        let cache = NodeCache::new(1 << 20);
+        let with_file = |blob: &str| Entry {
+            values: vec![],
+            files: vec![CachedFile {
+                name: "out.txt".into(),
+                kind: crate::runtime::OutputKind::Text,
+                content_type: "text/plain".into(),
+                blob: blob.into(),
+                size: 1,
+            }],
+        };
+        cache.put("a", [1; 32], with_file("aa"));
+        cache.put("a", [2; 32], with_file("bb"));
+        cache.forget_blobs(&["aa".to_string()]);
+        assert!(cache.get("a", &[1; 32]).is_none());
+        assert!(cache.get("a", &[2; 32]).is_some());
     }
 }

@@ -2,7 +2,8 @@
 //! not finished become `expired` (a running one is stopped); expired jobs are removed after
 //! a grace period, finished ones at once; then idempotency keys past their lifetime
 //! ([`IDEMPOTENCY_TTL`], 24 hours) and uploads past their own expiry go, and blobs no asset
-//! references are deleted.
+//! references are deleted. Once an hour (and at start) the whole blob directory is checked
+//! for blobs that no asset references and that are older than [`ORPHAN_GRACE`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,15 +25,29 @@ pub struct Swept {
     pub blobs: usize,
 }
 
-/// Starts the sweeper, every `interval`.
+/// How old an unreferenced blob must be before the orphan sweep removes it: long enough
+/// for any upload or output commit under way to record its asset.
+pub const ORPHAN_GRACE: Duration = Duration::from_secs(3600);
+
+/// How often the whole blob directory is scanned for orphans (the first time at start).
+const ORPHAN_SWEEP_EVERY: Duration = Duration::from_secs(3600);
+
+/// Starts the sweeper, every `interval`, with the orphan sweep every [`ORPHAN_SWEEP_EVERY`].
 pub fn start(jobs: Arc<Jobs>, interval: Duration) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut orphans_swept: Option<std::time::Instant> = None;
         loop {
             tick.tick().await;
             if let Err(e) = sweep(&jobs).await {
                 tracing::warn!(error = %e, "retention sweep failed");
+            }
+            if orphans_swept.is_none_or(|at| at.elapsed() >= ORPHAN_SWEEP_EVERY) {
+                orphans_swept = Some(std::time::Instant::now());
+                if let Err(e) = sweep_orphans(&jobs).await {
+                    tracing::warn!(error = %e, "orphaned-blob sweep failed");
+                }
             }
         }
     });
@@ -72,6 +87,19 @@ pub async fn sweep(jobs: &Arc<Jobs>) -> Result<Swept, StoreError> {
     }
     jobs.store.purge_idempotency(now - IDEMPOTENCY_TTL).await?;
     blobs.extend(jobs.store.delete_expired_assets(now).await?);
-    swept.blobs = jobs.assets.collect_garbage(blobs).await?;
+    let removed = jobs.assets.collect_garbage(blobs).await?;
+    jobs.cache.forget_blobs(&removed);
+    swept.blobs = removed.len();
     Ok(swept)
+}
+
+/// Deletes blobs no asset references that are older than [`ORPHAN_GRACE`] (left by a crash
+/// or a failed commit); returns how many.
+pub async fn sweep_orphans(jobs: &Arc<Jobs>) -> Result<usize, StoreError> {
+    let removed = jobs.assets.collect_orphans(ORPHAN_GRACE).await?;
+    jobs.cache.forget_blobs(&removed);
+    if !removed.is_empty() {
+        tracing::info!(blobs = removed.len(), "removed orphaned blobs");
+    }
+    Ok(removed.len())
 }

@@ -60,6 +60,29 @@ impl Blobs {
         writer.finish()
     }
 
+    /// The blobs last written more than `age` ago (a blob written again, by an upload or an
+    /// output of the same content, counts as new).
+    pub fn older_than(&self, age: std::time::Duration) -> std::io::Result<Vec<String>> {
+        let cutoff = std::time::SystemTime::now()
+            .checked_sub(age)
+            .unwrap_or(std::time::UNIX_EPOCH);
+        let mut old = Vec::new();
+        for shard in std::fs::read_dir(&self.dir)? {
+            let shard = shard?;
+            if shard.file_name() == "tmp" || !shard.file_type()?.is_dir() {
+                continue;
+            }
+            for blob in std::fs::read_dir(shard.path())? {
+                let blob = blob?;
+                let name = blob.file_name().to_string_lossy().into_owned();
+                if is_hex_hash(&name) && blob.metadata()?.modified()? < cutoff {
+                    old.push(name);
+                }
+            }
+        }
+        Ok(old)
+    }
+
     /// Removes blob `hash` if present.
     pub fn remove(&self, hash: &str) -> std::io::Result<()> {
         if !is_hex_hash(hash) {
