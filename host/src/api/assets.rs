@@ -144,7 +144,7 @@ async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<
             "file" => {
                 part_type = part.content_type().map(String::from);
                 if file_path.is_none() {
-                    file_path = part.filename().map(String::from);
+                    file_path = part.filename().filter(|f| !f.is_empty()).map(String::from);
                 }
                 let mut upload = state.assets.receive()?;
                 let mut stream = part.stream();
@@ -160,7 +160,13 @@ async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<
                 }
                 written = Some(upload);
             }
-            "file_path" => file_path = Some(part_text(part).await?),
+            "file_path" => {
+                // An empty `file_path` is no name: the file part's filename stands.
+                let text = part_text(part).await?;
+                if !text.is_empty() {
+                    file_path = Some(text);
+                }
+            }
             "content_type" => content_type = Some(part_text(part).await?),
             "expected_hash" => expected_hash = Some(part_text(part).await?),
             "tags" => tags.push(part_text(part).await?),
@@ -189,10 +195,19 @@ async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<
         ),
         None => None,
     };
+    let content_type = match content_type.filter(|c| !c.is_empty()) {
+        Some(c) if !is_media_type(&c) => {
+            return Err(ApiError::bad_request(
+                "invalid_content_type",
+                "content_type must be a media type such as image/png",
+            ))
+        }
+        given => given.or(part_type.filter(|c| is_media_type(c))),
+    };
     let details = UploadDetails {
         tenant: caller.tenant.clone(),
         file_path,
-        content_type: content_type.filter(|c| !c.is_empty()).or(part_type),
+        content_type,
         tags,
         expires_at,
         expected_hash,
@@ -207,6 +222,22 @@ async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<
         status,
         &render::asset(&state.links.at(caller.origin.as_deref()), &asset, created_new),
     ))
+}
+
+/// Whether `text` is a media type (`type/subtype`, optionally with parameters) that can be
+/// sent back as a `Content-Type` header.
+fn is_media_type(text: &str) -> bool {
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$&^_.+-".contains(&b))
+    };
+    let essence = text.split(';').next().unwrap_or_default().trim();
+    let valid_header = text.len() <= 255 && text.bytes().all(|b| (0x20..0x7f).contains(&b));
+    valid_header
+        && essence
+            .split_once('/')
+            .is_some_and(|(kind, sub)| token(kind) && token(sub))
 }
 
 fn multipart_error(e: warp::Error) -> ApiError {
@@ -225,7 +256,8 @@ struct FromHash {
     file_path: Option<String>,
     #[serde(default)]
     tags: Vec<String>,
-    expires_in: Option<i64>,
+    /// Seconds; an integral JSON number, `3600.0` included.
+    expires_in: Option<serde_json::Number>,
 }
 
 async fn from_hash(
@@ -238,7 +270,19 @@ async fn from_hash(
         .map_err(|e| ApiError::bad_request("invalid_request", format!("invalid from-hash request: {e}")))?;
     let hash = parse_hash(&request.hash)
         .ok_or_else(|| ApiError::bad_request("invalid_hash", "hash must be blake3:<64 hex digits>"))?;
-    let expires_at = expires_at(request.expires_in)?;
+    let expires_in = match request.expires_in {
+        None => None,
+        Some(n) => Some(
+            n.as_i64()
+                .or_else(|| {
+                    n.as_f64()
+                        .filter(|f| f.fract() == 0.0 && f.abs() < 1e15)
+                        .map(|f| f as i64)
+                })
+                .ok_or_else(|| ApiError::bad_request("invalid_expires_in", "expires_in must be an integer"))?,
+        ),
+    };
+    let expires_at = expires_at(expires_in)?;
     // Only a blob the caller already uses can be adopted: another tenant's is not found.
     let asset = state
         .assets

@@ -110,12 +110,27 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
                 .unify(),
         )
         .boxed();
-    api.or(v2m::routes(state.clone()))
+    let mount_prefix = state.config.mount_prefix.clone();
+    let all = api
+        .or(v2m::routes(state.clone()))
         .unify()
         .or(operator::root_routes(state))
         .unify()
         .recover(error::recover)
-        .unify()
+        .unify();
+    // A 405 names the methods the path does serve (RFC 9110).
+    warp::path::full()
+        .and(all)
+        .map(move |path: warp::path::FullPath, mut response: warp::reply::Response| {
+            if response.status() == warp::http::StatusCode::METHOD_NOT_ALLOWED {
+                if let Some(allow) = openapi::allowed_methods(&mount_prefix, path.as_str())
+                    .and_then(|a| warp::http::HeaderValue::from_str(&a).ok())
+                {
+                    response.headers_mut().insert(warp::http::header::ALLOW, allow);
+                }
+            }
+            response
+        })
         .boxed()
 }
 

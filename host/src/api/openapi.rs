@@ -126,6 +126,9 @@ fn schemas() -> Json {
                     "self": {"type": "string"}, "events": {"type": "string"}, "cancel": {"type": "string"}}},
                 "logs": {"$ref": "#/components/schemas/JobLogs"},
                 "metrics": {"type": "object", "additionalProperties": {"type": ["integer", "null"]}}}},
+        "JobList": {"type": "object", "required": ["jobs", "next_cursor"], "properties": {
+            "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/Job"}},
+            "next_cursor": {"type": ["string", "null"]}}},
         "PreviewEvent": {"type": "object", "required": ["node_id", "content_type", "data_base64"], "properties": {
             "node_id": {"type": "string"}, "content_type": {"type": "string", "examples": ["image/png"]},
             "data_base64": {"type": "string", "contentEncoding": "base64"}}},
@@ -138,9 +141,107 @@ fn schemas() -> Json {
     })
 }
 
+fn schema_ref(name: &str) -> Json {
+    json!({"$ref": format!("#/components/schemas/{name}")})
+}
+
+/// What `method path` answers with status `code`.
+fn response(method: &str, path: &str, code: u16) -> Json {
+    let json_body =
+        |schema: Json| json!({"description": "success", "content": {"application/json": {"schema": schema}}});
+    if method == "head" {
+        return json!({"description": if code < 400 { "the caller has the blob" } else { "no such blob for the caller" }});
+    }
+    if code >= 400 {
+        return json!({"description": "error", "content": {"application/json": {"schema": schema_ref("ErrorEnvelope")}}});
+    }
+    match (method, path, code) {
+        (_, _, 204) => json!({"description": "done, no content"}),
+        ("get", "/api/v2/jobs/{id}/events", _) => event_stream(),
+        ("get", "/api/v2/jobs", _) => json_body(schema_ref("JobList")),
+        ("get", "/api/v2/jobs/{id}/workflow", _) => {
+            json_body(json!({"type": "object", "required": ["workflow", "format"],
+            "properties": {"workflow": {"type": "object"}, "format": {"type": "string"}}}))
+        }
+        (_, "/api/v2/jobs" | "/api/v2/jobs/{id}" | "/api/v2/jobs/{id}/cancel", _) => json_body(schema_ref("Job")),
+        ("get", "/api/v2/assets/{id}/content", _) => {
+            json!({"description": "the asset's bytes (206: the requested range)", "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}}})
+        }
+        (_, p, _) if p.starts_with("/api/v2/assets") => json_body(schema_ref("Asset")),
+        _ => json_body(json!({"type": "object"})),
+    }
+}
+
+/// The path, query and header parameters of `method path`.
+fn parameters(method: &str, path: &str) -> Vec<Json> {
+    let mut parameters: Vec<Json> = path
+        .split('/')
+        .filter_map(|segment| segment.strip_prefix('{')?.strip_suffix('}'))
+        .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string", "minLength": 1}}))
+        .collect();
+    match (method, path) {
+        ("get", "/api/v2/jobs") => parameters.extend([
+            json!({"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}}),
+            json!({"name": "cursor", "in": "query", "description": "`next_cursor` of the previous page", "schema": {"type": "string", "pattern": "^(c[1-9][0-9]{0,17})?$"}}),
+            json!({"name": "metadata", "in": "query", "style": "deepObject", "explode": true,
+                   "description": "`metadata[key]=value`: only jobs with every given label",
+                   "schema": {"type": "object", "additionalProperties": {"type": "string"}}}),
+        ]),
+        ("post", "/api/v2/jobs") => parameters.push(json!({"name": "Idempotency-Key", "in": "header",
+            "description": "Single-use: a second request with the same key within 24 hours is refused",
+            "schema": {"type": "string", "minLength": 1, "maxLength": 255}})),
+        ("get", "/api/v2/assets/{id}/content") => parameters.extend([
+            json!({"name": "Range", "in": "header", "schema": {"type": "string"}}),
+            json!({"name": "expires", "in": "query", "description": "part of a signed link", "schema": {"type": "string"}}),
+            json!({"name": "sig", "in": "query", "description": "part of a signed link", "schema": {"type": "string"}}),
+        ]),
+        _ => {}
+    }
+    parameters
+}
+
+/// The request body of `method path`, if it takes one.
+fn request_body(method: &str, path: &str) -> Option<Json> {
+    let json_body = |schema: Json| json!({"required": true, "content": {"application/json": {"schema": schema}}});
+    match (method, path) {
+        ("post", "/api/v2/jobs") => Some(json_body(json!({
+        "type": "object", "required": ["workflow"],
+        "properties": {
+            "workflow": {"type": "object", "minProperties": 1, "description": "A workflow in ComfyUI's API format: node id -> {class_type, inputs}",
+                "additionalProperties": {"type": "object", "required": ["class_type", "inputs"],
+                    "properties": {"class_type": {"type": "string"}, "inputs": {"type": "object"}}}},
+            "metadata": {"type": "object", "maxProperties": 16,
+                "additionalProperties": {"type": "string", "maxLength": 256}},
+            "extra_data": {"type": "object", "properties": {"api_key_platform_org": {"type": "string"}, "api_key_comfy_org": {"type": "string"}},
+                "additionalProperties": false}
+        }}))),
+        ("post", "/api/v2/assets") => Some(json!({"required": true, "content": {"multipart/form-data": {"schema": {
+        "type": "object", "required": ["file"],
+        "description": "Parts with other names are ignored.",
+        "propertyNames": {"pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+        "properties": {
+            "file": {"type": "string", "format": "binary"},
+            "file_path": {"type": "string", "description": "the asset's name; the file part's filename when absent"},
+            "content_type": {"type": "string", "pattern": "^([!#$&^_.+0-9A-Za-z-]+/[!#$&^_.+0-9A-Za-z-]+( *;[ -~]*)?)?$", "maxLength": 255},
+            "expected_hash": {"type": "string", "pattern": "^(blake3:[0-9a-f]{64})?$"},
+            "tags": {"type": "string", "description": "a tag; repeat the part for more"},
+            "expires_in": {"type": "integer", "minimum": 60, "maximum": 604800, "description": "seconds"}
+        }}}}})),
+        ("post", "/api/v2/assets/from-hash") => Some(json_body(json!({
+        "type": "object", "required": ["hash"], "additionalProperties": false,
+        "properties": {
+            "hash": {"type": "string", "pattern": "^blake3:[0-9a-f]{64}$"},
+            "file_path": {"type": "string"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "expires_in": {"type": "integer", "minimum": 60, "maximum": 604800, "description": "seconds"}
+        }}))),
+        _ => None,
+    }
+}
+
 /// The job event stream's response: its event names and the JSON `data` of each.
 fn event_stream() -> Json {
-    let schema = |name: &str| json!({"$ref": format!("#/components/schemas/{name}")});
+    let schema = schema_ref;
     json!({
         "description": "A server-sent event stream. On connect: the job's `status`, its latest `progress` and, while a sampler runs, its latest `preview`; then live events, each with an `id` that `Last-Event-ID` resumes after. It ends after the terminal `status` event. Clients skip event names they do not know.",
         "content": {"text/event-stream": {
@@ -156,6 +257,41 @@ fn event_stream() -> Json {
     })
 }
 
+/// The methods the job API serves at the request path `path` (under `mount_prefix`), as an
+/// `Allow` header value (`GET, HEAD`); `None` for a path it does not serve.
+pub fn allowed_methods(mount_prefix: &str, path: &str) -> Option<String> {
+    let route = path.strip_prefix(mount_prefix.trim_end_matches('/'))?;
+    let matches = |template: &str| {
+        let (mut want, mut have) = (template.split('/'), route.split('/'));
+        loop {
+            match (want.next(), have.next()) {
+                (None, None) => return true,
+                (Some(w), Some(h)) if w.starts_with('{') => {
+                    if h.is_empty() {
+                        return false;
+                    }
+                }
+                (Some(w), Some(h)) if w == h => {}
+                _ => return false,
+            }
+        }
+    };
+    // A literal segment beats a parameter: `assets/from-hash` is not `assets/{id}`.
+    let literals = |template: &str| template.split('/').filter(|s| !s.starts_with('{')).count();
+    let matching: Vec<_> = ROUTES.iter().filter(|(_, template, _, _)| matches(template)).collect();
+    let most_specific = matching.iter().map(|(_, t, _, _)| literals(t)).max()?;
+    let mut methods: Vec<String> = matching
+        .iter()
+        .filter(|(_, template, _, _)| literals(template) == most_specific)
+        .map(|(method, _, _, _)| method.to_ascii_uppercase())
+        .collect();
+    if methods.is_empty() {
+        return None;
+    }
+    methods.dedup();
+    Some(methods.join(", "))
+}
+
 /// The document, with paths under `mount_prefix`.
 pub fn document(mount_prefix: &str) -> Json {
     let prefix = mount_prefix.trim_end_matches('/');
@@ -164,18 +300,17 @@ pub fn document(mount_prefix: &str) -> Json {
         let entry = paths.entry(format!("{prefix}{path}")).or_insert_with(|| json!({}));
         let responses: serde_json::Map<String, Json> = responses
             .iter()
-            .map(|code| {
-                let body = if *code >= 400 {
-                    json!({"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}}})
-                } else if path.ends_with("/events") {
-                    event_stream()
-                } else {
-                    json!({"description": "success"})
-                };
-                (code.to_string(), body)
-            })
+            .map(|code| (code.to_string(), response(method, path, *code)))
             .collect();
-        entry[*method] = json!({"summary": summary, "responses": responses, "security": [{"bearer": []}, {}]});
+        let mut operation = json!({"summary": summary, "responses": responses, "security": [{"bearer": []}, {}]});
+        let parameters = parameters(method, path);
+        if !parameters.is_empty() {
+            operation["parameters"] = Json::Array(parameters);
+        }
+        if let Some(body) = request_body(method, path) {
+            operation["requestBody"] = body;
+        }
+        entry[*method] = operation;
     }
     json!({
         "openapi": "3.1.0",
