@@ -172,7 +172,7 @@ async fn submit(
             };
             Ok(reply(
                 StatusCode::CREATED,
-                &render::job(&state.links.at(caller.origin.as_deref()), &view, false),
+                &render::job(&state.links, &view, false),
             ))
         }
         Err(e) => Err(submit_error(e)),
@@ -254,7 +254,7 @@ async fn get(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::r
         .ok_or(ApiError::NotFound("job".into()))?;
     Ok(reply(
         StatusCode::OK,
-        &render::job(&state.links.at(caller.origin.as_deref()), &view, shows_logs(&state)),
+        &render::job(&state.links, &view, shows_logs(&state)),
     ))
 }
 
@@ -280,7 +280,7 @@ async fn cancel(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp
     let view = view.ok_or(ApiError::NotFound("job".into()))?;
     Ok(reply(
         StatusCode::OK,
-        &render::job(&state.links.at(caller.origin.as_deref()), &view, false),
+        &render::job(&state.links, &view, false),
     ))
 }
 
@@ -334,7 +334,7 @@ async fn list(state: Arc<AppState>, caller: Caller, query: String) -> Result<war
         .list(&caller.tenant, limit, before, &labels)
         .await
         .map_err(|e| ApiError::upstream("listing jobs", e))?;
-    let links = state.links.at(caller.origin.as_deref());
+    let links = state.links.clone();
     let mut items = Vec::with_capacity(page.jobs.len());
     for job in page.jobs {
         let view = jobs

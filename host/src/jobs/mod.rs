@@ -40,6 +40,8 @@ pub struct JobsConfig {
     pub workers: usize,
     /// Jobs that may wait in the queue.
     pub queue_depth: usize,
+    /// Jobs one tenant may have waiting in the queue.
+    pub tenant_queue_depth: usize,
     /// How long a job is kept (`expires_at = created_at + retention`).
     pub retention: Duration,
     /// How long an expired job stays readable before it is removed.
@@ -59,6 +61,7 @@ impl Default for JobsConfig {
         Self {
             workers: 4,
             queue_depth: 10_000,
+            tenant_queue_depth: 5_000,
             retention: Duration::from_secs(7 * 24 * 3600),
             expired_grace: Duration::from_secs(3600),
             cache_bytes: 512 << 20,
@@ -134,7 +137,7 @@ impl Jobs {
     /// A job service over `store`, `assets` (over the same store) and `runtime`.
     pub fn new(store: Arc<dyn Store>, assets: Arc<Assets>, runtime: Arc<Runtime>, config: JobsConfig) -> Arc<Self> {
         Arc::new(Self {
-            queue: queue::Queue::new(config.queue_depth),
+            queue: queue::Queue::new(config.queue_depth, config.tenant_queue_depth),
             cache: cache::NodeCache::new(config.cache_bytes),
             store,
             assets,
@@ -233,7 +236,7 @@ impl Jobs {
         if !missing.is_empty() {
             return Err(SubmitError::MissingAsset(missing));
         }
-        if self.queue.has_room().is_err() {
+        if self.queue.has_room(tenant).is_err() {
             return Err(SubmitError::QueueFull {
                 retry_after: self.retry_after(),
             });
