@@ -220,10 +220,19 @@ fn submit_error(e: SubmitError) -> ApiError {
             message,
             node_errors,
             errors,
-        }) => ApiError::InvalidWorkflow {
-            message,
-            details: json!({"node_errors": node_errors, "errors": errors}),
-        },
+            error_count,
+        }) => {
+            let listed = node_errors.values().map(Vec::len).sum::<usize>() + errors.len();
+            ApiError::InvalidWorkflow {
+                message,
+                details: json!({
+                    "node_errors": node_errors,
+                    "errors": errors,
+                    "error_count": error_count,
+                    "truncated": error_count > listed,
+                }),
+            }
+        }
         SubmitError::MissingAsset(missing) => {
             let mut by_node: BTreeMap<String, Vec<Json>> = BTreeMap::new();
             for (node, asset) in &missing {
