@@ -47,6 +47,9 @@ enum Command {
         /// Print ComfyUI's /object_info JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Time a plugin may take to describe itself, in milliseconds.
+        #[arg(long, env = "WEFT_PLUGIN_LOAD_TIMEOUT_MS", default_value_t = 10_000)]
+        plugin_load_timeout_ms: u64,
     },
     /// Manages API keys (for `--auth keys`).
     Keys {
@@ -131,7 +134,7 @@ struct ServeArgs {
     #[arg(long, env = "WEFT_QUEUE_DEPTH", default_value_t = 10_000)]
     queue_depth: usize,
     /// Jobs one tenant may have waiting; beyond it its submissions get 429 queue_full.
-    /// Default: half of --queue-depth.
+    /// Default: half of --queue-depth under `--auth keys` (many tenants), all of it otherwise.
     #[arg(long, env = "WEFT_TENANT_QUEUE_DEPTH")]
     tenant_queue_depth: Option<usize>,
     /// Which surface to present.
@@ -178,7 +181,8 @@ struct ServeArgs {
     /// Most event streams open at once.
     #[arg(long, env = "WEFT_MAX_STREAMS", default_value_t = 20_000)]
     max_streams: usize,
-    /// Most event streams one tenant may have open. Default: half of --max-streams.
+    /// Most event streams one tenant may have open. Default: half of --max-streams under
+    /// `--auth keys` (many tenants), all of them otherwise.
     #[arg(long, env = "WEFT_TENANT_MAX_STREAMS")]
     tenant_max_streams: Option<usize>,
     /// `scheme://host[:port]` clients reach this server at (behind a proxy). Signed content
@@ -356,6 +360,10 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
         anyhow::bail!("--mount-prefix must start with /");
     }
     let paid = args.surface != Surface::SelfHosted;
+    // Only `--auth keys` has more than one tenant to share between.
+    let share = |cap: usize| if auth == AuthMode::Keys { cap / 2 } else { cap };
+    let tenant_max_streams = args.tenant_max_streams.unwrap_or(share(args.max_streams)).max(1);
+    let tenant_queue_depth = args.tenant_queue_depth.unwrap_or(share(args.queue_depth)).max(1);
     let limits = limits(&args);
     Ok(ServeConfig {
         addr: args.addr,
@@ -368,7 +376,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             max_upload_bytes: args.max_upload_bytes,
             max_json_bytes: 32 << 20,
             max_streams: args.max_streams,
-            tenant_max_streams: args.tenant_max_streams.unwrap_or(args.max_streams / 2).max(1),
+            tenant_max_streams,
             public_url: public_url(args.public_url.as_deref())?,
             admin_token: args.admin_token,
             v2m: weft::api::v2m::V2mSettings {
@@ -384,7 +392,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
         jobs: JobsConfig {
             workers: args.workers.max(1),
             queue_depth: args.queue_depth.max(1),
-            tenant_queue_depth: args.tenant_queue_depth.unwrap_or(args.queue_depth / 2).max(1),
+            tenant_queue_depth,
             retention: Duration::from_secs(args.retention_secs),
             expired_grace: Duration::from_secs(args.expired_grace_secs),
             cache_bytes: args.cache_mib << 20,
@@ -413,9 +421,15 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
     })
 }
 
-fn print_nodes(plugins_dir: Option<PathBuf>, models_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+fn print_nodes(
+    plugins_dir: Option<PathBuf>,
+    models_dir: Option<PathBuf>,
+    json: bool,
+    plugin_load_timeout: Duration,
+) -> anyhow::Result<()> {
     let runtime = Runtime::load(RuntimeConfig {
         plugins_dir,
+        plugin_load_timeout,
         capabilities: CapabilityConfig {
             diffusion: Arc::new(ModelLibrary::new(&DiffusionConfig {
                 models_dir,
@@ -477,7 +491,13 @@ fn main() -> anyhow::Result<()> {
             plugins_dir,
             models_dir,
             json,
-        } => print_nodes(plugins_dir, models_dir, json),
+            plugin_load_timeout_ms,
+        } => print_nodes(
+            plugins_dir,
+            models_dir,
+            json,
+            Duration::from_millis(plugin_load_timeout_ms.max(1)),
+        ),
         Command::Keys {
             command: KeysCommand::Create { data_dir, tenant },
         } => runtime.block_on(async {

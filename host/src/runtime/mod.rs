@@ -19,6 +19,7 @@ mod call;
 mod capabilities;
 mod catalog;
 mod engine;
+mod guest_text;
 mod invoke;
 mod limits;
 mod logs;
