@@ -55,7 +55,11 @@ fn the_invalid_workflow_answer_to_a_cycle_stays_bounded_as_the_cycle_grows() {
         assert_eq!(reason, Some("dependency_cycle"), "{}", &text[..text.len().min(500)]);
         sizes.push(text.len());
     }
-    assert!(sizes[1] < 64 << 10, "a 6,000-node cycle gets a {} byte answer", sizes[1]);
+    assert!(
+        sizes[1] < 64 << 10,
+        "a 6,000-node cycle gets a {} byte answer",
+        sizes[1]
+    );
     assert!(
         sizes[1] <= sizes[0] + 1024,
         "the answer grew with the cycle: {} -> {} bytes",
@@ -86,7 +90,11 @@ fn a_value_not_in_a_long_combo_lists_a_bounded_number_of_choices() {
     let checkpoints = models.path().join("checkpoints");
     std::fs::create_dir_all(&checkpoints).unwrap();
     for i in 0..2_000 {
-        std::fs::write(checkpoints.join(format!("model-with-a-long-name-{i:05}.safetensors")), b"").unwrap();
+        std::fs::write(
+            checkpoints.join(format!("model-with-a-long-name-{i:05}.safetensors")),
+            b"",
+        )
+        .unwrap();
     }
     let server = Server::with(Options {
         args: vec!["--models-dir".into(), models.path().display().to_string()],
@@ -142,7 +150,11 @@ fn a_huge_node_error_message_is_cut_before_it_is_stored_or_served() {
         "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}
     }));
     assert_eq!(done["status"], "failed", "{done}");
-    assert!(done["error"]["code"].is_string(), "{}", done.to_string().chars().take(2000).collect::<String>());
+    assert!(
+        done["error"]["code"].is_string(),
+        "{}",
+        done.to_string().chars().take(2000).collect::<String>()
+    );
     let message = done["error"]["message"].as_str().unwrap();
     assert!(message.len() <= 8 << 10, "error message of {} bytes", message.len());
     assert!(message.contains("truncated"), "{message}");
@@ -223,7 +235,11 @@ fn a_tenant_that_fills_its_share_of_event_streams_does_not_lock_out_another() {
     }
     let refused = open(&key_a, &job_a);
     assert_eq!(refused.status().as_u16(), 429);
-    assert!(refused.headers()["retry-after"].to_str().unwrap().parse::<u64>().is_ok());
+    assert!(refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse::<u64>()
+        .is_ok());
     let body: Value = refused.json().unwrap();
     assert_eq!(error_code(&body), "too_many_streams");
     server.set_token(Some(&key_b));

@@ -157,7 +157,14 @@ fn signed_links_use_the_public_url_when_one_is_set() {
 fn a_public_url_with_a_path_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(support::weft_bin())
-        .args(["serve", "--addr", "127.0.0.1:0", "--public-url", "https://x.example/a?b", "--data-dir"])
+        .args([
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--public-url",
+            "https://x.example/a?b",
+            "--data-dir",
+        ])
         .arg(dir.path())
         .env("WEFT_LOG", "off")
         .output()

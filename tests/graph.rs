@@ -357,7 +357,15 @@ fn the_cache_never_serves_one_tenant_to_another() {
     let server = Server::with(opts(a.clone()));
     // Under keys auth the metrics are the operator's.
     let metric = |server: &Server, name: &str| {
-        metric_of(server.http.get(server.url("/metrics")).bearer_auth("ADM").send().unwrap(), name)
+        metric_of(
+            server
+                .http
+                .get(server.url("/metrics"))
+                .bearer_auth("ADM")
+                .send()
+                .unwrap(),
+            name,
+        )
     };
     server.run(chain("shared"));
     let hits = metric(&server, "weft_node_cache_hits_total");

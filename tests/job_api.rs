@@ -710,13 +710,20 @@ fn output_urls_are_signed_expiring_and_work_without_credentials() {
         .unwrap()
         .try_into()
         .unwrap();
-    let sign = |expires: i64| blake3::keyed_hash(&key, format!("{asset}:{expires}").as_bytes()).to_hex()[..32].to_string();
+    let sign =
+        |expires: i64| blake3::keyed_hash(&key, format!("{asset}:{expires}").as_bytes()).to_hex()[..32].to_string();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64;
-    let fresh = server.http.get(server.url(&format!("{base}?expires={}&sig={}", now + 60, sign(now + 60))));
-    assert_eq!(fresh.send().unwrap().status().as_u16(), 200, "the test signs links as the server does");
+    let fresh = server
+        .http
+        .get(server.url(&format!("{base}?expires={}&sig={}", now + 60, sign(now + 60))));
+    assert_eq!(
+        fresh.send().unwrap().status().as_u16(),
+        200,
+        "the test signs links as the server does"
+    );
     let expired = format!("expires={}&sig={}", now - 60, sign(now - 60));
     let r = server
         .http

@@ -61,7 +61,10 @@ fn a_plugin_defining_a_class_already_defined_is_refused_whole() {
     let (server, _plugins) = server_with_bad_plugin("weft_test_collider");
     let reason = refusal(&server, "weft_test_collider");
     assert!(reason.contains("PrimitiveString"), "{reason}");
-    assert!(classes(&server).get("ColliderOther").is_none(), "half of a refused plugin loaded");
+    assert!(
+        classes(&server).get("ColliderOther").is_none(),
+        "half of a refused plugin loaded"
+    );
     the_rest_serve(&server);
 }
 
@@ -88,7 +91,10 @@ fn weft_nodes_reports_refused_plugins_and_lists_the_rest() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("refused plugin weft_test_collider"), "{stderr}");
     assert!(stderr.contains("refused plugin weft_test_slow_describe"), "{stderr}");
-    assert!(stdout.contains("SlowCounter") && stdout.contains("(2 refused)"), "{stdout}");
+    assert!(
+        stdout.contains("SlowCounter") && stdout.contains("(2 refused)"),
+        "{stdout}"
+    );
 }
 
 /// Starts `weft serve` with `args` and returns it with its base URL, as soon as it prints
@@ -161,7 +167,16 @@ fn a_token_with_another_auth_mode_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     for mode in ["none", "keys"] {
         let out = Command::new(support::weft_bin())
-            .args(["serve", "--addr", "127.0.0.1:0", "--auth", mode, "--token", "S3CRET", "--data-dir"])
+            .args([
+                "serve",
+                "--addr",
+                "127.0.0.1:0",
+                "--auth",
+                mode,
+                "--token",
+                "S3CRET",
+                "--data-dir",
+            ])
             .arg(dir.path())
             .env("WEFT_LOG", "off")
             .output()

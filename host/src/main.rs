@@ -441,7 +441,10 @@ fn print_nodes(
     })?;
     let catalog = runtime.catalog();
     for refused in runtime.refused() {
-        eprintln!("refused plugin {} ({}): {}", refused.name, refused.origin, refused.reason);
+        eprintln!(
+            "refused plugin {} ({}): {}",
+            refused.name, refused.origin, refused.reason
+        );
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&catalog.object_info())?);

@@ -92,7 +92,13 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
     let listen_early = config.api.surface == api::Surface::Serverless;
     let early = if listen_early {
         let listener = std::net::TcpListener::bind(config.addr)?;
-        let state = app_state(&config, listener.local_addr()?, store.clone(), assets.clone(), &v2m_engine)?;
+        let state = app_state(
+            &config,
+            listener.local_addr()?,
+            store.clone(),
+            assets.clone(),
+            &v2m_engine,
+        )?;
         let server = listen(listener, state.clone())?;
         Some((state, server))
     } else {

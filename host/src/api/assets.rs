@@ -203,10 +203,7 @@ async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<
     } else {
         StatusCode::OK
     };
-    Ok(reply(
-        status,
-        &render::asset(&state.links, &asset, created_new),
-    ))
+    Ok(reply(status, &render::asset(&state.links, &asset, created_new)))
 }
 
 fn multipart_error(e: warp::Error) -> ApiError {
@@ -244,10 +241,7 @@ async fn from_hash(
         .assets
         .adopt(&caller.tenant, &hash, request.file_path, request.tags, expires_at)
         .await?;
-    Ok(reply(
-        StatusCode::CREATED,
-        &render::asset(&state.links, &asset, false),
-    ))
+    Ok(reply(StatusCode::CREATED, &render::asset(&state.links, &asset, false)))
 }
 
 async fn by_hash(state: Arc<AppState>, caller: Caller, hash: String) -> Result<warp::reply::Response, ApiError> {
@@ -265,10 +259,7 @@ async fn get(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::r
         .get(&caller.tenant, &id)
         .await?
         .ok_or(ApiError::NotFound("asset".into()))?;
-    Ok(reply(
-        StatusCode::OK,
-        &render::asset(&state.links, &asset, false),
-    ))
+    Ok(reply(StatusCode::OK, &render::asset(&state.links, &asset, false)))
 }
 
 async fn delete(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::reply::Response, ApiError> {
@@ -387,12 +378,7 @@ const INLINE_TYPES: &[&str] = &[
 /// script, no same origin, even when opened directly), and `attachment` for every type a
 /// browser could run. The file name is reduced to safe characters.
 fn content_safety_headers(headers: &mut warp::http::HeaderMap, content_type: &str, file_path: &str) {
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     let inline = INLINE_TYPES.contains(&essence.as_str());
     let served_type = HeaderValue::from_str(content_type)
         .ok()
@@ -412,7 +398,11 @@ fn content_safety_headers(headers: &mut warp::http::HeaderMap, content_type: &st
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ' '))
         .take(200)
         .collect();
-    let name = if name.trim_matches('.').is_empty() { "file".to_string() } else { name };
+    let name = if name.trim_matches('.').is_empty() {
+        "file".to_string()
+    } else {
+        name
+    };
     let disposition = if inline { "inline" } else { "attachment" };
     if let Ok(v) = HeaderValue::from_str(&format!("{disposition}; filename=\"{name}\"")) {
         headers.insert("content-disposition", v);
@@ -441,7 +431,10 @@ mod tests {
             assert!(got.starts_with(disposition), "{content_type}: {got}");
             assert!(got.ends_with("filename=\"bx.png\""), "{got}");
             assert_eq!(headers["x-content-type-options"], "nosniff");
-            assert!(headers["content-security-policy"].to_str().unwrap().starts_with("sandbox"));
+            assert!(headers["content-security-policy"]
+                .to_str()
+                .unwrap()
+                .starts_with("sandbox"));
         }
     }
 

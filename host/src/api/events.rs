@@ -35,8 +35,7 @@ impl StreamSlot {
     fn open(state: &Arc<AppState>, tenant: &str) -> Result<StreamSlot, ApiError> {
         let mut by_tenant = state.tenant_streams.lock().unwrap_or_else(|e| e.into_inner());
         let mine = by_tenant.get(tenant).copied().unwrap_or(0);
-        if mine >= state.config.tenant_max_streams || state.streams.load(Ordering::SeqCst) >= state.config.max_streams
-        {
+        if mine >= state.config.tenant_max_streams || state.streams.load(Ordering::SeqCst) >= state.config.max_streams {
             return Err(ApiError::TooManyStreams { retry_after: 5 });
         }
         by_tenant.insert(tenant.to_string(), mine + 1);

@@ -170,10 +170,7 @@ async fn submit(
                 outputs: Vec::new(),
                 queue_position,
             };
-            Ok(reply(
-                StatusCode::CREATED,
-                &render::job(&state.links, &view, false),
-            ))
+            Ok(reply(StatusCode::CREATED, &render::job(&state.links, &view, false)))
         }
         Err(e) => Err(submit_error(e)),
     }
@@ -287,10 +284,7 @@ async fn cancel(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp
         .await
         .map_err(|e| ApiError::upstream("canceling a job", e))?;
     let view = view.ok_or(ApiError::NotFound("job".into()))?;
-    Ok(reply(
-        StatusCode::OK,
-        &render::job(&state.links, &view, false),
-    ))
+    Ok(reply(StatusCode::OK, &render::job(&state.links, &view, false)))
 }
 
 /// Cursors are opaque to clients: `c` plus the position of the last job of a page.

@@ -77,7 +77,12 @@ mod tests {
 
     #[test]
     fn links_carry_the_prefix_and_signatures_verify() {
-        let links = Links::new("http://h:1/", "/deployment/abc/", [7; 32], std::time::Duration::from_secs(3600));
+        let links = Links::new(
+            "http://h:1/",
+            "/deployment/abc/",
+            [7; 32],
+            std::time::Duration::from_secs(3600),
+        );
         assert_eq!(links.api("/jobs/1"), "/deployment/abc/api/v2/jobs/1");
         let (url, _) = links.content("a1");
         let query = url.split_once('?').unwrap().1;

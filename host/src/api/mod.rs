@@ -2,8 +2,8 @@
 //!
 //! Public face: [`ApiConfig`], [`AppState`] and [`routes`].
 
-use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use warp::filters::BoxedFilter;

@@ -79,9 +79,7 @@ pub fn root_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)
         .and(warp::get())
         .and(warp::any().map(move || state.clone()))
         .and(warp::header::optional::<String>("authorization"))
-        .and_then(|s: Arc<AppState>, auth: Option<String>| async move {
-            respond(metrics(&s, auth.as_deref()).await)
-        });
+        .and_then(|s: Arc<AppState>, auth: Option<String>| async move { respond(metrics(&s, auth.as_deref()).await) });
     health.or(metrics).unify().boxed()
 }
 

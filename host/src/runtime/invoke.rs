@@ -6,8 +6,8 @@ use std::time::Instant;
 use wasmtime::{Store, Trap, UpdateDeadline};
 
 use super::call::CallContext;
-use super::guest_text;
 use super::capabilities::CallState;
+use super::guest_text;
 use super::registry::LoadedPlugin;
 use super::value::{OutputFile, Value};
 use super::Runtime;

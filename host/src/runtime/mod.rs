@@ -255,7 +255,10 @@ fn compile_all(
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("compiling it panicked"))))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("compiling it panicked")))
+            })
             .collect()
     })
 }
