@@ -373,3 +373,44 @@ impl Jobs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::RuntimeConfig;
+    use crate::store::{sqlite::SqliteStore, Blobs};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn outputs_are_numbered_in_the_order_they_are_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("weft.db")).unwrap());
+        let assets = Arc::new(Assets::new(store.clone(), Blobs::open(&dir.path().join("blobs")).unwrap()));
+        let runtime = tokio::task::spawn_blocking(|| Runtime::load(RuntimeConfig::default()))
+            .await
+            .unwrap()
+            .unwrap();
+        let jobs = Jobs::new(store.clone(), assets, runtime, JobsConfig::default());
+        jobs.start_workers();
+        let save = |text: &str| {
+            serde_json::json!({"class_type": "SaveText", "inputs": {"text": text, "filename_prefix": text}})
+        };
+        let workflow = serde_json::json!({"1": save("a"), "2": save("b"), "3": save("c")});
+        let job = jobs.submit("t", workflow, BTreeMap::new(), None).await.unwrap();
+        loop {
+            let current = store.job_by_id(&job.id).await.unwrap().unwrap();
+            if current.status.is_terminal() {
+                assert_eq!(current.status, JobStatus::Succeeded, "{:?}", current.error);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let indices: Vec<Option<i64>> = store
+            .job_outputs(&job.id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|o| o.output_index)
+            .collect();
+        assert_eq!(indices, [Some(0), Some(1), Some(2)], "each output has its own place");
+    }
+}
