@@ -279,7 +279,10 @@ fn two_plugins_defining_one_class_the_second_is_refused_naming_both() {
         "{refusal}"
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("HostilePanic") && stdout.contains("(1 refused)"), "{stdout}");
+    assert!(
+        stdout.contains("HostilePanic") && stdout.contains("(1 refused)"),
+        "{stdout}"
+    );
 }
 
 #[test]

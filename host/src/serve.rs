@@ -122,19 +122,20 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
     }
     jobs.start_workers();
     jobs::retention::start(jobs.clone(), config.sweep_interval);
-    let (state, server) = match early {
-        Some(early) => early,
+    let server = match early {
+        Some((state, server)) => {
+            let _ = state.jobs.set(jobs);
+            server
+        }
         None => {
             let listener = std::net::TcpListener::bind(config.addr)?;
             let state = app_state(&config, listener.local_addr()?, store, assets, &v2m_engine)?;
-            let _ = state.jobs.set(jobs.clone());
-            let server = listen(listener, state.clone())?;
-            (state, server)
+            let _ = state.jobs.set(jobs);
+            listen(listener, state)?
         }
     };
-    let _ = state.jobs.set(jobs);
     tracing::info!("ready");
-    server.await??;
+    server.await?;
     Ok(())
 }
 
@@ -176,20 +177,14 @@ fn app_state(
 }
 
 /// Serves `state`'s routes on `listener` until a shutdown signal, and announces the address.
-fn listen(
-    listener: std::net::TcpListener,
-    state: Arc<AppState>,
-) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<()>>> {
+fn listen(listener: std::net::TcpListener, state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let bound = listener.local_addr()?;
     listener.set_nonblocking(true)?;
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(tokio::net::TcpListener::from_std(listener)?);
     let server = warp::serve(api::routes(state)).serve_incoming_with_graceful_shutdown(incoming, shutdown_signal());
     tracing::info!(addr = %bound, "listening");
     println!("weft listening on http://{bound}");
-    Ok(tokio::spawn(async move {
-        server.await;
-        Ok(())
-    }))
+    Ok(tokio::spawn(server))
 }
 
 async fn shutdown_signal() {

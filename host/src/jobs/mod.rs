@@ -384,16 +384,17 @@ mod tests {
     async fn outputs_are_numbered_in_the_order_they_are_committed() {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("weft.db")).unwrap());
-        let assets = Arc::new(Assets::new(store.clone(), Blobs::open(&dir.path().join("blobs")).unwrap()));
+        let assets = Arc::new(Assets::new(
+            store.clone(),
+            Blobs::open(&dir.path().join("blobs")).unwrap(),
+        ));
         let runtime = tokio::task::spawn_blocking(|| Runtime::load(RuntimeConfig::default()))
             .await
             .unwrap()
             .unwrap();
         let jobs = Jobs::new(store.clone(), assets, runtime, JobsConfig::default());
         jobs.start_workers();
-        let save = |text: &str| {
-            serde_json::json!({"class_type": "SaveText", "inputs": {"text": text, "filename_prefix": text}})
-        };
+        let save = |text: &str| serde_json::json!({"class_type": "SaveText", "inputs": {"text": text, "filename_prefix": text}});
         let workflow = serde_json::json!({"1": save("a"), "2": save("b"), "3": save("c")});
         let job = jobs.submit("t", workflow, BTreeMap::new(), None).await.unwrap();
         loop {
