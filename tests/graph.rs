@@ -269,7 +269,13 @@ fn large_values_pass_between_nodes_as_host_handles() {
 }
 
 fn metric(server: &Server, name: &str) -> f64 {
-    let text = server.get("/metrics").text().unwrap();
+    metric_of(server.get("/metrics"), name)
+}
+
+/// The value of metric `name` in a `/metrics` answer (0 when it is not listed yet).
+fn metric_of(response: reqwest::blocking::Response, name: &str) -> f64 {
+    assert_eq!(response.status().as_u16(), 200, "/metrics refused");
+    let text = response.text().unwrap();
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .map_or(0.0, |v| v.trim().parse().unwrap())
@@ -344,11 +350,23 @@ fn the_cache_never_serves_one_tenant_to_another() {
     let (a, b) = (key("alpha"), key("beta"));
     let opts = |token: String| Options {
         data_dir: Some(data.path().to_path_buf()),
-        args: vec!["--auth".into(), "keys".into()],
+        args: vec!["--auth".into(), "keys".into(), "--admin-token".into(), "ADM".into()],
         token: Some(token),
         ..Default::default()
     };
     let server = Server::with(opts(a.clone()));
+    // Under keys auth the metrics are the operator's.
+    let metric = |server: &Server, name: &str| {
+        metric_of(
+            server
+                .http
+                .get(server.url("/metrics"))
+                .bearer_auth("ADM")
+                .send()
+                .unwrap(),
+            name,
+        )
+    };
     server.run(chain("shared"));
     let hits = metric(&server, "weft_node_cache_hits_total");
     server.set_token(Some(&b));

@@ -47,6 +47,9 @@ enum Command {
         /// Print ComfyUI's /object_info JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Time a plugin may take to describe itself, in milliseconds.
+        #[arg(long, env = "WEFT_PLUGIN_LOAD_TIMEOUT_MS", default_value_t = 10_000)]
+        plugin_load_timeout_ms: u64,
     },
     /// Manages API keys (for `--auth keys`).
     Keys {
@@ -130,13 +133,19 @@ struct ServeArgs {
     /// Jobs that may wait; beyond it submissions get 429 queue_full.
     #[arg(long, env = "WEFT_QUEUE_DEPTH", default_value_t = 10_000)]
     queue_depth: usize,
+    /// Jobs one tenant may have waiting; beyond it its submissions get 429 queue_full.
+    /// Default: half of --queue-depth under `--auth keys` (many tenants), all of it otherwise.
+    #[arg(long, env = "WEFT_TENANT_QUEUE_DEPTH")]
+    tenant_queue_depth: Option<usize>,
     /// Which surface to present.
     #[arg(long, env = "WEFT_SURFACE", value_enum, default_value = "self-hosted")]
     surface: Surface,
-    /// Authentication: none, token (with --token) or keys (see `weft keys create`).
-    #[arg(long, env = "WEFT_AUTH", default_value = "none", value_parser = ["none", "token", "keys"])]
-    auth: String,
-    /// The static bearer token for `--auth token`.
+    /// Authentication: none, token (with --token) or keys (see `weft keys create`). Unset:
+    /// token when --token is given, none otherwise.
+    #[arg(long, env = "WEFT_AUTH", value_parser = ["none", "token", "keys"])]
+    auth: Option<String>,
+    /// The static bearer token; giving it turns on `--auth token` (with another --auth it is
+    /// refused).
     #[arg(long, env = "WEFT_TOKEN")]
     token: Option<String>,
     /// Public demo: accept callers without credentials, withhold logs on read.
@@ -172,6 +181,19 @@ struct ServeArgs {
     /// Most event streams open at once.
     #[arg(long, env = "WEFT_MAX_STREAMS", default_value_t = 20_000)]
     max_streams: usize,
+    /// Most event streams one tenant may have open. Default: half of --max-streams under
+    /// `--auth keys` (many tenants), all of them otherwise.
+    #[arg(long, env = "WEFT_TENANT_MAX_STREAMS")]
+    tenant_max_streams: Option<usize>,
+    /// `scheme://host[:port]` clients reach this server at (behind a proxy). Signed content
+    /// links are built on it; unset, they are built on the listening address and the
+    /// request's `Host` header is never trusted.
+    #[arg(long, env = "WEFT_PUBLIC_URL")]
+    public_url: Option<String>,
+    /// Time a plugin may take to describe itself at start-up, in milliseconds; a plugin
+    /// that takes longer is refused and the others serve.
+    #[arg(long, env = "WEFT_PLUGIN_LOAD_TIMEOUT_MS", default_value_t = 10_000)]
+    plugin_load_timeout_ms: u64,
     /// Wall time per node call, in milliseconds.
     #[arg(long, env = "WEFT_NODE_TIMEOUT_MS", default_value_t = 600_000)]
     node_timeout_ms: u64,
@@ -295,17 +317,43 @@ fn grants(list: &[String]) -> anyhow::Result<HashMap<String, Capabilities>> {
     Ok(grants)
 }
 
-fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
-    let auth = match args.auth.as_str() {
-        "none" => AuthMode::None,
-        "token" => AuthMode::Token(
-            args.token
-                .clone()
-                .filter(|t| !t.is_empty())
-                .ok_or_else(|| anyhow::anyhow!("--auth token needs --token"))?,
-        ),
-        _ => AuthMode::Keys,
+/// The authentication `--auth` and `--token` ask for. A token alone means token auth: a
+/// server given a token is never left open. A token with `--auth none` or `keys` is refused,
+/// since one of the two settings would be silently ignored.
+fn auth_mode(auth: Option<&str>, token: Option<&str>) -> anyhow::Result<AuthMode> {
+    let token = token.filter(|t| !t.is_empty());
+    match (auth, token) {
+        (None, None) | (Some("none"), None) => Ok(AuthMode::None),
+        (None | Some("token"), Some(token)) => Ok(AuthMode::Token(token.to_string())),
+        (Some("token"), None) => anyhow::bail!("--auth token needs --token"),
+        (Some("keys"), None) => Ok(AuthMode::Keys),
+        (Some(other), Some(_)) => {
+            anyhow::bail!("--token is given with --auth {other}; use --auth token (or drop --token)")
+        }
+        (Some(other), None) => anyhow::bail!("unknown --auth {other}"),
+    }
+}
+
+/// `--public-url`, checked: `http` or `https`, a host, no path beyond `/`, no query.
+fn public_url(value: Option<&str>) -> anyhow::Result<Option<String>> {
+    let Some(value) = value.filter(|v| !v.is_empty()) else {
+        return Ok(None);
     };
+    let url = url::Url::parse(value).map_err(|e| anyhow::anyhow!("--public-url {value:?}: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https")
+        || url.host_str().is_none()
+        || url.path() != "/"
+        || url.query().is_some()
+        || url.fragment().is_some()
+        || !url.username().is_empty()
+    {
+        anyhow::bail!("--public-url {value:?} must be http(s)://host[:port], without a path or query");
+    }
+    Ok(Some(url.as_str().trim_end_matches('/').to_string()))
+}
+
+fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
+    let auth = auth_mode(args.auth.as_deref(), args.token.as_deref())?;
     if auth == AuthMode::None && !args.addr.ip().is_loopback() && !args.allow_unauthenticated {
         anyhow::bail!(
             "refusing to listen on {} without authentication: use --auth token/keys, or pass --allow-unauthenticated",
@@ -316,6 +364,10 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
         anyhow::bail!("--mount-prefix must start with /");
     }
     let paid = args.surface != Surface::SelfHosted;
+    // Only `--auth keys` has more than one tenant to share between.
+    let share = |cap: usize| if auth == AuthMode::Keys { cap / 2 } else { cap };
+    let tenant_max_streams = args.tenant_max_streams.unwrap_or(share(args.max_streams)).max(1);
+    let tenant_queue_depth = args.tenant_queue_depth.unwrap_or(share(args.queue_depth)).max(1);
     let limits = limits(&args);
     Ok(ServeConfig {
         addr: args.addr,
@@ -328,6 +380,8 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             max_upload_bytes: args.max_upload_bytes,
             max_json_bytes: 32 << 20,
             max_streams: args.max_streams,
+            tenant_max_streams,
+            public_url: public_url(args.public_url.as_deref())?,
             admin_token: args.admin_token,
             v2m: weft::api::v2m::V2mSettings {
                 soundfont: args.v2m_soundfont,
@@ -343,6 +397,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
         jobs: JobsConfig {
             workers: args.workers.max(1),
             queue_depth: args.queue_depth.max(1),
+            tenant_queue_depth,
             retention: Duration::from_secs(args.retention_secs),
             expired_grace: Duration::from_secs(args.expired_grace_secs),
             cache_bytes: args.cache_mib << 20,
@@ -363,6 +418,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
                 ..Default::default()
             },
             concurrent_calls: 0,
+            plugin_load_timeout: Duration::from_millis(args.plugin_load_timeout_ms.max(1)),
         },
         sweep_interval: Duration::from_secs(args.sweep_interval_secs.max(1)),
         initial_credits: args.initial_credits,
@@ -370,9 +426,15 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
     })
 }
 
-fn print_nodes(plugins_dir: Option<PathBuf>, models_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+fn print_nodes(
+    plugins_dir: Option<PathBuf>,
+    models_dir: Option<PathBuf>,
+    json: bool,
+    plugin_load_timeout: Duration,
+) -> anyhow::Result<()> {
     let runtime = Runtime::load(RuntimeConfig {
         plugins_dir,
+        plugin_load_timeout,
         capabilities: CapabilityConfig {
             diffusion: Arc::new(ModelLibrary::new(&DiffusionConfig {
                 models_dir,
@@ -383,6 +445,12 @@ fn print_nodes(plugins_dir: Option<PathBuf>, models_dir: Option<PathBuf>, json: 
         ..RuntimeConfig::default()
     })?;
     let catalog = runtime.catalog();
+    for refused in runtime.refused() {
+        eprintln!(
+            "refused plugin {} ({}): {}",
+            refused.name, refused.origin, refused.reason
+        );
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&catalog.object_info())?);
         return Ok(());
@@ -403,7 +471,12 @@ fn print_nodes(plugins_dir: Option<PathBuf>, models_dir: Option<PathBuf>, json: 
             outputs.join(", ")
         );
     }
-    println!("{} classes from {} plugins", catalog.len(), runtime.plugins().count());
+    println!(
+        "{} classes from {} plugins ({} refused)",
+        catalog.len(),
+        runtime.plugins().count(),
+        runtime.refused().len()
+    );
     Ok(())
 }
 
@@ -426,7 +499,13 @@ fn main() -> anyhow::Result<()> {
             plugins_dir,
             models_dir,
             json,
-        } => print_nodes(plugins_dir, models_dir, json),
+            plugin_load_timeout_ms,
+        } => print_nodes(
+            plugins_dir,
+            models_dir,
+            json,
+            Duration::from_millis(plugin_load_timeout_ms.max(1)),
+        ),
         Command::Keys {
             command: KeysCommand::Create { data_dir, tenant },
         } => runtime.block_on(async {

@@ -76,8 +76,10 @@ pub fn open_store(data_dir: &Path) -> anyhow::Result<Arc<dyn Store>> {
     ))
 }
 
-/// Runs the server until the process is stopped. It listens at once; job routes answer
-/// `deployment_not_ready` until the plugins are loaded and recovery has run.
+/// Runs the server until the process is stopped. On the self-hosted and cloud surfaces
+/// the port opens once the plugins are loaded and recovery has run, so the first request
+/// is served; on the serverless surface it opens at once and job routes answer
+/// `deployment_not_ready` until then, as a deployment that is still starting does.
 pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
     let store = open_store(&config.data_dir)?;
     if config.jobs.job_cost > 0 {
@@ -86,15 +88,84 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
             .await?;
     }
     let assets = Arc::new(Assets::new(store.clone(), Blobs::open(&config.data_dir.join("blobs"))?));
-    let links = api::links::Links::new(&config.api.mount_prefix, link_key(&config.data_dir)?, config.link_ttl);
     let v2m_engine = v2m_engine(&config.api.v2m, &config.data_dir);
-    let state = Arc::new(AppState {
+    let listen_early = config.api.surface == api::Surface::Serverless;
+    let early = if listen_early {
+        let listener = std::net::TcpListener::bind(config.addr)?;
+        let state = app_state(
+            &config,
+            listener.local_addr()?,
+            store.clone(),
+            assets.clone(),
+            &v2m_engine,
+        )?;
+        let server = listen(listener, state.clone())?;
+        Some((state, server))
+    } else {
+        None
+    };
+
+    config.runtime.cache_dir = Some(config.data_dir.join("cache"));
+    config.runtime.concurrent_calls = config.jobs.workers as u32;
+    config.runtime.capabilities.music = crate::runtime::MusicConfig(v2m_engine.clone());
+    let runtime_config = config.runtime.clone();
+    let runtime = tokio::task::spawn_blocking(move || Runtime::load(runtime_config)).await??;
+    tracing::info!(
+        classes = runtime.catalog().len(),
+        refused = runtime.refused().len(),
+        "plugins loaded"
+    );
+    let jobs = Jobs::new(store.clone(), assets.clone(), runtime, config.jobs.clone());
+    let recovered = jobs::recovery::recover(&jobs).await?;
+    if recovered != Default::default() {
+        tracing::info!(?recovered, "recovered unfinished jobs");
+    }
+    jobs.start_workers();
+    jobs::retention::start(jobs.clone(), config.sweep_interval);
+    let server = match early {
+        Some((state, server)) => {
+            let _ = state.jobs.set(jobs);
+            server
+        }
+        None => {
+            let listener = std::net::TcpListener::bind(config.addr)?;
+            let state = app_state(&config, listener.local_addr()?, store, assets, &v2m_engine)?;
+            let _ = state.jobs.set(jobs);
+            listen(listener, state)?
+        }
+    };
+    tracing::info!("ready");
+    server.await?;
+    Ok(())
+}
+
+/// The handlers' shared state, with links on `--public-url` or else on `bound`.
+fn app_state(
+    config: &ServeConfig,
+    bound: SocketAddr,
+    store: Arc<dyn Store>,
+    assets: Arc<Assets>,
+    v2m_engine: &Option<Arc<V2mEngine>>,
+) -> anyhow::Result<Arc<AppState>> {
+    let origin = config
+        .api
+        .public_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{bound}"));
+    let links = api::links::Links::new(
+        &origin,
+        &config.api.mount_prefix,
+        link_key(&config.data_dir)?,
+        config.link_ttl,
+    );
+    Ok(Arc::new(AppState {
         config: config.api.clone(),
-        store: store.clone(),
-        assets: assets.clone(),
+        store,
+        assets,
         jobs: std::sync::OnceLock::new(),
         links,
         streams: Default::default(),
+        tenant_streams: Default::default(),
         stopped: Default::default(),
         v2m: v2m_engine.clone().and_then(|engine| {
             V2mService::new(&config.api.v2m, engine)
@@ -102,30 +173,18 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
                 .map_err(|e| tracing::warn!(error = %e, "video-to-music is unavailable"))
                 .ok()
         }),
-    });
-    let routes = api::routes(state.clone());
-    let (bound, server) = warp::serve(routes).try_bind_with_graceful_shutdown(config.addr, shutdown_signal())?;
+    }))
+}
+
+/// Serves `state`'s routes on `listener` until a shutdown signal, and announces the address.
+fn listen(listener: std::net::TcpListener, state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let bound = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(tokio::net::TcpListener::from_std(listener)?);
+    let server = warp::serve(api::routes(state)).serve_incoming_with_graceful_shutdown(incoming, shutdown_signal());
     tracing::info!(addr = %bound, "listening");
     println!("weft listening on http://{bound}");
-    let server = tokio::spawn(server);
-
-    config.runtime.cache_dir = Some(config.data_dir.join("cache"));
-    config.runtime.concurrent_calls = config.jobs.workers as u32;
-    config.runtime.capabilities.music = crate::runtime::MusicConfig(v2m_engine);
-    let runtime_config = config.runtime.clone();
-    let runtime = tokio::task::spawn_blocking(move || Runtime::load(runtime_config)).await??;
-    tracing::info!(classes = runtime.catalog().len(), "plugins loaded");
-    let jobs = Jobs::new(store, assets, runtime, config.jobs.clone());
-    let recovered = jobs::recovery::recover(&jobs).await?;
-    if recovered != Default::default() {
-        tracing::info!(?recovered, "recovered unfinished jobs");
-    }
-    jobs.start_workers();
-    jobs::retention::start(jobs.clone(), config.sweep_interval);
-    let _ = state.jobs.set(jobs);
-    tracing::info!("ready");
-    server.await?;
-    Ok(())
+    Ok(tokio::spawn(server))
 }
 
 async fn shutdown_signal() {

@@ -218,10 +218,7 @@ async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<
     } else {
         StatusCode::OK
     };
-    Ok(reply(
-        status,
-        &render::asset(&state.links.at(caller.origin.as_deref()), &asset, created_new),
-    ))
+    Ok(reply(status, &render::asset(&state.links, &asset, created_new)))
 }
 
 /// Whether `text` is a media type (`type/subtype`, optionally with parameters) that can be
@@ -288,10 +285,7 @@ async fn from_hash(
         .assets
         .adopt(&caller.tenant, &hash, request.file_path, request.tags, expires_at)
         .await?;
-    Ok(reply(
-        StatusCode::CREATED,
-        &render::asset(&state.links.at(caller.origin.as_deref()), &asset, false),
-    ))
+    Ok(reply(StatusCode::CREATED, &render::asset(&state.links, &asset, false)))
 }
 
 async fn by_hash(state: Arc<AppState>, caller: Caller, hash: String) -> Result<warp::reply::Response, ApiError> {
@@ -309,10 +303,7 @@ async fn get(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::r
         .get(&caller.tenant, &id)
         .await?
         .ok_or(ApiError::NotFound("asset".into()))?;
-    Ok(reply(
-        StatusCode::OK,
-        &render::asset(&state.links.at(caller.origin.as_deref()), &asset, false),
-    ))
+    Ok(reply(StatusCode::OK, &render::asset(&state.links, &asset, false)))
 }
 
 async fn delete(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::reply::Response, ApiError> {
@@ -389,16 +380,10 @@ async fn content(
     let headers = response.headers_mut();
     headers.insert("content-length", HeaderValue::from(len));
     headers.insert("accept-ranges", HeaderValue::from_static("bytes"));
-    if let Ok(v) = HeaderValue::from_str(&asset.content_type) {
-        headers.insert("content-type", v);
-    }
     if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"", asset.blob)) {
         headers.insert("etag", v);
     }
-    let name = asset.file_path.rsplit('/').next().unwrap_or("file").replace('"', "");
-    if let Ok(v) = HeaderValue::from_str(&format!("inline; filename=\"{name}\"")) {
-        headers.insert("content-disposition", v);
-    }
+    content_safety_headers(headers, &asset.content_type, &asset.file_path);
     if status == StatusCode::PARTIAL_CONTENT {
         if let Ok(v) = HeaderValue::from_str(&format!("bytes {start}-{}/{size}", start + len - 1)) {
             headers.insert("content-range", v);
@@ -407,9 +392,95 @@ async fn content(
     Ok(response)
 }
 
+/// Media types a browser may show inline on the API's origin: images, audio and video it
+/// renders without running script, and plain text. Anything else (HTML, SVG, XML,
+/// JavaScript, PDF, unknown types) is served as an attachment.
+const INLINE_TYPES: &[&str] = &[
+    "image/png",
+    "image/jpeg",
+    "image/gif",
+    "image/webp",
+    "image/avif",
+    "image/bmp",
+    "audio/wav",
+    "audio/x-wav",
+    "audio/wave",
+    "audio/mpeg",
+    "audio/ogg",
+    "audio/flac",
+    "audio/aac",
+    "audio/mp4",
+    "audio/webm",
+    "video/mp4",
+    "video/webm",
+    "video/ogg",
+    "text/plain",
+];
+
+/// Headers that keep content uploaded by tenants or written by plugins from acting as a
+/// page of the API's origin: its declared type with `nosniff`, a CSP `sandbox` (no
+/// script, no same origin, even when opened directly), and `attachment` for every type a
+/// browser could run. The file name is reduced to safe characters.
+fn content_safety_headers(headers: &mut warp::http::HeaderMap, content_type: &str, file_path: &str) {
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let inline = INLINE_TYPES.contains(&essence.as_str());
+    let served_type = HeaderValue::from_str(content_type)
+        .ok()
+        .filter(|_| !essence.is_empty())
+        .unwrap_or(HeaderValue::from_static("application/octet-stream"));
+    headers.insert("content-type", served_type);
+    headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    headers.insert(
+        "content-security-policy",
+        HeaderValue::from_static("sandbox; default-src 'none'; img-src 'self'; media-src 'self'"),
+    );
+    let name: String = file_path
+        .rsplit('/')
+        .next()
+        .unwrap_or("")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ' '))
+        .take(200)
+        .collect();
+    let name = if name.trim_matches('.').is_empty() {
+        "file".to_string()
+    } else {
+        name
+    };
+    let disposition = if inline { "inline" } else { "attachment" };
+    if let Ok(v) = HeaderValue::from_str(&format!("{disposition}; filename=\"{name}\"")) {
+        headers.insert("content-disposition", v);
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_range;
+    use super::{content_safety_headers, parse_range};
+
+    #[test]
+    fn unsafe_types_are_attachments_and_everything_is_sandboxed() {
+        for (content_type, disposition) in [
+            ("image/png", "inline"),
+            ("text/plain; charset=utf-8", "inline"),
+            ("text/html", "attachment"),
+            ("image/svg+xml", "attachment"),
+            ("application/xml", "attachment"),
+            ("text/javascript", "attachment"),
+            ("application/x-unknown", "attachment"),
+            ("", "attachment"),
+        ] {
+            let mut headers = warp::http::HeaderMap::new();
+            content_safety_headers(&mut headers, content_type, "a/b\"x.png");
+            let got = headers["content-disposition"].to_str().unwrap();
+            assert!(got.starts_with(disposition), "{content_type}: {got}");
+            assert!(got.ends_with("filename=\"bx.png\""), "{got}");
+            assert_eq!(headers["x-content-type-options"], "nosniff");
+            assert!(headers["content-security-policy"]
+                .to_str()
+                .unwrap()
+                .starts_with("sandbox"));
+        }
+    }
 
     #[test]
     fn ranges() {

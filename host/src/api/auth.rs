@@ -28,8 +28,6 @@ pub const DEFAULT_TENANT: &str = "default";
 pub struct Caller {
     /// The tenant all its data belongs to.
     pub tenant: String,
-    /// `scheme://authority` the request reached, from `Host` (and `X-Forwarded-Proto`).
-    pub origin: Option<String>,
 }
 
 /// The stored form of an API key.
@@ -66,16 +64,13 @@ pub async fn authenticate(state: &AppState, header: Option<&str>) -> Result<Call
     match &state.config.auth {
         AuthMode::None => Ok(Caller {
             tenant: DEFAULT_TENANT.into(),
-            origin: None,
         }),
         AuthMode::Token(expected) => match token {
             Some(t) if constant_time_eq(t, expected) => Ok(Caller {
                 tenant: DEFAULT_TENANT.into(),
-                origin: None,
             }),
             None if state.config.public_demo => Ok(Caller {
                 tenant: DEFAULT_TENANT.into(),
-                origin: None,
             }),
             _ => Err(ApiError::Unauthorized),
         },
@@ -83,14 +78,13 @@ pub async fn authenticate(state: &AppState, header: Option<&str>) -> Result<Call
             Some(t) => {
                 let store = state.store.clone();
                 match store.tenant_for_key(&hash_key(t)).await {
-                    Ok(Some(tenant)) => Ok(Caller { tenant, origin: None }),
+                    Ok(Some(tenant)) => Ok(Caller { tenant }),
                     Ok(None) => Err(ApiError::Unauthorized),
                     Err(e) => Err(ApiError::upstream("looking up an API key", e)),
                 }
             }
             None if state.config.public_demo => Ok(Caller {
                 tenant: DEFAULT_TENANT.into(),
-                origin: None,
             }),
             None => Err(ApiError::Unauthorized),
         },
@@ -99,38 +93,14 @@ pub async fn authenticate(state: &AppState, header: Option<&str>) -> Result<Call
 
 /// A filter that yields the authenticated caller or rejects with 401.
 pub fn caller(state: Arc<AppState>) -> impl Filter<Extract = (Caller,), Error = warp::Rejection> + Clone {
-    warp::header::optional::<String>("authorization")
-        .and(origin())
-        .and_then(move |header: Option<String>, origin: Option<String>| {
-            let state = state.clone();
-            async move {
-                let mut caller = authenticate(&state, header.as_deref())
-                    .await
-                    .map_err(warp::reject::custom)?;
-                caller.origin = origin;
-                Ok::<_, warp::Rejection>(caller)
-            }
-        })
-}
-
-/// The request's origin, `scheme://authority`, from `Host` and `X-Forwarded-Proto`.
-pub fn origin() -> impl Filter<Extract = (Option<String>,), Error = std::convert::Infallible> + Clone {
-    warp::header::optional::<String>("host")
-        .or(warp::any().map(|| None))
-        .unify()
-        .and(
-            warp::header::optional::<String>("x-forwarded-proto")
-                .or(warp::any().map(|| None))
-                .unify(),
-        )
-        .map(|host: Option<String>, proto: Option<String>| {
-            let host = host.filter(|h| !h.is_empty() && !h.contains(['/', ' ', '?', '#', '@']))?;
-            let scheme = match proto.as_deref().map(str::trim) {
-                Some(p) if p.eq_ignore_ascii_case("https") => "https",
-                _ => "http",
-            };
-            Some(format!("{scheme}://{host}"))
-        })
+    warp::header::optional::<String>("authorization").and_then(move |header: Option<String>| {
+        let state = state.clone();
+        async move {
+            authenticate(&state, header.as_deref())
+                .await
+                .map_err(warp::reject::custom)
+        }
+    })
 }
 
 #[cfg(test)]

@@ -23,12 +23,40 @@ use crate::jobs::JobView;
 /// Keep-alive comment interval.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
-/// Decrements the open-stream count when the stream is dropped.
-struct StreamSlot(Arc<AppState>);
+/// One open stream, counted globally and against its tenant's share; released on drop.
+struct StreamSlot {
+    state: Arc<AppState>,
+    tenant: String,
+}
+
+impl StreamSlot {
+    /// Takes a slot for `tenant`, or `too_many_streams` when the server's streams or the
+    /// tenant's share of them are all open.
+    fn open(state: &Arc<AppState>, tenant: &str) -> Result<StreamSlot, ApiError> {
+        let mut by_tenant = state.tenant_streams.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = by_tenant.get(tenant).copied().unwrap_or(0);
+        if mine >= state.config.tenant_max_streams || state.streams.load(Ordering::SeqCst) >= state.config.max_streams {
+            return Err(ApiError::TooManyStreams { retry_after: 5 });
+        }
+        by_tenant.insert(tenant.to_string(), mine + 1);
+        state.streams.fetch_add(1, Ordering::SeqCst);
+        Ok(StreamSlot {
+            state: state.clone(),
+            tenant: tenant.to_string(),
+        })
+    }
+}
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        self.0.streams.fetch_sub(1, Ordering::SeqCst);
+        let mut by_tenant = self.state.tenant_streams.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = by_tenant.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                by_tenant.remove(&self.tenant);
+            }
+        }
+        self.state.streams.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -61,7 +89,7 @@ pub async fn stream(
     last_event_id: Option<String>,
 ) -> Result<warp::reply::Response, ApiError> {
     let jobs = state.jobs()?.clone();
-    let links = state.links.at(caller.origin.as_deref());
+    let links = state.links.clone();
     let read = |jobs: Arc<crate::jobs::Jobs>, tenant: String, id: String| async move {
         jobs.get(&tenant, &id)
             .await
@@ -69,11 +97,7 @@ pub async fn stream(
             .ok_or(ApiError::NotFound("job".into()))
     };
     read(jobs.clone(), caller.tenant.clone(), id.clone()).await?;
-    let open = state.streams.fetch_add(1, Ordering::SeqCst);
-    let slot = StreamSlot(state.clone());
-    if open >= state.config.max_streams {
-        return Err(ApiError::TooManyStreams { retry_after: 5 });
-    }
+    let slot = StreamSlot::open(&state, &caller.tenant)?;
     let after = last_event_id.and_then(|s| s.trim().parse::<u64>().ok());
     let subscription = jobs.hub().subscribe(&id, after);
     // Everything up to `mark` happened before the snapshot below is read, so it is covered.

@@ -170,10 +170,7 @@ async fn submit(
                 outputs: Vec::new(),
                 queue_position,
             };
-            Ok(reply(
-                StatusCode::CREATED,
-                &render::job(&state.links.at(caller.origin.as_deref()), &view, false),
-            ))
+            Ok(reply(StatusCode::CREATED, &render::job(&state.links, &view, false)))
         }
         Err(e) => Err(submit_error(e)),
     }
@@ -220,10 +217,19 @@ fn submit_error(e: SubmitError) -> ApiError {
             message,
             node_errors,
             errors,
-        }) => ApiError::InvalidWorkflow {
-            message,
-            details: json!({"node_errors": node_errors, "errors": errors}),
-        },
+            error_count,
+        }) => {
+            let listed = node_errors.values().map(Vec::len).sum::<usize>() + errors.len();
+            ApiError::InvalidWorkflow {
+                message,
+                details: json!({
+                    "node_errors": node_errors,
+                    "errors": errors,
+                    "error_count": error_count,
+                    "truncated": error_count > listed,
+                }),
+            }
+        }
         SubmitError::MissingAsset(missing) => {
             let mut by_node: BTreeMap<String, Vec<Json>> = BTreeMap::new();
             for (node, asset) in &missing {
@@ -254,7 +260,7 @@ async fn get(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::r
         .ok_or(ApiError::NotFound("job".into()))?;
     Ok(reply(
         StatusCode::OK,
-        &render::job(&state.links.at(caller.origin.as_deref()), &view, shows_logs(&state)),
+        &render::job(&state.links, &view, shows_logs(&state)),
     ))
 }
 
@@ -278,10 +284,7 @@ async fn cancel(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp
         .await
         .map_err(|e| ApiError::upstream("canceling a job", e))?;
     let view = view.ok_or(ApiError::NotFound("job".into()))?;
-    Ok(reply(
-        StatusCode::OK,
-        &render::job(&state.links.at(caller.origin.as_deref()), &view, false),
-    ))
+    Ok(reply(StatusCode::OK, &render::job(&state.links, &view, false)))
 }
 
 /// Cursors are opaque to clients: `c` plus the position of the last job of a page.
@@ -334,7 +337,7 @@ async fn list(state: Arc<AppState>, caller: Caller, query: String) -> Result<war
         .list(&caller.tenant, limit, before, &labels)
         .await
         .map_err(|e| ApiError::upstream("listing jobs", e))?;
-    let links = state.links.at(caller.origin.as_deref());
+    let links = state.links.clone();
     let mut items = Vec::with_capacity(page.jobs.len());
     for job in page.jobs {
         let view = jobs

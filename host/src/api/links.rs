@@ -1,14 +1,17 @@
 //! Follow-up links. Every link is host-relative and already carries the mount prefix
 //! (`--mount-prefix /deployment/<id>` gives `/deployment/<id>/api/v2/...`). Content links
-//! of outputs are signed and expire, so they can be fetched without credentials.
+//! of outputs are signed and expire, so they can be fetched without credentials. They are
+//! absolute URLs on the server's own address (`--public-url`, or the listening address):
+//! a request's `Host` header is never copied into them, so a forged `Host` cannot make the
+//! server hand out signed links to another site.
 
 use chrono::{DateTime, Utc};
 
 /// Builds links under the mount prefix and signs content links.
 #[derive(Clone)]
 pub struct Links {
-    /// `scheme://authority` of the request being answered, when known: content links are
-    /// absolute URLs (the interface types them `uri`), resolved against the request origin.
+    /// `scheme://authority` clients reach the server at: content links are absolute URLs
+    /// (the interface types them `uri`).
     origin: String,
     prefix: String,
     key: [u8; 32],
@@ -16,22 +19,14 @@ pub struct Links {
 }
 
 impl Links {
-    /// Links under `prefix` (empty, or starting with `/`), signed with `key`, valid for `ttl`.
-    pub fn new(prefix: &str, key: [u8; 32], ttl: std::time::Duration) -> Self {
-        let prefix = prefix.trim_end_matches('/').to_string();
+    /// Links on `origin` (`scheme://authority`) under `prefix` (empty, or starting with `/`),
+    /// signed with `key`, valid for `ttl`.
+    pub fn new(origin: &str, prefix: &str, key: [u8; 32], ttl: std::time::Duration) -> Self {
         Self {
-            origin: String::new(),
-            prefix,
+            origin: origin.trim_end_matches('/').to_string(),
+            prefix: prefix.trim_end_matches('/').to_string(),
             key,
             ttl: chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::hours(1)),
-        }
-    }
-
-    /// These links for a request that reached `origin` (`scheme://authority`).
-    pub fn at(&self, origin: Option<&str>) -> Links {
-        Links {
-            origin: origin.unwrap_or_default().trim_end_matches('/').to_string(),
-            ..self.clone()
         }
     }
 
@@ -82,7 +77,12 @@ mod tests {
 
     #[test]
     fn links_carry_the_prefix_and_signatures_verify() {
-        let links = Links::new("/deployment/abc/", [7; 32], std::time::Duration::from_secs(3600));
+        let links = Links::new(
+            "http://h:1/",
+            "/deployment/abc/",
+            [7; 32],
+            std::time::Duration::from_secs(3600),
+        );
         assert_eq!(links.api("/jobs/1"), "/deployment/abc/api/v2/jobs/1");
         let (url, _) = links.content("a1");
         let query = url.split_once('?').unwrap().1;
@@ -96,7 +96,7 @@ mod tests {
             }
         }
         assert!(links.verify("a1", expires, sig));
-        let (url, _) = links.at(Some("http://h:1")).content("a1");
+        let (url, _) = links.content("a1");
         assert!(
             url.starts_with("http://h:1/deployment/abc/api/v2/assets/a1/content?"),
             "{url}"

@@ -2,8 +2,9 @@
 //!
 //! Public face: [`ApiConfig`], [`AppState`] and [`routes`].
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use warp::filters::BoxedFilter;
 use warp::{Filter, Reply};
@@ -55,6 +56,11 @@ pub struct ApiConfig {
     pub max_json_bytes: u64,
     /// Most event streams open at once.
     pub max_streams: usize,
+    /// Most event streams one tenant may have open, so one tenant cannot take them all.
+    pub tenant_max_streams: usize,
+    /// `scheme://authority` clients reach the server at, when it is behind a proxy; content
+    /// links are built on it. None: on the listening address.
+    pub public_url: Option<String>,
     /// Operator token for drain; none disables operator routes.
     pub admin_token: Option<String>,
     /// Video-to-music endpoint settings.
@@ -76,6 +82,8 @@ pub struct AppState {
     pub links: links::Links,
     /// Event streams open now.
     pub streams: AtomicUsize,
+    /// Event streams open now, by tenant.
+    pub tenant_streams: Mutex<HashMap<String, usize>>,
     /// Set when the operator drained the deployment.
     pub stopped: AtomicBool,
     /// The video-to-music service; none when its SoundFont could not be loaded.

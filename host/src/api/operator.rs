@@ -1,5 +1,6 @@
 //! Operator routes: the node catalogue, our OpenAPI document, health, Prometheus metrics,
-//! and draining a deployment.
+//! and draining a deployment. When authentication is on, metrics (which count every
+//! tenant's jobs) are the operator's: they need `--admin-token`, like drain.
 
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
@@ -60,19 +61,30 @@ pub fn root_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)
             } else {
                 StatusCode::SERVICE_UNAVAILABLE
             };
-            let body =
+            let mut body =
                 json!({"status": if !ready { "starting" } else if stopped { "stopped" } else { "ok" }, "ready": ready});
+            if let Some(jobs) = s1.jobs.get() {
+                let runtime = jobs.runtime();
+                let refused: Vec<_> = runtime
+                    .refused()
+                    .iter()
+                    .map(|p| json!({"name": p.name, "reason": p.reason}))
+                    .collect();
+                body["plugins"] = json!({"loaded": runtime.plugins().count(), "refused": refused});
+            }
             warp::reply::with_status(warp::reply::json(&body), status).into_response()
         });
     let metrics = warp::path("metrics")
         .and(warp::path::end())
         .and(warp::get())
         .and(warp::any().map(move || state.clone()))
-        .and_then(|s: Arc<AppState>| async move { respond(metrics(&s).await) });
+        .and(warp::header::optional::<String>("authorization"))
+        .and_then(|s: Arc<AppState>, auth: Option<String>| async move { respond(metrics(&s, auth.as_deref()).await) });
     health.or(metrics).unify().boxed()
 }
 
-async fn drain(state: &AppState, authorization: Option<&str>) -> Result<warp::reply::Response, ApiError> {
+/// Checks that the caller holds the operator token.
+async fn operator(state: &AppState, authorization: Option<&str>) -> Result<(), ApiError> {
     let Some(expected) = &state.config.admin_token else {
         return Err(ApiError::Forbidden(
             "operator routes are disabled; start weft with --admin-token".into(),
@@ -91,12 +103,20 @@ async fn drain(state: &AppState, authorization: Option<&str>) -> Result<warp::re
             ApiError::Unauthorized
         });
     }
+    Ok(())
+}
+
+async fn drain(state: &AppState, authorization: Option<&str>) -> Result<warp::reply::Response, ApiError> {
+    operator(state, authorization).await?;
     state.stopped.store(true, Ordering::SeqCst);
     tracing::warn!("deployment drained by the operator: new jobs are refused");
     Ok(warp::reply::json(&json!({"status": "stopped"})).into_response())
 }
 
-async fn metrics(state: &AppState) -> Result<warp::reply::Response, ApiError> {
+async fn metrics(state: &AppState, authorization: Option<&str>) -> Result<warp::reply::Response, ApiError> {
+    if state.config.auth != super::AuthMode::None {
+        operator(state, authorization).await?;
+    }
     let mut out = String::new();
     let _ = writeln!(
         out,

@@ -49,6 +49,9 @@ pub enum GraphError {
         node_errors: BTreeMap<String, Vec<FieldError>>,
         /// Problems with the workflow as a whole.
         errors: Vec<FieldError>,
+        /// How many problems were found; more than are listed when the lists were cut to
+        /// the validator's cap.
+        error_count: usize,
     },
 }
 

@@ -1,5 +1,9 @@
 //! Validation of API-format workflows: structure, classes, links and their types, literal
-//! types, ranges, combos, cycles and output nodes. It collects every error it finds.
+//! types, ranges, combos, cycles and output nodes. It collects every error it finds, but
+//! reports a bounded number of them, each of bounded size, so the answer to a hostile
+//! workflow stays small: at most [`MAX_REPORTED_ERRORS`] entries, cycles shown by their
+//! first [`CYCLE_PATH_SHOWN`] nodes, combos by their first [`COMBO_OPTIONS_SHOWN`] choices,
+//! and echoed strings cut to [`ECHO_CHARS`] characters.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -10,6 +14,19 @@ use super::plan::{self, Plan};
 use super::workflow::{as_asset_ref, as_link, RawNode};
 use super::{FieldError, GraphError};
 use crate::runtime::{Catalog, InputSpec, NodeDef, Value};
+
+/// Most errors listed in one answer; the rest are counted (`error_count`) and the answer says
+/// it is `truncated`.
+const MAX_REPORTED_ERRORS: usize = 100;
+
+/// Nodes of a cycle named in each of its errors.
+const CYCLE_PATH_SHOWN: usize = 8;
+
+/// Choices of a combo listed when a value is not one of them.
+const COMBO_OPTIONS_SHOWN: usize = 20;
+
+/// Characters of a caller's string (a class name, a combo value) echoed in a message.
+const ECHO_CHARS: usize = 100;
 
 /// Checks `workflow` against `catalog`, collecting every error, and plans it.
 pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> {
@@ -99,7 +116,7 @@ pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> 
                     FieldError::new(
                         "class_type",
                         "unknown_class",
-                        format!("unknown node class {class_type:?}{hint}"),
+                        format!("unknown node class {:?}{hint}", clip(class_type)),
                     ),
                 );
             }
@@ -148,7 +165,12 @@ pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> 
     }
 
     for cycle in plan::cycles(&needed, &nodes) {
-        let path = cycle.join(" -> ");
+        let shown: Vec<&str> = cycle.iter().take(CYCLE_PATH_SHOWN).map(|id| clip(id)).collect();
+        let path = if cycle.len() > CYCLE_PATH_SHOWN {
+            format!("{} -> ... ({} nodes in all)", shown.join(" -> "), cycle.len())
+        } else {
+            format!("{} -> {}", shown.join(" -> "), shown[0])
+        };
         for id in &cycle {
             push(
                 &mut node_errors,
@@ -156,7 +178,7 @@ pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> 
                 FieldError::new(
                     "",
                     "dependency_cycle",
-                    format!("node {id} is part of a cycle: {path} -> {}", cycle[0]),
+                    format!("node {} is part of a cycle: {path}", clip(id)),
                 ),
             );
         }
@@ -164,11 +186,28 @@ pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> 
 
     if !node_errors.is_empty() || !errors.is_empty() {
         let count = node_errors.values().map(Vec::len).sum::<usize>() + errors.len();
-        let message = format!(
-            "the workflow is invalid: {count} error{} found",
-            if count == 1 { "" } else { "s" }
-        );
-        return Err(invalid(&message, node_errors, errors));
+        let truncated = count > MAX_REPORTED_ERRORS;
+        let message = if truncated {
+            format!("the workflow is invalid: {count} errors found, the first {MAX_REPORTED_ERRORS} listed")
+        } else {
+            format!(
+                "the workflow is invalid: {count} error{} found",
+                if count == 1 { "" } else { "s" }
+            )
+        };
+        errors.truncate(MAX_REPORTED_ERRORS);
+        let mut room = MAX_REPORTED_ERRORS - errors.len();
+        node_errors.retain(|_, list| {
+            list.truncate(room);
+            room -= list.len();
+            !list.is_empty()
+        });
+        return Err(GraphError::Invalid {
+            message,
+            node_errors,
+            errors,
+            error_count: count,
+        });
     }
     Ok(plan::build(&needed, &nodes, &defs, literals))
 }
@@ -176,8 +215,17 @@ pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> 
 fn invalid(message: &str, node_errors: BTreeMap<String, Vec<FieldError>>, errors: Vec<FieldError>) -> GraphError {
     GraphError::Invalid {
         message: message.to_string(),
+        error_count: node_errors.values().map(Vec::len).sum::<usize>() + errors.len(),
         node_errors,
         errors,
+    }
+}
+
+/// `text` cut to [`ECHO_CHARS`] characters (at a character boundary).
+fn clip(text: &str) -> &str {
+    match text.char_indices().nth(ECHO_CHARS) {
+        Some((end, _)) => &text[..end],
+        None => text,
     }
 }
 
@@ -287,17 +335,23 @@ fn check_input(
                 return Err(wrong_type("one of the listed choices"));
             };
             if !spec.options.iter().any(|o| o == choice) {
+                let mut listed = spec
+                    .options
+                    .iter()
+                    .take(COMBO_OPTIONS_SHOWN)
+                    .map(|o| format!("{:?}", clip(o)))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                if spec.options.len() > COMBO_OPTIONS_SHOWN {
+                    listed.push_str(&format!(
+                        " and {} more (GET /api/v2/nodes lists them all)",
+                        spec.options.len() - COMBO_OPTIONS_SHOWN
+                    ));
+                }
                 return Err(FieldError::new(
                     name,
                     "value_not_in_list",
-                    format!(
-                        "input {name:?}: {choice:?} is not one of {}",
-                        spec.options
-                            .iter()
-                            .map(|o| format!("{o:?}"))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
+                    format!("input {name:?}: {:?} is not one of {listed}", clip(choice)),
                 ));
             }
             Value::Text(choice.to_string())

@@ -384,7 +384,7 @@ impl Jobs {
         }
     }
 
-    /// Records `file` as an output asset of `job` and announces it.
+    /// Records `file` as output number `index` of `job` (then counts it) and announces it.
     async fn commit(&self, job: &JobRecord, node_id: &str, file: CachedFile, index: &mut i64) -> Result<(), String> {
         let asset = AssetRecord {
             id: uuid::Uuid::new_v4().to_string(),
@@ -407,6 +407,7 @@ impl Jobs {
             output_index: Some(*index),
         };
         self.assets.commit_output(asset.clone()).await?;
+        *index += 1;
         self.hub.publish(&job.id, JobEvent::Output(Box::new(asset)));
         Ok(())
     }

@@ -40,6 +40,8 @@ pub struct JobsConfig {
     pub workers: usize,
     /// Jobs that may wait in the queue.
     pub queue_depth: usize,
+    /// Jobs one tenant may have waiting in the queue.
+    pub tenant_queue_depth: usize,
     /// How long a job is kept (`expires_at = created_at + retention`).
     pub retention: Duration,
     /// How long an expired job stays readable before it is removed.
@@ -59,6 +61,7 @@ impl Default for JobsConfig {
         Self {
             workers: 4,
             queue_depth: 10_000,
+            tenant_queue_depth: 5_000,
             retention: Duration::from_secs(7 * 24 * 3600),
             expired_grace: Duration::from_secs(3600),
             cache_bytes: 512 << 20,
@@ -136,7 +139,7 @@ impl Jobs {
     /// A job service over `store`, `assets` (over the same store) and `runtime`.
     pub fn new(store: Arc<dyn Store>, assets: Arc<Assets>, runtime: Arc<Runtime>, config: JobsConfig) -> Arc<Self> {
         Arc::new(Self {
-            queue: queue::Queue::new(config.queue_depth),
+            queue: queue::Queue::new(config.queue_depth, config.tenant_queue_depth),
             cache: cache::NodeCache::new(config.cache_bytes),
             store,
             assets,
@@ -264,7 +267,7 @@ impl Jobs {
         if !missing.is_empty() {
             return Err(SubmitError::MissingAsset(missing));
         }
-        if self.queue.has_room().is_err() {
+        if self.queue.has_room(tenant).is_err() {
             return Err(SubmitError::QueueFull {
                 retry_after: self.retry_after(),
             });
@@ -410,5 +413,47 @@ impl Jobs {
         if let Some(r) = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
             r.cancel.cancel();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::RuntimeConfig;
+    use crate::store::{sqlite::SqliteStore, Blobs};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn outputs_are_numbered_in_the_order_they_are_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("weft.db")).unwrap());
+        let assets = Arc::new(Assets::new(
+            store.clone(),
+            Blobs::open(&dir.path().join("blobs")).unwrap(),
+        ));
+        let runtime = tokio::task::spawn_blocking(|| Runtime::load(RuntimeConfig::default()))
+            .await
+            .unwrap()
+            .unwrap();
+        let jobs = Jobs::new(store.clone(), assets, runtime, JobsConfig::default());
+        jobs.start_workers();
+        let save = |text: &str| serde_json::json!({"class_type": "SaveText", "inputs": {"text": text, "filename_prefix": text}});
+        let workflow = serde_json::json!({"1": save("a"), "2": save("b"), "3": save("c")});
+        let job = jobs.submit("t", workflow, BTreeMap::new(), None).await.unwrap();
+        loop {
+            let current = store.job_by_id(&job.id).await.unwrap().unwrap();
+            if current.status.is_terminal() {
+                assert_eq!(current.status, JobStatus::Succeeded, "{:?}", current.error);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let indices: Vec<Option<i64>> = store
+            .job_outputs(&job.id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|o| o.output_index)
+            .collect();
+        assert_eq!(indices, [Some(0), Some(1), Some(2)], "each output has its own place");
     }
 }

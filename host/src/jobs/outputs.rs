@@ -59,10 +59,10 @@ pub(crate) fn encode(file: &OutputFile, numbering: &mut Numbering, workflow: &st
     let mut out = Vec::new();
     match &file.data {
         FileData::Bytes(bytes) => {
-            let extension = if file.extension.is_empty() {
-                default_extension(file.kind)
-            } else {
+            let extension = if is_plain_extension(&file.extension) {
                 &file.extension
+            } else {
+                default_extension(file.kind)
             };
             let content_type = if file.content_type.is_empty() {
                 default_content_type(file.kind).to_string()
@@ -101,6 +101,13 @@ pub(crate) fn encode(file: &OutputFile, numbering: &mut Numbering, workflow: &st
         }),
     }
     Ok(out)
+}
+
+/// Whether a plugin's `extension` may end a file name: 1 to 10 ASCII letters and digits, so
+/// no separator, dot or control character reaches a name clients save files by. Any other
+/// extension is replaced by the output kind's default.
+fn is_plain_extension(extension: &str) -> bool {
+    (1..=10).contains(&extension.len()) && extension.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
 fn default_extension(kind: OutputKind) -> &'static str {
@@ -142,5 +149,14 @@ mod tests {
         assert_eq!(n.name("ComfyUI", "png"), "ComfyUI_00002_.png");
         assert_eq!(n.name("../../etc/x", "txt"), "etc/x_00001_.txt");
         assert_eq!(n.name("", "txt"), "weft_00001_.txt");
+    }
+
+    #[test]
+    fn only_plain_extensions_are_kept() {
+        assert!(is_plain_extension("png"));
+        assert!(is_plain_extension("safetensor"));
+        for bad in ["", "png/../../../etc/x", "a.b", "exe ", "abcdefghijk", "p\u{0}g", "é"] {
+            assert!(!is_plain_extension(bad), "{bad:?}");
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! The bounded run queue, fair across tenants: each tenant has its own FIFO and workers
-//! take from the tenants in turn, so one tenant's burst does not starve another.
+//! take from the tenants in turn, so one tenant's burst does not starve another. Each tenant
+//! may fill only its share of the capacity, so one tenant cannot lock the others out.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -19,6 +20,7 @@ struct Inner {
 pub struct Queue {
     inner: Mutex<Inner>,
     capacity: usize,
+    tenant_capacity: usize,
     ready: Notify,
 }
 
@@ -27,11 +29,13 @@ pub struct Queue {
 pub struct QueueFull;
 
 impl Queue {
-    /// An empty queue holding at most `capacity` jobs.
-    pub fn new(capacity: usize) -> Self {
+    /// An empty queue holding at most `capacity` jobs, at most `tenant_capacity` of them of
+    /// one tenant.
+    pub fn new(capacity: usize, tenant_capacity: usize) -> Self {
         Self {
             inner: Mutex::new(Inner::default()),
             capacity,
+            tenant_capacity,
             ready: Notify::new(),
         }
     }
@@ -40,9 +44,12 @@ impl Queue {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reserves a place, failing when full. The place is used by [`push`](Self::push).
-    pub fn has_room(&self) -> Result<(), QueueFull> {
-        if self.lock().len >= self.capacity {
+    /// Whether `tenant` may queue another job: the queue is not full and the tenant has not
+    /// filled its share. The place is taken by [`push`](Self::push).
+    pub fn has_room(&self, tenant: &str) -> Result<(), QueueFull> {
+        let inner = self.lock();
+        let mine = inner.tenants.get(tenant).map_or(0, VecDeque::len);
+        if inner.len >= self.capacity || mine >= self.tenant_capacity {
             Err(QueueFull)
         } else {
             Ok(())
@@ -52,7 +59,8 @@ impl Queue {
     /// Appends `job` for `tenant`. `force` ignores the capacity (recovery after restart).
     pub fn push(&self, tenant: &str, job: String, force: bool) -> Result<(), QueueFull> {
         let mut inner = self.lock();
-        if !force && inner.len >= self.capacity {
+        let mine = inner.tenants.get(tenant).map_or(0, VecDeque::len);
+        if !force && (inner.len >= self.capacity || mine >= self.tenant_capacity) {
             return Err(QueueFull);
         }
         let fifo = inner.tenants.entry(tenant.to_string()).or_default();
@@ -165,7 +173,7 @@ mod tests {
 
     #[tokio::test]
     async fn tenants_take_turns() {
-        let q = Queue::new(10);
+        let q = Queue::new(10, 10);
         for i in 0..3 {
             q.push("a", format!("a{i}"), false).unwrap();
         }
@@ -180,10 +188,23 @@ mod tests {
 
     #[test]
     fn capacity_is_enforced_and_remove_frees_room() {
-        let q = Queue::new(1);
+        let q = Queue::new(1, 1);
         q.push("a", "x".into(), false).unwrap();
         assert_eq!(q.push("a", "y".into(), false), Err(QueueFull));
         assert!(q.remove("a", "x"));
-        assert!(q.has_room().is_ok());
+        assert!(q.has_room("a").is_ok());
+    }
+
+    #[test]
+    fn a_tenant_fills_only_its_share() {
+        let q = Queue::new(4, 2);
+        q.push("a", "a0".into(), false).unwrap();
+        q.push("a", "a1".into(), false).unwrap();
+        assert_eq!(q.has_room("a"), Err(QueueFull));
+        assert_eq!(q.push("a", "a2".into(), false), Err(QueueFull));
+        assert!(q.has_room("b").is_ok());
+        q.push("b", "b0".into(), false).unwrap();
+        q.push("b", "b1".into(), false).unwrap();
+        assert_eq!(q.has_room("c"), Err(QueueFull), "the whole queue is full");
     }
 }

@@ -203,6 +203,24 @@ pub struct Catalog {
 }
 
 impl Catalog {
+    /// Whether every class of `defs` is new to the catalogue (and none is defined twice
+    /// among them); an error naming the first collision otherwise.
+    pub(super) fn check_new(&self, defs: &[NodeDef]) -> Result<(), String> {
+        let mut seen = std::collections::BTreeSet::new();
+        for def in defs {
+            if let Some((_, existing)) = self.classes.get(&def.class_type) {
+                return Err(format!(
+                    "node class {:?} is already defined by plugin {:?}",
+                    def.class_type, existing.plugin
+                ));
+            }
+            if !seen.insert(def.class_type.as_str()) {
+                return Err(format!("node class {:?} is defined twice", def.class_type));
+            }
+        }
+        Ok(())
+    }
+
     /// Adds `def` from plugin number `plugin`; an error naming both plugins when the class
     /// is already defined.
     pub(super) fn insert(&mut self, plugin: usize, def: NodeDef) -> Result<(), String> {

@@ -7,6 +7,7 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 
 use super::call::CallContext;
 use super::capabilities::CallState;
+use super::guest_text;
 use super::registry::LoadedPlugin;
 use super::value::{OutputFile, Value};
 use super::Runtime;
@@ -41,6 +42,18 @@ impl NodeFailure {
             traceback: None,
         }
     }
+
+    /// This failure with its guest-made text cut to the fixed limits (the code too: a
+    /// guest's own error may name any code).
+    fn bounded(self) -> Self {
+        Self {
+            code: guest_text::bounded(self.code, 64),
+            message: guest_text::bounded(self.message, guest_text::ERROR_MESSAGE_BYTES),
+            traceback: self
+                .traceback
+                .map(|t| guest_text::bounded(t, guest_text::TRACEBACK_BYTES)),
+        }
+    }
 }
 
 /// Why a call was stopped: by the epoch callback in guest code, or by a host function that
@@ -73,8 +86,8 @@ impl Runtime {
         let result = self.run_call(&mut store, plugin, class, inputs);
         match result {
             Ok(Ok(output)) => Ok(output),
-            Ok(Err(failure)) => Err(failure),
-            Err(error) => Err(classify(error, store.data(), &ctx.log.since(log_mark))),
+            Ok(Err(failure)) => Err(failure.bounded()),
+            Err(error) => Err(classify(error, store.data(), &ctx.log.since(log_mark)).bounded()),
         }
     }
 

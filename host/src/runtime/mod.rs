@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use wasmtime::component::Linker;
 use wasmtime::Engine;
@@ -18,6 +19,7 @@ mod call;
 mod capabilities;
 mod catalog;
 mod engine;
+mod guest_text;
 mod invoke;
 mod limits;
 mod logs;
@@ -52,6 +54,19 @@ pub struct RuntimeConfig {
     pub capabilities: CapabilityConfig,
     /// Most node calls that run at once (sizes the instance pool).
     pub concurrent_calls: u32,
+    /// Time one plugin's `describe()` may take at start-up; zero means the node timeout.
+    pub plugin_load_timeout: Duration,
+}
+
+/// A plugin that was not loaded, and why: the others serve without it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RefusedPlugin {
+    /// Plugin name.
+    pub name: String,
+    /// Where it came from.
+    pub origin: String,
+    /// Why it was refused.
+    pub reason: String,
 }
 
 /// The loaded plugins and the machinery to call them.
@@ -61,23 +76,42 @@ pub struct Runtime {
     catalog: Catalog,
     limits: Limits,
     capabilities: CapabilityConfig,
+    refused: Vec<RefusedPlugin>,
     _ticker: engine::EpochTicker,
 }
 
 impl Runtime {
     /// Loads the built-in plugins and those of `config.plugins_dir`, calls each one's
-    /// `describe()` once, and builds the catalogue. Two plugins defining one class is an
-    /// error that names both.
+    /// `describe()` once (within `config.plugin_load_timeout`), and builds the catalogue.
+    /// A plugin that cannot be read, compiled, linked or described in time, or that defines
+    /// a class an earlier plugin defines, is refused as a whole and logged, and the others
+    /// serve; [`refused`](Self::refused) lists it. Only an unusable plugins directory or
+    /// engine is an error.
     pub fn load(config: RuntimeConfig) -> anyhow::Result<Arc<Self>> {
         let mut sources = builtin::sources();
+        let mut unreadable = Vec::new();
         if let Some(dir) = &config.plugins_dir {
-            sources.extend(registry::scan_dir(dir)?);
+            let (found, refused) = registry::scan_dir(dir)?;
+            sources.extend(found);
+            unreadable = refused;
         }
-        Self::from_sources(config, sources)
+        Self::build(config, sources, unreadable)
     }
 
     /// Like [`load`](Self::load), from explicit sources (no built-ins unless included).
     pub fn from_sources(config: RuntimeConfig, sources: Vec<PluginSource>) -> anyhow::Result<Arc<Self>> {
+        Self::build(config, sources, Vec::new())
+    }
+
+    /// Loads `sources`; `unreadable` were refused before they could be read.
+    fn build(
+        config: RuntimeConfig,
+        sources: Vec<PluginSource>,
+        unreadable: Vec<RefusedPlugin>,
+    ) -> anyhow::Result<Arc<Self>> {
+        for plugin in &unreadable {
+            tracing::error!(plugin = %plugin.name, origin = %plugin.origin, reason = %plugin.reason, "plugin refused");
+        }
         let engine = engine::build(&config.limits, config.concurrent_calls.saturating_mul(2).max(8))?;
         let ticker = engine::EpochTicker::start(&engine);
         let mut linker = Linker::new(&engine);
@@ -88,21 +122,44 @@ impl Runtime {
             catalog: Catalog::default(),
             limits: config.limits.clone(),
             capabilities: config.capabilities.clone(),
+            refused: unreadable,
             _ticker: ticker,
         };
-        let compiled = compile_all(&runtime.engine, &sources, config.cache_dir.as_deref())?;
+        let describe_timeout = if config.plugin_load_timeout.is_zero() {
+            config.limits.node_timeout
+        } else {
+            config.plugin_load_timeout
+        };
+        let compiled = compile_all(&runtime.engine, &sources, config.cache_dir.as_deref());
         for (source, component) in sources.into_iter().zip(compiled) {
-            let pre = registry::prelink(&runtime.engine, &linker, &component)
-                .map_err(|e| anyhow::anyhow!("plugin {} ({}) cannot be linked: {e:#}", source.name, source.origin))?;
             let granted = config.grants.get(&source.name).cloned().unwrap_or_default();
-            let mut plugin = LoadedPlugin {
-                grants: source.manifest.capabilities.intersect(&granted),
-                name: source.name,
-                origin: source.origin,
-                pre,
-                nodes: Vec::new(),
+            let loaded = component.and_then(|component| {
+                let pre = registry::prelink(&runtime.engine, &linker, &component)
+                    .map_err(|e| anyhow::anyhow!("cannot be linked: {e:#}"))?;
+                let mut plugin = LoadedPlugin {
+                    grants: source.manifest.capabilities.intersect(&granted),
+                    name: source.name.clone(),
+                    origin: source.origin.clone(),
+                    pre,
+                    nodes: Vec::new(),
+                };
+                plugin.nodes = runtime.describe(&plugin, describe_timeout)?;
+                runtime.catalog.check_new(&plugin.nodes).map_err(anyhow::Error::msg)?;
+                Ok(plugin)
+            });
+            let plugin = match loaded {
+                Ok(plugin) => plugin,
+                Err(e) => {
+                    let refused = RefusedPlugin {
+                        name: source.name,
+                        origin: source.origin,
+                        reason: format!("{e:#}"),
+                    };
+                    tracing::error!(plugin = %refused.name, origin = %refused.origin, reason = %refused.reason, "plugin refused");
+                    runtime.refused.push(refused);
+                    continue;
+                }
             };
-            plugin.nodes = runtime.describe(&plugin)?;
             let index = runtime.plugins.len();
             for def in &plugin.nodes {
                 runtime.catalog.insert(index, def.clone()).map_err(anyhow::Error::msg)?;
@@ -116,6 +173,11 @@ impl Runtime {
             runtime.plugins.push(plugin);
         }
         Ok(Arc::new(runtime))
+    }
+
+    /// The plugins that were refused at start-up, with the reason of each.
+    pub fn refused(&self) -> &[RefusedPlugin] {
+        &self.refused
     }
 
     /// The node catalogue, with the choices of model-file combos (`ckpt_name`, ...) listed
@@ -139,8 +201,9 @@ impl Runtime {
         self.catalog.plugin_of(class).map(|i| &self.plugins[i])
     }
 
-    /// Calls the plugin's `describe()` in a fresh store, under the usual limits.
-    fn describe(&self, plugin: &LoadedPlugin) -> anyhow::Result<Vec<NodeDef>> {
+    /// Calls the plugin's `describe()` in a fresh store, under the usual limits but with
+    /// `timeout` as its time limit.
+    fn describe(&self, plugin: &LoadedPlugin, timeout: Duration) -> anyhow::Result<Vec<NodeDef>> {
         struct Discard;
         impl ProgressSink for Discard {
             fn report(&self, _: u32, _: u32, _: Option<String>) {}
@@ -158,10 +221,20 @@ impl Runtime {
             assets: Arc::new(Discard),
         };
         let mut store = self.new_store(plugin, &ctx);
-        plugin
-            .pre
-            .describe(&mut store, &plugin.name)
-            .map_err(|e| anyhow::anyhow!("plugin {} ({}): describe() failed: {e:#}", plugin.name, plugin.origin))
+        let deadline = Instant::now() + timeout;
+        store.epoch_deadline_callback(move |_| {
+            if Instant::now() >= deadline {
+                return Err(invoke::Interrupt::Timeout.into());
+            }
+            Ok(wasmtime::UpdateDeadline::Continue(1))
+        });
+        plugin.pre.describe(&mut store, &plugin.name).map_err(|e| {
+            if e.downcast_ref::<invoke::Interrupt>().is_some() {
+                anyhow::anyhow!("describe() did not return within {} ms", timeout.as_millis())
+            } else {
+                anyhow::anyhow!("describe() failed: {e:#}")
+            }
+        })
     }
 }
 
@@ -170,25 +243,23 @@ fn compile_all(
     engine: &Engine,
     sources: &[PluginSource],
     cache_dir: Option<&std::path::Path>,
-) -> anyhow::Result<Vec<wasmtime::component::Component>> {
+) -> Vec<anyhow::Result<wasmtime::component::Component>> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = sources
             .iter()
             .map(|source| {
                 scope.spawn(move || {
-                    registry::compile(engine, &source.bytes, cache_dir).map_err(|e| {
-                        anyhow::anyhow!(
-                            "plugin {} ({}) is not a valid component: {e:#}",
-                            source.name,
-                            source.origin
-                        )
-                    })
+                    registry::compile(engine, &source.bytes, cache_dir)
+                        .map_err(|e| anyhow::anyhow!("is not a valid component: {e:#}"))
                 })
             })
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().expect("compile thread panicked"))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("compiling it panicked")))
+            })
             .collect()
     })
 }

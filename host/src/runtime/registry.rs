@@ -9,6 +9,7 @@ use wasmtime::Engine;
 use super::capabilities::{CallState, Capabilities};
 use super::catalog::NodeDef;
 use super::worlds::PluginPre;
+use super::RefusedPlugin;
 
 /// A component to load, and what its manifest asks for.
 #[derive(Debug, Clone)]
@@ -47,9 +48,11 @@ pub(crate) struct LoadedPlugin {
     pub nodes: Vec<NodeDef>,
 }
 
-/// Lists the plugins of `dir`: each `*.wasm` with its optional `<stem>.toml` manifest.
-pub(crate) fn scan_dir(dir: &Path) -> anyhow::Result<Vec<PluginSource>> {
+/// Lists the plugins of `dir`: each `*.wasm` with its optional `<stem>.toml` manifest, and
+/// those refused because they or their manifests cannot be read.
+pub(crate) fn scan_dir(dir: &Path) -> anyhow::Result<(Vec<PluginSource>, Vec<RefusedPlugin>)> {
     let mut sources = Vec::new();
+    let mut refused = Vec::new();
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| anyhow::anyhow!("cannot read plugins dir {}: {e}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -58,22 +61,32 @@ pub(crate) fn scan_dir(dir: &Path) -> anyhow::Result<Vec<PluginSource>> {
     entries.sort();
     for path in entries {
         let name = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
-        let manifest_path = path.with_extension("toml");
-        let manifest = if manifest_path.exists() {
-            let text = std::fs::read_to_string(&manifest_path)?;
-            toml::from_str(&text).map_err(|e| anyhow::anyhow!("bad manifest {}: {e}", manifest_path.display()))?
-        } else {
-            Manifest::default()
-        };
-        let bytes = std::fs::read(&path)?;
-        sources.push(PluginSource {
-            name,
-            origin: path.display().to_string(),
-            bytes,
-            manifest,
-        });
+        let origin = path.display().to_string();
+        match read_plugin(&path) {
+            Ok((bytes, manifest)) => sources.push(PluginSource {
+                name,
+                origin,
+                bytes,
+                manifest,
+            }),
+            Err(reason) => refused.push(RefusedPlugin { name, origin, reason }),
+        }
     }
-    Ok(sources)
+    Ok((sources, refused))
+}
+
+/// The bytes of the component at `path` and its manifest (`<stem>.toml`, optional).
+fn read_plugin(path: &Path) -> Result<(Vec<u8>, Manifest), String> {
+    let manifest_path = path.with_extension("toml");
+    let manifest = if manifest_path.exists() {
+        let text = std::fs::read_to_string(&manifest_path)
+            .map_err(|e| format!("cannot read manifest {}: {e}", manifest_path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("bad manifest {}: {e}", manifest_path.display()))?
+    } else {
+        Manifest::default()
+    };
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok((bytes, manifest))
 }
 
 /// Compiles `bytes`, through the precompiled-code cache in `cache_dir` when given. The cache

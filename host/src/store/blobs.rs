@@ -108,13 +108,20 @@ impl BlobWriter {
         self.size
     }
 
-    /// Makes the blob durable and moves it into place. Returns (hash hex, size).
+    /// Makes the blob durable and moves it into place. Returns (hash hex, size). The rename
+    /// is made durable too (its directory is synced, and the blob directory when the
+    /// prefix directory is new), so an acknowledged upload survives a power loss.
     pub fn finish(self) -> std::io::Result<(String, u64)> {
         self.file.sync_all()?;
         let hash = self.hasher.finalize().to_hex().to_string();
         let path = self.blobs.path(&hash);
-        std::fs::create_dir_all(path.parent().expect("blob paths have a parent"))?;
+        let parent = path.parent().expect("blob paths have a parent");
+        if !parent.exists() {
+            std::fs::create_dir_all(parent)?;
+            sync_dir(&self.blobs.dir)?;
+        }
         std::fs::rename(&self.tmp, &path)?;
+        sync_dir(parent)?;
         Ok((hash, self.size))
     }
 }
@@ -124,6 +131,16 @@ impl Drop for BlobWriter {
         // After `finish` the temp file is gone; after an abandoned upload this cleans up.
         let _ = std::fs::remove_file(&self.tmp);
     }
+}
+
+/// Flushes directory `dir`'s entries (a rename or a new file in it) to disk. Directories
+/// cannot be opened for syncing on Windows, where renames are journaled by NTFS.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    std::fs::File::open(dir)?.sync_all()?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
 }
 
 /// Whether `s` looks like a blake3 hex digest (so it is safe in a path).

@@ -157,7 +157,6 @@ async fn authorize(state: &AppState, header: Option<&str>) -> Result<Caller, Det
     if state.config.auth == AuthMode::None {
         return Ok(Caller {
             tenant: auth::DEFAULT_TENANT.into(),
-            origin: None,
         });
     }
     auth::authenticate(state, header).await.map_err(|e| match e {

@@ -9,6 +9,7 @@ use wasmtime::component::{HasSelf, Linker};
 use super::{CallState, Capabilities, Capability};
 use crate::runtime::bindings::weft::node::host::{add_to_linker, Host};
 use crate::runtime::call::{CallContext, CancelToken, ProgressSink};
+use crate::runtime::guest_text::{bounded, PROGRESS_MESSAGE_BYTES};
 
 /// The progress capability.
 pub struct Progress;
@@ -39,6 +40,7 @@ impl Capability for Progress {
 impl Host for CallState {
     fn progress(&mut self, step: u32, steps: u32, message: Option<String>) -> wasmtime::Result<()> {
         self.hostcalls.charge(message.as_ref().map_or(0, String::len))?;
+        let message = message.map(|m| bounded(m, PROGRESS_MESSAGE_BYTES));
         self.progress.sink.report(step, steps.max(step), message);
         Ok(())
     }
