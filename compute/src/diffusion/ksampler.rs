@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Tensor as CTensor};
 
-use super::conditioning::{Area, CondEntry, Conditioning};
+use super::conditioning::{can_batch, repeat_to_common_length, Area, CondEntry, Conditioning};
 use super::model::DiffusionModel;
 use super::resize::{resize_planes, Mode};
 use crate::sampling::{
@@ -258,7 +258,8 @@ impl Guidance<'_> {
     }
 
     /// The weighted mean of every entry's denoised prediction (`calc_cond_batch`). Entries
-    /// over the whole latent with prompts of one length share a UNet call.
+    /// over one region share a UNet call when their prompt lengths may be batched
+    /// ([`can_batch`] with the group's first entry, as ComfyUI groups them).
     fn predict(&self, entries: &[CondEntry], x: &[f32], sigma: f32) -> anyhow::Result<Vec<f32>> {
         let [b, c, height, width] = [self.shape[0], self.shape[1], self.shape[2], self.shape[3]];
         let mut out = vec![0.0f32; x.len()];
@@ -269,7 +270,7 @@ impl Guidance<'_> {
                 continue;
             };
             let tokens = entry.context.dim(1)?;
-            match groups.iter_mut().find(|(r, t, _)| *r == region && *t == tokens) {
+            match groups.iter_mut().find(|(r, t, _)| *r == region && can_batch(*t, tokens)) {
                 Some((_, _, members)) => members.push(entry),
                 None => groups.push((region, tokens, vec![entry])),
             }
@@ -306,8 +307,8 @@ impl Guidance<'_> {
         Ok(out)
     }
 
-    /// One UNet call for `members` (one prompt length) on the cropped batch `crop`:
-    /// every member's denoised prediction, one after the other.
+    /// One UNet call for `members` on the cropped batch `crop`, their contexts repeated to a
+    /// common length: every member's denoised prediction, one after the other.
     fn unet(&self, members: &[&CondEntry], crop: &[f32], shape: [usize; 4], sigma: f32) -> anyhow::Result<Vec<f32>> {
         let device = &self.model.checkpoint.device;
         let b = shape[0];
@@ -319,7 +320,7 @@ impl Guidance<'_> {
             .iter()
             .map(|e| e.context.to_device(device)?.repeat((b, 1, 1)))
             .collect::<candle_core::Result<Vec<_>>>()?;
-        let context = CTensor::cat(&contexts, 0)?;
+        let context = CTensor::cat(&repeat_to_common_length(&contexts)?, 0)?;
         let t = self.ms.timestep(sigma) as f64;
         let eps = self.model.unet().forward(&input, t, &context)?;
         let eps = eps.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;

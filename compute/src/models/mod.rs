@@ -5,6 +5,7 @@
 pub mod autoencoder;
 pub mod cache;
 pub mod candle_sd1;
+pub mod clip_text;
 pub mod safetensors;
 pub mod sd1;
 pub mod sd15_random;
@@ -12,6 +13,7 @@ pub mod unet;
 
 pub use autoencoder::Sd1Vae;
 pub use cache::ModelCache;
+pub use clip_text::ClipText;
 pub use candle_sd1::{load_sd1, load_sd1_with_config, Sd1Models};
 pub use safetensors::{CheckpointError, Dtype, SafetensorsIndex, TensorInfo, DEFAULT_MAX_HEADER};
 pub use sd1::{
