@@ -34,15 +34,14 @@ pub fn encode_prompt(
 pub fn encode_chunks(clip: &ClipText, layers: usize, chunks: &[Vec<Weighted>]) -> Result<Tensor, ComputeError> {
     let failed = |e: candle_core::Error| ComputeError::Failed(format!("text encoding: {e}"));
     let width = clip.width();
-    for (chunk, _) in chunks.iter().flatten().filter_map(|(t, w)| match t {
-        Token::Vector(e, _) => Some((e, w)),
-        Token::Id(_) => None,
-    }) {
-        if chunk.width != width {
-            return Err(ComputeError::invalid(format!(
-                "embedding {:?} has vectors of {} values; this CLIP takes {width}",
-                chunk.name, chunk.width
-            )));
+    for (token, _) in chunks.iter().flatten() {
+        if let Token::Vector(embedding, _) = token {
+            if embedding.width != width {
+                return Err(ComputeError::invalid(format!(
+                    "embedding {:?} has vectors of {} values; this CLIP takes {width}",
+                    embedding.name, embedding.width
+                )));
+            }
         }
     }
     let weighted = chunks.iter().flatten().any(|(_, w)| *w != 1.0);
