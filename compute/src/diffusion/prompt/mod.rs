@@ -126,7 +126,7 @@ mod tests {
         assert_eq!(row(&plain, 1), row(&heavy, 1));
         assert_eq!(row(&plain, 3), row(&heavy, 3));
         // A long prompt: three chunks, each encoded on its own.
-        let long = "a red apple on a table ".repeat(20);
+        let long = "a red apple on a table ".repeat(30);
         let out = encode_prompt(clip, layers, &long, None).unwrap();
         assert_eq!(out.dims(), &[1, 3 * 77, 32]);
         let chunks = tokenize(&long, None).unwrap();
