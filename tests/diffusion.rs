@@ -845,11 +845,13 @@ fn tiny_embedding(path: &Path, seed: u64) {
     assert!(status.success(), "weft models tiny-embedding failed");
 }
 
-/// The default graph with prompts `positive` and `negative`.
+/// The default graph with prompts `positive` and `negative`, also saving the sampled
+/// latent (the tiny model's prompts move its values by less than a pixel step).
 fn prompted_graph(positive: &str, negative: &str) -> Value {
     let mut graph = default_graph(5, 64, 2);
     graph["6"]["inputs"]["text"] = json!(positive);
     graph["7"]["inputs"]["text"] = json!(negative);
+    graph["10"] = json!({"class_type": "SaveLatent", "inputs": {"samples": ["3", 0], "filename_prefix": "prompted"}});
     graph
 }
 
@@ -859,8 +861,12 @@ fn prompt_weights_long_prompts_and_textual_inversion_embeddings_follow_comfyui()
     tiny_embedding(&models.path().join("embeddings/EasyNegative.safetensors"), 1);
     tiny_embedding(&models.path().join("secret.safetensors"), 2);
     let server = server(models.path(), None, &[]);
-    let pixels = |png: &[u8]| image::load_from_memory(png).unwrap().to_rgb8().into_raw();
-    let image = |positive: &str, negative: &str| pixels(&run_outputs(&server, prompted_graph(positive, negative))[0].1);
+    // The sampled latent's file: the same bytes for the same values.
+    let image = |positive: &str, negative: &str| {
+        let out = run_outputs(&server, prompted_graph(positive, negative));
+        assert!(out.iter().any(|(_, b)| is_png(b)));
+        out.into_iter().find(|(_, b)| !is_png(b)).expect("the saved latent").1
+    };
 
     // ComfyUI's textual-inversion example: an embedding in the negative prompt, by file name
     // with or without its extension.
