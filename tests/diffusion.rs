@@ -892,7 +892,11 @@ fn prompt_weights_long_prompts_and_textual_inversion_embeddings_follow_comfyui()
     // A 200-token prompt runs (three chunks against the negative's one).
     let long = "castle ".repeat(200);
     let long_image = image(&long, "blurry");
-    assert_ne!(long_image, image(&"castle ".repeat(75), "blurry"), "tokens past 75 count");
+    assert_ne!(
+        long_image,
+        image(&"castle ".repeat(75), "blurry"),
+        "tokens past 75 count"
+    );
 
     // Names outside the embeddings folder and missing embeddings are clean node errors.
     for (text, expected) in [

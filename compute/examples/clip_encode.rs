@@ -34,10 +34,17 @@ fn main() -> anyhow::Result<()> {
         Some(path) => PathBuf::from(path),
         None => sd15_random::cached_seed0(&sd15_random::cache_dir())?,
     };
-    let runs: usize = std::env::var("WEFT_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(5).max(1);
+    let runs: usize = std::env::var("WEFT_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5)
+        .max(1);
     let cfg = Sd1Config::sd1();
     let tensors = load_component(&checkpoint, &cfg, Component::Clip, &Device::Cpu)?;
-    let clip = ClipText::new(VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu).pp("text_model"), &cfg)?;
+    let clip = ClipText::new(
+        VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu).pp("text_model"),
+        &cfg,
+    )?;
     let text = prompt();
     let chunks = weft_compute::diffusion::prompt::tokenize(&text, None)?;
     anyhow::ensure!(chunks.len() == 1, "the prompt should fill one chunk");

@@ -118,8 +118,7 @@ fn sd15_weighted_long_prompt_matches_the_reference() -> Result<()> {
     use crate::diffusion::prompt::{encode_chunks, tokenize, Token};
     use crate::models::{ClipText, Component, Sd1Config};
 
-    let reference: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(fixtures().join("weighted_long.json"))?)?;
+    let reference: serde_json::Value = serde_json::from_slice(&std::fs::read(fixtures().join("weighted_long.json"))?)?;
     let prompt = reference["prompt"].as_str().context("prompt")?;
     let chunks = tokenize(prompt, None)?;
     let ours: Vec<Vec<(u32, f64)>> = chunks
@@ -143,7 +142,11 @@ fn sd15_weighted_long_prompt_matches_the_reference() -> Result<()> {
     let clip = ClipText::new(vb.pp("text_model"), &cfg)?;
     let started = std::time::Instant::now();
     let context = encode_chunks(&clip, clip.layer_count(), &chunks)?;
-    eprintln!("weighted prompt of {} chunks encoded in {:?}", chunks.len(), started.elapsed());
+    eprintln!(
+        "weighted prompt of {} chunks encoded in {:?}",
+        chunks.len(),
+        started.elapsed()
+    );
     let saved = SafetensorsIndex::open(&fixtures().join("weighted_long.safetensors"), DEFAULT_MAX_HEADER)?;
     assert_eq!(context.dims(), saved.tensors["context"].shape.as_slice());
     let want = saved.read_f32("context")?;
@@ -154,6 +157,9 @@ fn sd15_weighted_long_prompt_matches_the_reference() -> Result<()> {
     eprintln!("weighted prompt: max |diff| {worst:.3e}, mean {mean:.3e}");
     // Two float32 implementations of the same network (values up to about 4.5).
     assert!(worst <= 1e-4, "CLIP output differs from the reference by {worst}");
-    assert!(mean <= 1e-5, "CLIP output differs from the reference by {mean} on average");
+    assert!(
+        mean <= 1e-5,
+        "CLIP output differs from the reference by {mean} on average"
+    );
     Ok(())
 }

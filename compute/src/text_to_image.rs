@@ -7,14 +7,14 @@
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor as CTensor};
 
+use super::diffusion::conditioning::repeat_to_common_length;
+use super::diffusion::prompt::encode_prompt;
 use super::image::ImageBatch;
 use super::models::{Sd1Models, Sd1Unet};
 use super::sampling::{
     cfg, ksampler_sigmas, sample, seeded_noise, ModelSampling, SamplerKind, Scheduler, StepControl, StepInfo, Tensor,
     TorchNoise,
 };
-use super::diffusion::conditioning::repeat_to_common_length;
-use super::diffusion::prompt::encode_prompt;
 use super::vae;
 
 /// What to make.

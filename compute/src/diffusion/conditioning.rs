@@ -65,16 +65,13 @@ pub fn repeat_to_common_length(contexts: &[Tensor]) -> candle_core::Result<Vec<T
         .collect()
 }
 
+/// Least common multiple (0 when either is 0).
 fn lcm(a: usize, b: usize) -> usize {
     let (mut x, mut y) = (a, b);
     while y != 0 {
         (x, y) = (y, x % y);
     }
-    if x == 0 {
-        0
-    } else {
-        a / x * b
-    }
+    a.checked_div(x).map_or(0, |q| q * b)
 }
 
 fn failed(e: candle_core::Error) -> ComputeError {
@@ -201,7 +198,12 @@ mod tests {
         // ComfyUI's averaging cuts a longer source to the entry's tokens.
         let long = cond(&[5.0, 5.0, 7.0, 7.0, 9.0, 9.0], 3);
         let short = cond(&[1.0, 1.0], 1);
-        let v: Vec<f32> = short.average(&long, 0.5).unwrap().0[0].context.flatten_all().unwrap().to_vec1().unwrap();
+        let v: Vec<f32> = short.average(&long, 0.5).unwrap().0[0]
+            .context
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         assert_eq!(v, vec![3.0, 3.0]);
         let zero = a.zero_out().unwrap();
         let v: Vec<f32> = zero.0[0].context.flatten_all().unwrap().to_vec1().unwrap();

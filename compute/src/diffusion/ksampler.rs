@@ -270,7 +270,10 @@ impl Guidance<'_> {
                 continue;
             };
             let tokens = entry.context.dim(1)?;
-            match groups.iter_mut().find(|(r, t, _)| *r == region && can_batch(*t, tokens)) {
+            match groups
+                .iter_mut()
+                .find(|(r, t, _)| *r == region && can_batch(*t, tokens))
+            {
                 Some((_, _, members)) => members.push(entry),
                 None => groups.push((region, tokens, vec![entry])),
             }

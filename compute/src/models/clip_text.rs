@@ -186,13 +186,8 @@ mod tests {
         let (dir, models) = tiny_test_models(3).unwrap();
         let cfg = &models.config;
         let path = dir.path().join("tiny.safetensors");
-        let tensors = crate::diffusion::lora::load_component(
-            &path,
-            cfg,
-            crate::models::Component::Clip,
-            &models.device,
-        )
-        .unwrap();
+        let tensors =
+            crate::diffusion::lora::load_component(&path, cfg, crate::models::Component::Clip, &models.device).unwrap();
         let vb = VarBuilder::from_tensors(tensors, DType::F32, &models.device);
         let config = ClipTextConfig {
             vocab_size: cfg.clip_vocab,
@@ -213,7 +208,12 @@ mod tests {
         let diff = crate::max_abs_diff(&ours, &theirs);
         assert!(diff < 1e-4, "differs from candle's CLIP by {diff}");
         // Stopping early uses fewer layers; bad shapes are errors, not panics.
-        let embeds = models.clip.token_embeddings(&[49406, 320, 49407]).unwrap().unsqueeze(0).unwrap();
+        let embeds = models
+            .clip
+            .token_embeddings(&[49406, 320, 49407])
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
         let one = models.clip.forward_embeddings(&embeds, 1).unwrap();
         let two = models.clip.forward_embeddings(&embeds, 2).unwrap();
         assert!(crate::max_abs_diff(&one, &two) > 0.0);

@@ -241,7 +241,10 @@ mod tests {
         assert_eq!(f.len(), 2);
         assert_eq!(count(&f[0]), 74);
         assert_eq!(f[0][75], pair(49407, 1.0));
-        assert_eq!(f[1][1..5], [pair(320, 1.5), pair(321, 1.5), pair(322, 1.5), pair(49407, 1.0)]);
+        assert_eq!(
+            f[1][1..5],
+            [pair(320, 1.5), pair(321, 1.5), pair(322, 1.5), pair(49407, 1.0)]
+        );
     }
 
     #[test]

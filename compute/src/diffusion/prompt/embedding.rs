@@ -114,12 +114,11 @@ pub fn write_random_embedding(path: &Path, width: usize, vectors: usize, seed: u
         .map(|v| v * 0.02)
         .collect();
     let mut meta = BTreeMap::new();
-    meta.insert("weft.generator".to_string(), "random textual-inversion test embedding".to_string());
-    write_f32_safetensors(
-        path,
-        &[("emb_params".to_string(), vec![vectors, width], values)],
-        &meta,
-    )
+    meta.insert(
+        "weft.generator".to_string(),
+        "random textual-inversion test embedding".to_string(),
+    );
+    write_f32_safetensors(path, &[("emb_params".to_string(), vec![vectors, width], values)], &meta)
 }
 
 #[cfg(test)]
@@ -131,7 +130,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let write = |file: &str, tensors: &[(&str, Vec<usize>, Vec<f32>)]| {
             let path = dir.path().join(file);
-            let tensors: Vec<_> = tensors.iter().map(|(n, s, v)| (n.to_string(), s.clone(), v.clone())).collect();
+            let tensors: Vec<_> = tensors
+                .iter()
+                .map(|(n, s, v)| (n.to_string(), s.clone(), v.clone()))
+                .collect();
             write_f32_safetensors(&path, &tensors, &BTreeMap::new()).unwrap();
             path
         };
@@ -139,13 +141,19 @@ mod tests {
         a1111.unwrap();
         let e = Embedding::load(&dir.path().join("a.safetensors"), "a").unwrap();
         assert_eq!((e.rows(), e.width), (3, 4));
-        let p = write("b.safetensors", &[("string_to_param.*", vec![4], vec![1.0, 2.0, 3.0, 4.0])]);
+        let p = write(
+            "b.safetensors",
+            &[("string_to_param.*", vec![4], vec![1.0, 2.0, 3.0, 4.0])],
+        );
         let e = Embedding::load(&p, "b").unwrap();
         assert_eq!((e.rows(), e.row(0)), (1, &[1.0, 2.0, 3.0, 4.0][..]));
         // clip_l wins over clip_g (an SDXL embedding's SD1 half).
         let p = write(
             "c.safetensors",
-            &[("clip_g", vec![1, 2], vec![9.0, 9.0]), ("clip_l", vec![1, 4], vec![1.0; 4])],
+            &[
+                ("clip_g", vec![1, 2], vec![9.0, 9.0]),
+                ("clip_l", vec![1, 4], vec![1.0; 4]),
+            ],
         );
         assert_eq!(Embedding::load(&p, "c").unwrap().vectors, vec![1.0; 4]);
         // A LoRA bundle's embeddings, concatenated.

@@ -45,7 +45,10 @@ pub fn encode_chunks(clip: &ClipText, layers: usize, chunks: &[Vec<Weighted>]) -
         }
     }
     let weighted = chunks.iter().flatten().any(|(_, w)| *w != 1.0);
-    let mut inputs: Vec<Vec<Token>> = chunks.iter().map(|c| c.iter().map(|(t, _)| t.clone()).collect()).collect();
+    let mut inputs: Vec<Vec<Token>> = chunks
+        .iter()
+        .map(|c| c.iter().map(|(t, _)| t.clone()).collect())
+        .collect();
     if weighted {
         // ComfyUI's empty prompt: start, end, padding with the end token.
         let mut empty = vec![Token::Id(BOS), Token::Id(EOS)];
@@ -61,7 +64,11 @@ pub fn encode_chunks(clip: &ClipText, layers: usize, chunks: &[Vec<Weighted>]) -
     if weighted {
         let (chunk_values, empty) = values.split_at_mut(chunks.len() * per_chunk);
         for (chunk, z) in chunks.iter().zip(chunk_values.chunks_exact_mut(per_chunk)) {
-            for (((_, weight), row), base) in chunk.iter().zip(z.chunks_exact_mut(width)).zip(empty.chunks_exact(width)) {
+            for (((_, weight), row), base) in chunk
+                .iter()
+                .zip(z.chunks_exact_mut(width))
+                .zip(empty.chunks_exact(width))
+            {
                 if *weight != 1.0 {
                     let w = *weight as f32;
                     row.iter_mut().zip(base).for_each(|(v, &e)| *v = (*v - e) * w + e);
@@ -140,7 +147,13 @@ mod tests {
         let clip = &models.clip;
         // An embedding equal to the token "apple"'s own embedding encodes as "apple".
         let apple = crate::tokenizer::ClipTokenizer::shared().encode("apple");
-        let vectors: Vec<f32> = clip.token_embeddings(&apple).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let vectors: Vec<f32> = clip
+            .token_embeddings(&apple)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         struct One(Embedding);
         impl EmbeddingLookup for One {
             fn find(&self, name: &str) -> Result<Option<Embedding>, ComputeError> {

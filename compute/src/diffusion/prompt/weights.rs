@@ -100,7 +100,11 @@ fn python_float(text: &str) -> Option<f64> {
             w[0].chars().last().is_some_and(|c| c.is_ascii_digit())
                 && w[1].chars().next().is_some_and(|c| c.is_ascii_digit())
         });
-        return if digits_around { t.replace('_', "").parse().ok() } else { None };
+        return if digits_around {
+            t.replace('_', "").parse().ok()
+        } else {
+            None
+        };
     }
     t.parse().ok()
 }
@@ -122,7 +126,10 @@ mod tests {
     fn comfyui_weighting() {
         assert_eq!(parsed("a cat"), vec![seg("a cat", 1.0)]);
         assert_eq!(parsed(""), Vec::<(String, f64)>::new());
-        assert_eq!(parsed("a (cat:1.2) sat"), vec![seg("a ", 1.0), seg("cat", 1.2), seg(" sat", 1.0)]);
+        assert_eq!(
+            parsed("a (cat:1.2) sat"),
+            vec![seg("a ", 1.0), seg("cat", 1.2), seg(" sat", 1.0)]
+        );
         assert_eq!(parsed("((cat))"), vec![seg("cat", 1.1 * 1.1)]);
         assert_eq!(parsed("((cat))")[0].1, 1.2100000000000002);
         assert_eq!(parsed("(cat)"), vec![seg("cat", 1.1)]);
@@ -157,7 +164,18 @@ mod tests {
 
     #[test]
     fn malformed_input_never_panics() {
-        for text in ["(((((", ")))))", "(:)", "(é:1.2)", "(日本:0.5)", "\\", "\\(", "(\\)", ":::", "(\u{0}\u{1})"] {
+        for text in [
+            "(((((",
+            ")))))",
+            "(:)",
+            "(é:1.2)",
+            "(日本:0.5)",
+            "\\",
+            "\\(",
+            "(\\)",
+            ":::",
+            "(\u{0}\u{1})",
+        ] {
             let _ = parsed(text);
         }
         let deep = |n: usize| "(".repeat(n) + "x" + &")".repeat(n);

@@ -75,7 +75,10 @@ mod tests {
         let lookup = Embeddings(Some(&dir));
         let found = lookup.find("style").unwrap().unwrap();
         assert_eq!((found.rows(), found.width), (2, 32));
-        assert_eq!(lookup.find("style.safetensors").unwrap().unwrap().vectors, found.vectors);
+        assert_eq!(
+            lookup.find("style.safetensors").unwrap().unwrap().vectors,
+            found.vectors
+        );
         assert_eq!(lookup.find("missing").unwrap(), None);
         for refused in ["../secret", "../secret.safetensors", "/etc/passwd", "old", "old.pt"] {
             assert!(lookup.find(refused).is_err(), "{refused}");
