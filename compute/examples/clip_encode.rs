@@ -24,6 +24,18 @@ fn prompt() -> String {
     "a lighthouse at dusk, oil painting, ".repeat(9)
 }
 
+/// CPU seconds (user + system, all threads) this process has used so far; Linux only (0
+/// elsewhere). Printed next to wall time: on a shared machine it moves far less with load.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -49,6 +61,7 @@ fn main() -> anyhow::Result<()> {
     let chunks = weft_compute::diffusion::prompt::tokenize(&text, None)?;
     anyhow::ensure!(chunks.len() == 1, "the prompt should fill one chunk");
     encode_prompt(&clip, clip.layer_count(), &text, None)?;
+    let cpu_before = cpu_seconds();
     let times: Vec<f64> = (0..runs)
         .map(|_| {
             let started = Instant::now();
@@ -56,8 +69,9 @@ fn main() -> anyhow::Result<()> {
         })
         .collect::<Result<_, _>>()?;
     let ours = median(times);
+    let ours_cpu = (cpu_seconds() - cpu_before) * 1e3 / runs as f64;
     println!(
-        "weft CLIP, 77 tokens, {} rayon threads: {ours:.1} ms (median of {runs})",
+        "weft CLIP, 77 tokens, {} rayon threads: {ours:.1} ms wall (median of {runs}), {ours_cpu:.1} ms CPU per encode",
         rayon::current_num_threads()
     );
     if let Ok(python) = std::env::var("WEFT_BENCH_PYTHON") {
@@ -70,13 +84,22 @@ fn main() -> anyhow::Result<()> {
             .output()?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let theirs: f64 = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("ms="))
-            .and_then(|v| v.trim().parse().ok())
-            .ok_or_else(|| anyhow::anyhow!("no figure from {}: {stdout}", script.display()))?;
-        println!("transformers CLIPTextModel, 77 tokens, 2 threads: {theirs:.1} ms (median of {runs})");
-        println!("weft / PyTorch time: {:.2}", ours / theirs);
+        let figure = |key: &str| -> anyhow::Result<f64> {
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| anyhow::anyhow!("no {key} from {}: {stdout}", script.display()))
+        };
+        let (theirs, theirs_cpu) = (figure("ms=")?, figure("cpu_ms=")?);
+        println!(
+            "transformers CLIPTextModel, 77 tokens, 2 threads: {theirs:.1} ms wall (median of {runs}), {theirs_cpu:.1} ms CPU per encode"
+        );
+        println!(
+            "weft / PyTorch: {:.2} wall, {:.2} CPU",
+            ours / theirs,
+            ours_cpu / theirs_cpu
+        );
     }
     Ok(())
 }

@@ -19,7 +19,7 @@ use crate::ComputeError;
 pub struct TextEncoder {
     /// The checkpoint's networks.
     pub models: Arc<Sd1Models>,
-    /// The checkpoint file, to build a shortened or patched encoder from.
+    /// The checkpoint file, to build an encoder patched with LoRAs from.
     pub source: PathBuf,
     /// The last layer used: -1 is the last one, -2 the one before, ...
     pub last_layer: i32,
