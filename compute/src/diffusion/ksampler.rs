@@ -418,6 +418,59 @@ mod tests {
     }
 
     #[test]
+    fn prompts_of_different_lengths_batch_as_comfyui_does() {
+        let (dir, m) = tiny_test_models(8).unwrap();
+        let m = std::sync::Arc::new(m);
+        let model = DiffusionModel::new(m.clone(), dir.path().join("tiny.safetensors"));
+        let encode = |t: &str| crate::text_to_image::encode_text(&m, t).unwrap();
+        let short = encode("a lighthouse");
+        let long = encode(&"a lighthouse on a cliff at dusk ".repeat(12));
+        assert_eq!(long.dim(1).unwrap(), 154);
+        let neg = Conditioning::from_context(encode("blurry"));
+        let empty = latent::empty(32, 16, 1).unwrap();
+        let go = |pos: &Conditioning, neg: &Conditioning| {
+            ksample(&model, pos, neg, &empty, &settings(3), &mut |_, _| {
+                StepControl::Continue
+            })
+            .unwrap()
+        };
+        // A context repeated whole guides exactly as the original (ComfyUI pads by repeating).
+        let once = go(&Conditioning::from_context(short.clone()), &neg);
+        let twice = go(
+            &Conditioning::from_context(CTensor::cat(&[&short, &short], 1).unwrap()),
+            &neg,
+        );
+        let worst = once
+            .data
+            .iter()
+            .zip(&twice.data)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-4, "a repeated context changed the latent by {worst}");
+        // Entries of 77 and 154 tokens share a UNet call; the long one's second chunk counts.
+        let both = Conditioning::from_context(short.clone()).combine(&Conditioning::from_context(long.clone()));
+        let batched = go(&both, &neg);
+        let long_padded = Conditioning::from_context(short.clone())
+            .combine(&Conditioning::from_context(long.narrow(1, 0, 77).unwrap()));
+        assert_ne!(go(&long_padded, &neg).data, batched.data, "the second chunk counts");
+        // A long positive against a short negative runs, and differs from the short one.
+        let long_run = go(&Conditioning::from_context(long), &neg);
+        assert_ne!(long_run.data, once.data);
+        assert!(long_run.data.iter().all(|v| v.is_finite()));
+        // `weft models generate`'s path batches a long prompt with a short negative too.
+        let request = TextToImage {
+            prompt: "a lighthouse on a cliff at dusk ".repeat(12),
+            negative: "blurry".into(),
+            width: 8,
+            height: 4,
+            steps: 2,
+            ..Default::default()
+        };
+        let image = text_to_image(&m, &request, &mut |_| StepControl::Continue).unwrap();
+        assert!(image.data.iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
     fn areas_masks_and_step_windows() {
         let (dir, m) = tiny_test_models(6).unwrap();
         let m = std::sync::Arc::new(m);
