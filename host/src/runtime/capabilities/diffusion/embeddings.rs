@@ -1,6 +1,7 @@
 //! `embedding:NAME` in prompts: textual-inversion files found only inside the models
-//! folder's `embeddings/`, by name or by name plus `.safetensors` (ComfyUI also tries `.pt`
-//! and `.bin`; those are pickles, which weft refuses with a clear error).
+//! folder's `embeddings/`, by name or by name plus `.safetensors`, at the top or, as ComfyUI
+//! searches every subfolder, in the first subfolder (by sorted path) that has it. ComfyUI also
+//! tries `.pt` and `.bin`; those are pickles, which weft refuses with a clear error.
 
 use weft_compute::diffusion::prompt::{Embedding, EmbeddingLookup};
 use weft_compute::ComputeError;
@@ -38,6 +39,10 @@ impl EmbeddingLookup for Embeddings<'_> {
             },
             Err(e) => return Err(refused(e)),
         };
+        let found = match found {
+            Some(path) => Some(path),
+            None => in_subfolder(dir, name).map_err(refused)?,
+        };
         let Some(path) = found else {
             let pickled = PICKLE_EXTENSIONS
                 .iter()
@@ -58,6 +63,22 @@ impl EmbeddingLookup for Embeddings<'_> {
     }
 }
 
+/// The first file of a subfolder of `embeddings/` called `name` or `name.safetensors`.
+fn in_subfolder(dir: &ModelsDir, name: &str) -> Result<Option<std::path::PathBuf>, NameError> {
+    if name.contains('/') {
+        return Ok(None);
+    }
+    let with_extension = format!("{name}.safetensors");
+    let listed = dir.list(FOLDER);
+    let Some(relative) = listed.iter().find(|path| {
+        path.rsplit_once('/')
+            .is_some_and(|(_, file)| file == name || file == with_extension)
+    }) else {
+        return Ok(None);
+    };
+    dir.resolve(FOLDER, relative).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +92,12 @@ mod tests {
         weft_compute::diffusion::prompt::write_random_embedding(&root.path().join("secret.safetensors"), 32, 2, 1)
             .unwrap();
         std::fs::write(folder.join("old.pt"), b"PK").unwrap();
+        std::fs::create_dir_all(folder.join("styles/b")).unwrap();
+        std::fs::create_dir_all(folder.join("styles/a")).unwrap();
+        weft_compute::diffusion::prompt::write_random_embedding(&folder.join("styles/b/deep.safetensors"), 32, 3, 1)
+            .unwrap();
+        weft_compute::diffusion::prompt::write_random_embedding(&folder.join("styles/a/deep.safetensors"), 32, 1, 1)
+            .unwrap();
         let dir = ModelsDir::new(root.path().to_path_buf());
         let lookup = Embeddings(Some(&dir));
         let found = lookup.find("style").unwrap().unwrap();
@@ -80,6 +107,11 @@ mod tests {
             found.vectors
         );
         assert_eq!(lookup.find("missing").unwrap(), None);
+        // Subfolders are searched as ComfyUI does, the first by sorted path winning.
+        assert_eq!(lookup.find("deep").unwrap().unwrap().rows(), 1);
+        assert_eq!(lookup.find("deep.safetensors").unwrap().unwrap().rows(), 1);
+        assert_eq!(lookup.find("styles/b/deep").unwrap().unwrap().rows(), 3);
+        assert_eq!(lookup.find("b/deep").unwrap(), None);
         for refused in ["../secret", "../secret.safetensors", "/etc/passwd", "old", "old.pt"] {
             assert!(lookup.find(refused).is_err(), "{refused}");
         }
