@@ -870,3 +870,79 @@ fn loras_change_the_image_strength_zero_passes_through_and_foreign_or_missing_lo
         "{job}"
     );
 }
+
+/// Writes a tiny textual-inversion embedding with `weft models tiny-embedding`.
+fn tiny_embedding(path: &Path, seed: u64) {
+    let status = Command::new(weft_bin())
+        .args(["models", "tiny-embedding", "--seed", &seed.to_string(), "--out"])
+        .arg(path)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "weft models tiny-embedding failed");
+}
+
+/// The default graph with prompts `positive` and `negative`, also saving the sampled
+/// latent (the tiny model's prompts move its values by less than a pixel step).
+fn prompted_graph(positive: &str, negative: &str) -> Value {
+    let mut graph = default_graph(5, 64, 2);
+    graph["6"]["inputs"]["text"] = json!(positive);
+    graph["7"]["inputs"]["text"] = json!(negative);
+    graph["10"] = json!({"class_type": "SaveLatent", "inputs": {"samples": ["3", 0], "filename_prefix": "prompted"}});
+    graph
+}
+
+#[test]
+fn prompt_weights_long_prompts_and_textual_inversion_embeddings_follow_comfyui() {
+    let models = models_dir();
+    tiny_embedding(&models.path().join("embeddings/EasyNegative.safetensors"), 1);
+    tiny_embedding(&models.path().join("secret.safetensors"), 2);
+    let server = server(models.path(), None, &[]);
+    // The sampled latent's file: the same bytes for the same values.
+    let image = |positive: &str, negative: &str| {
+        let out = run_outputs(&server, prompted_graph(positive, negative));
+        assert!(out.iter().any(|(_, b)| is_png(b)));
+        out.into_iter().find(|(_, b)| !is_png(b)).expect("the saved latent").1
+    };
+
+    // ComfyUI's textual-inversion example: an embedding in the negative prompt, by file name
+    // with or without its extension.
+    let plain = image("a castle on a hill", "blurry");
+    let embedded = image("a castle on a hill", "embedding:EasyNegative, blurry");
+    assert_ne!(embedded, plain, "the embedding changes the negative prompt");
+    let by_file = image("a castle on a hill", "embedding:EasyNegative.safetensors, blurry");
+    assert_eq!(by_file, embedded, "name and file name are the same embedding");
+    assert_ne!(
+        image("a castle on a hill", "(embedding:EasyNegative:1.5), blurry"),
+        embedded,
+        "embeddings take weights"
+    );
+
+    // Weights change the image; a weight of 1 does not; brackets are text, not weights.
+    assert_ne!(image("a (castle:1.6) on a hill", "blurry"), plain);
+    assert_ne!(image("a ((castle)) on a hill", "blurry"), plain);
+    assert_eq!(image("a (castle:1.0) on a hill", "blurry"), plain);
+    assert_ne!(image("a [castle] on a hill", "blurry"), plain);
+    // Malformed weighting is text, never a failure.
+    image("a ((castle on a hill", "blurry)) \\(x\\) (:) (a:b:c)");
+
+    // A 200-token prompt runs (three chunks against the negative's one).
+    let long = "castle ".repeat(200);
+    let long_image = image(&long, "blurry");
+    assert_ne!(
+        long_image,
+        image(&"castle ".repeat(75), "blurry"),
+        "tokens past 75 count"
+    );
+
+    // Names outside the embeddings folder and missing embeddings are clean node errors.
+    for (text, expected) in [
+        ("embedding:../secret", "embedding:../secret"),
+        ("a embedding:missing castle", "embedding:missing"),
+    ] {
+        let job = server.run(prompted_graph("a castle", text));
+        assert_eq!(job["status"], "failed", "{job}");
+        let message = job["error"]["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{job}");
+    }
+}

@@ -106,3 +106,60 @@ fn sd15_default_graph_matches_comfyui() -> Result<()> {
     }
     Ok(())
 }
+
+/// A weighted prompt of two chunks (`weighted_long.json`: the prompt and the token/weight
+/// chunks ComfyUI's tokenizer makes of it) must tokenize as ComfyUI does and encode to the
+/// reference (`weighted_long.safetensors`, float32) computed with Hugging Face's
+/// `CLIPTextModel` on the same checkpoint, weights applied as ComfyUI's
+/// `encode_token_weights` does. Only the checkpoint's CLIP is loaded.
+#[test]
+fn sd15_weighted_long_prompt_matches_the_reference() -> Result<()> {
+    use crate::diffusion::lora::load_component;
+    use crate::diffusion::prompt::{encode_chunks, tokenize, Token};
+    use crate::models::{ClipText, Component, Sd1Config};
+
+    let reference: serde_json::Value = serde_json::from_slice(&std::fs::read(fixtures().join("weighted_long.json"))?)?;
+    let prompt = reference["prompt"].as_str().context("prompt")?;
+    let chunks = tokenize(prompt, None)?;
+    let ours: Vec<Vec<(u32, f64)>> = chunks
+        .iter()
+        .map(|c| {
+            c.iter()
+                .map(|(t, w)| match t {
+                    Token::Id(id) => (*id, *w),
+                    Token::Vector(..) => (u32::MAX, *w),
+                })
+                .collect()
+        })
+        .collect();
+    let theirs: Vec<Vec<(u32, f64)>> = serde_json::from_value(reference["chunks"].clone())?;
+    assert_eq!(ours, theirs, "tokens and weights");
+
+    let checkpoint = sd15_random::cached_seed0(&sd15_random::cache_dir())?;
+    let cfg = Sd1Config::sd1();
+    let tensors = load_component(&checkpoint, &cfg, Component::Clip, &Device::Cpu)?;
+    let vb = candle_nn::VarBuilder::from_tensors(tensors, candle_core::DType::F32, &Device::Cpu);
+    let clip = ClipText::new(vb.pp("text_model"), &cfg)?;
+    let started = std::time::Instant::now();
+    let context = encode_chunks(&clip, clip.layer_count(), &chunks)?;
+    eprintln!(
+        "weighted prompt of {} chunks encoded in {:?}",
+        chunks.len(),
+        started.elapsed()
+    );
+    let saved = SafetensorsIndex::open(&fixtures().join("weighted_long.safetensors"), DEFAULT_MAX_HEADER)?;
+    assert_eq!(context.dims(), saved.tensors["context"].shape.as_slice());
+    let want = saved.read_f32("context")?;
+    let got: Vec<f32> = context.flatten_all()?.to_vec1()?;
+    let diffs: Vec<f32> = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).collect();
+    let worst = diffs.iter().fold(0f32, |m, &d| m.max(d));
+    let mean = diffs.iter().sum::<f32>() / diffs.len() as f32;
+    eprintln!("weighted prompt: max |diff| {worst:.3e}, mean {mean:.3e}");
+    // Two float32 implementations of the same network (values up to about 4.5).
+    assert!(worst <= 1e-4, "CLIP output differs from the reference by {worst}");
+    assert!(
+        mean <= 1e-5,
+        "CLIP output differs from the reference by {mean} on average"
+    );
+    Ok(())
+}

@@ -45,6 +45,21 @@ impl Linear {
         })
     }
 
+    /// Layers of one input width, each with a bias, stacked into one: the output is their
+    /// outputs side by side, in order (`parts` gives each one's weights and output width).
+    pub(crate) fn stacked(parts: &[(VarBuilder, usize)], inputs: usize) -> Result<Self> {
+        let mut weights = Vec::with_capacity(parts.len());
+        let mut biases = Vec::with_capacity(parts.len());
+        for (vb, outputs) in parts {
+            weights.push(vb.get((*outputs, inputs), "weight")?);
+            biases.push(vb.get(*outputs, "bias")?);
+        }
+        Ok(Linear {
+            weight: Tensor::cat(&weights, 0)?,
+            bias: Some(Tensor::cat(&biases, 0)?),
+        })
+    }
+
     /// `x · weightᵀ + bias + residual`, `residual` of the output's shape.
     pub(crate) fn forward_add(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
         self.forward_with(x, Some(residual))

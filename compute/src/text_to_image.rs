@@ -7,14 +7,14 @@
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor as CTensor};
 
+use super::diffusion::conditioning::repeat_to_common_length;
+use super::diffusion::prompt::encode_prompt;
 use super::image::ImageBatch;
 use super::models::{Sd1Models, Sd1Unet};
-use super::on_workers;
 use super::sampling::{
     cfg, ksampler_sigmas, sample, seeded_noise, ModelSampling, SamplerKind, Scheduler, StepControl, StepInfo, Tensor,
     TorchNoise,
 };
-use super::tokenizer::ClipTokenizer;
 use super::vae;
 
 /// What to make.
@@ -56,11 +56,10 @@ impl Default for TextToImage {
     }
 }
 
-/// Encodes `text` with the models' CLIP text encoder: `[1, 77, context_dim]`.
+/// Encodes `text` (ComfyUI's prompt syntax, no embeddings folder) with the models' whole
+/// CLIP text encoder: `[1, 77 * chunks, context_dim]`.
 pub fn encode_text(models: &Sd1Models, text: &str) -> Result<CTensor> {
-    let ids = ClipTokenizer::shared().encode_padded(text);
-    let ids = CTensor::new(ids.as_slice(), &models.device)?.unsqueeze(0)?;
-    Ok(on_workers(|| models.clip.forward_with_mask(&ids, usize::MAX))?)
+    Ok(encode_prompt(&models.clip, models.clip.layer_count(), text, None)?)
 }
 
 /// The pixel-to-latent scale of the models' VAE (8 for SD1: one per downsampling level).
@@ -73,18 +72,20 @@ pub fn vae_scale(models: &Sd1Models) -> u32 {
 pub struct GuidedUnet<'a> {
     unet: &'a Sd1Unet,
     ms: ModelSampling,
-    /// `[2, 77, d]`: uncond then cond (or `[1, 77, d]` when `scale == 1`).
+    /// `[2, tokens, d]`: uncond then cond, repeated to a common length (or cond alone,
+    /// `[1, tokens, d]`, when `scale == 1`).
     context: CTensor,
     scale: f32,
 }
 
 impl<'a> GuidedUnet<'a> {
-    /// Guidance of `cond` against `uncond` (both `[1, 77, d]`, on the UNet's device) at `scale`.
+    /// Guidance of `cond` against `uncond` (both `[1, 77 * chunks, d]`, on the UNet's device)
+    /// at `scale`.
     pub fn new(unet: &'a Sd1Unet, cond: &CTensor, uncond: &CTensor, scale: f32) -> Result<Self> {
         let context = if scale == 1.0 {
             cond.clone()
         } else {
-            CTensor::cat(&[uncond, cond], 0)?
+            CTensor::cat(&repeat_to_common_length(&[uncond.clone(), cond.clone()])?, 0)?
         };
         Ok(GuidedUnet {
             unet,

@@ -6,9 +6,8 @@
 //! collapsed, text lower-cased, split by CLIP's pattern, each piece mapped through the
 //! byte-to-unicode table and merged by rank.
 //!
-//! Not done: `ftfy` mojibake repair and HTML unescaping (both no-ops on ordinary prompts), and
-//! ComfyUI's prompt weighting `(word:1.2)`, embeddings and chunking beyond 75 tokens (longer
-//! prompts are truncated).
+//! Not done: `ftfy` mojibake repair and HTML unescaping (both no-ops on ordinary prompts).
+//! ComfyUI's prompt weighting, embeddings and chunks of 77 are `diffusion::prompt`'s.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -128,16 +127,6 @@ impl ClipTokenizer {
         out
     }
 
-    /// SD1 text-encoder input: `BOS`, up to 75 tokens of `text`, `EOS`, padded with `EOS` to
-    /// [`CONTEXT_LENGTH`] (ComfyUI's SD1 tokenizer pads with the end token).
-    pub(crate) fn encode_padded(&self, text: &str) -> Vec<u32> {
-        let mut ids = vec![BOS];
-        ids.extend(self.encode(text).into_iter().take(CONTEXT_LENGTH - 2));
-        ids.push(EOS);
-        ids.resize(CONTEXT_LENGTH, EOS);
-        ids
-    }
-
     fn bpe(&self, piece: &str) -> Vec<u32> {
         if let Some(ids) = self.cache.lock().expect("tokenizer cache").get(piece) {
             return ids.clone();
@@ -200,14 +189,26 @@ mod tests {
         assert_eq!(ids(""), [49406, 49407]);
     }
 
+    /// The ids of the first chunk of 77 that ComfyUI's tokenizer makes of `text`.
+    fn first_chunk(text: &str) -> Vec<u32> {
+        use crate::diffusion::prompt::{tokenize, Token};
+        tokenize(text, None).unwrap()[0]
+            .iter()
+            .map(|(t, _)| match t {
+                Token::Id(id) => *id,
+                Token::Vector(..) => u32::MAX,
+            })
+            .collect()
+    }
+
     #[test]
-    fn padding_and_truncation() {
+    fn padding_and_chunks() {
         let t = ClipTokenizer::shared();
-        let p = t.encode_padded("a photo of a cat");
+        let p = first_chunk("a photo of a cat");
         assert_eq!(p.len(), CONTEXT_LENGTH);
         assert_eq!(&p[..7], &[49406, 320, 1125, 539, 320, 2368, 49407]);
         assert!(p[7..].iter().all(|&i| i == EOS));
-        let long = t.encode_padded(&"word ".repeat(200));
+        let long = first_chunk(&"word ".repeat(200));
         assert_eq!(long.len(), CONTEXT_LENGTH);
         assert_eq!(long[0], BOS);
         assert_eq!(long[76], EOS);

@@ -34,6 +34,46 @@ pub struct CondEntry {
 #[derive(Debug, Clone)]
 pub struct Conditioning(pub Vec<CondEntry>);
 
+/// The most a prompt's tokens are repeated to share a UNet batch with a longer one
+/// (ComfyUI's `CONDCrossAttn.can_concat` limit).
+const MAX_REPEAT: usize = 4;
+
+/// Whether contexts of `a` and `b` tokens may share one UNet batch (ComfyUI's
+/// `CONDCrossAttn.can_concat`): their least common multiple is at most 4 times the shorter.
+pub fn can_batch(a: usize, b: usize) -> bool {
+    a == b || (a.min(b) > 0 && lcm(a, b) / a.min(b) <= MAX_REPEAT)
+}
+
+/// `contexts` (`[batch, tokens, width]`, token counts may differ) each repeated along the
+/// token axis to their least common multiple, as ComfyUI's `CONDCrossAttn.concat` does;
+/// cross-attention over a context repeated whole gives the same result as over the original.
+pub fn repeat_to_common_length(contexts: &[Tensor]) -> candle_core::Result<Vec<Tensor>> {
+    let mut common = 1;
+    for c in contexts {
+        common = lcm(common, c.dim(1)?.max(1));
+    }
+    contexts
+        .iter()
+        .map(|c| {
+            let tokens = c.dim(1)?;
+            if tokens == 0 || tokens == common {
+                Ok(c.clone())
+            } else {
+                c.repeat((1, common / tokens, 1))
+            }
+        })
+        .collect()
+}
+
+/// Least common multiple (0 when either is 0).
+fn lcm(a: usize, b: usize) -> usize {
+    let (mut x, mut y) = (a, b);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a.checked_div(x).map_or(0, |q| q * b)
+}
+
 fn failed(e: candle_core::Error) -> ComputeError {
     ComputeError::Failed(format!("conditioning: {e}"))
 }
@@ -155,9 +195,32 @@ mod tests {
             })
         );
         assert_eq!(area.0[0].strength, 0.5);
+        // ComfyUI's averaging cuts a longer source to the entry's tokens.
+        let long = cond(&[5.0, 5.0, 7.0, 7.0, 9.0, 9.0], 3);
+        let short = cond(&[1.0, 1.0], 1);
+        let v: Vec<f32> = short.average(&long, 0.5).unwrap().0[0]
+            .context
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(v, vec![3.0, 3.0]);
         let zero = a.zero_out().unwrap();
         let v: Vec<f32> = zero.0[0].context.flatten_all().unwrap().to_vec1().unwrap();
         assert!(v.iter().all(|&x| x == 0.0));
         assert!(a.average(&Conditioning(Vec::new()), 0.5).is_err());
+    }
+
+    #[test]
+    fn contexts_repeat_to_their_least_common_multiple() {
+        assert!(can_batch(77, 154) && can_batch(154, 231) && can_batch(77, 308));
+        assert!(!can_batch(77, 385) && !can_batch(154, 385) && !can_batch(0, 77));
+        let a = Tensor::from_slice(&[1f32, 2.0], (1, 1, 2), &Device::Cpu).unwrap();
+        let b = Tensor::from_slice(&[3f32, 4.0, 5.0, 6.0], (1, 2, 2), &Device::Cpu).unwrap();
+        let c = Tensor::from_slice(&[7f32; 6], (1, 3, 2), &Device::Cpu).unwrap();
+        let out = repeat_to_common_length(&[a, b, c]).unwrap();
+        assert!(out.iter().all(|t| t.dims() == [1, 6, 2]));
+        let v: Vec<f32> = out[1].flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(v, vec![3.0, 4.0, 5.0, 6.0, 3.0, 4.0, 5.0, 6.0, 3.0, 4.0, 5.0, 6.0]);
     }
 }

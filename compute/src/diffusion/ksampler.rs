@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Tensor as CTensor};
 
-use super::conditioning::{Area, CondEntry, Conditioning};
+use super::conditioning::{can_batch, repeat_to_common_length, Area, CondEntry, Conditioning};
 use super::model::DiffusionModel;
 use super::resize::{resize_planes, Mode};
 use crate::sampling::{
@@ -251,7 +251,8 @@ impl Guidance<'_> {
     }
 
     /// The weighted mean of every entry's denoised prediction (`calc_cond_batch`). Entries
-    /// over the whole latent with prompts of one length share a UNet call.
+    /// over one region share a UNet call when their prompt lengths may be batched
+    /// ([`can_batch`] with the group's first entry, as ComfyUI groups them).
     fn predict(&self, entries: &[CondEntry], x: &[f32], sigma: f32) -> anyhow::Result<Vec<f32>> {
         let [b, c, height, width] = [self.shape[0], self.shape[1], self.shape[2], self.shape[3]];
         let mut out = vec![0.0f32; x.len()];
@@ -262,7 +263,10 @@ impl Guidance<'_> {
                 continue;
             };
             let tokens = entry.context.dim(1)?;
-            match groups.iter_mut().find(|(r, t, _)| *r == region && *t == tokens) {
+            match groups
+                .iter_mut()
+                .find(|(r, t, _)| *r == region && can_batch(*t, tokens))
+            {
                 Some((_, _, members)) => members.push(entry),
                 None => groups.push((region, tokens, vec![entry])),
             }
@@ -299,8 +303,8 @@ impl Guidance<'_> {
         Ok(out)
     }
 
-    /// One UNet call for `members` (one prompt length) on the cropped batch `crop`:
-    /// every member's denoised prediction, one after the other.
+    /// One UNet call for `members` on the cropped batch `crop`, their contexts repeated to a
+    /// common length: every member's denoised prediction, one after the other.
     fn unet(&self, members: &[&CondEntry], crop: &[f32], shape: [usize; 4], sigma: f32) -> anyhow::Result<Vec<f32>> {
         let device = &self.model.checkpoint.device;
         let b = shape[0];
@@ -312,7 +316,7 @@ impl Guidance<'_> {
             .iter()
             .map(|e| e.context.to_device(device)?.repeat((b, 1, 1)))
             .collect::<candle_core::Result<Vec<_>>>()?;
-        let context = CTensor::cat(&contexts, 0)?;
+        let context = CTensor::cat(&repeat_to_common_length(&contexts)?, 0)?;
         let t = self.ms.timestep(sigma) as f64;
         let eps = self.model.unet().forward(&input, t, &context)?;
         let eps = eps.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
@@ -406,6 +410,56 @@ mod tests {
             }
         });
         assert!(matches!(stopped, Err(SampleFailure::Stopped(_))));
+    }
+
+    #[test]
+    fn prompts_of_different_lengths_batch_as_comfyui_does() {
+        let (dir, m) = tiny_test_models(8).unwrap();
+        let m = std::sync::Arc::new(m);
+        let model = DiffusionModel::new(m.clone(), dir.path().join("tiny.safetensors"));
+        let encode = |t: &str| crate::text_to_image::encode_text(&m, t).unwrap();
+        let short = encode("a lighthouse");
+        let long = encode(&"a lighthouse on a cliff at dusk ".repeat(12));
+        assert_eq!(long.dim(1).unwrap(), 154);
+        let neg = Conditioning::from_context(encode("blurry"));
+        let empty = latent::empty(32, 16, 1).unwrap();
+        let go = |pos: &Conditioning, neg: &Conditioning| {
+            ksample(&model, pos, neg, &empty, &settings(3), &mut |_| StepControl::Continue).unwrap()
+        };
+        // A context repeated whole guides exactly as the original (ComfyUI pads by repeating).
+        let once = go(&Conditioning::from_context(short.clone()), &neg);
+        let twice = go(
+            &Conditioning::from_context(CTensor::cat(&[&short, &short], 1).unwrap()),
+            &neg,
+        );
+        let worst = once
+            .data
+            .iter()
+            .zip(&twice.data)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-4, "a repeated context changed the latent by {worst}");
+        // Entries of 77 and 154 tokens share a UNet call; the long one's second chunk counts.
+        let both = Conditioning::from_context(short.clone()).combine(&Conditioning::from_context(long.clone()));
+        let batched = go(&both, &neg);
+        let long_padded = Conditioning::from_context(short.clone())
+            .combine(&Conditioning::from_context(long.narrow(1, 0, 77).unwrap()));
+        assert_ne!(go(&long_padded, &neg).data, batched.data, "the second chunk counts");
+        // A long positive against a short negative runs, and differs from the short one.
+        let long_run = go(&Conditioning::from_context(long), &neg);
+        assert_ne!(long_run.data, once.data);
+        assert!(long_run.data.iter().all(|v| v.is_finite()));
+        // `weft models generate`'s path batches a long prompt with a short negative too.
+        let request = TextToImage {
+            prompt: "a lighthouse on a cliff at dusk ".repeat(12),
+            negative: "blurry".into(),
+            width: 8,
+            height: 4,
+            steps: 2,
+            ..Default::default()
+        };
+        let image = text_to_image(&m, &request, &mut |_| StepControl::Continue).unwrap();
+        assert!(image.data.iter().all(|v| v.is_finite()));
     }
 
     #[test]

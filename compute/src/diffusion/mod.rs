@@ -11,6 +11,7 @@ pub mod ksampler;
 pub mod latent;
 pub mod lora;
 pub mod model;
+pub mod prompt;
 pub mod resize;
 pub mod text;
 pub mod vae;

@@ -1,32 +1,31 @@
 //! The text encoder behind a `CLIP` handle: a checkpoint's CLIP, optionally stopped at an
-//! earlier layer (`CLIPSetLastLayer`) or with LoRAs applied, and `CLIPTextEncode`'s encoding.
+//! earlier layer (`CLIPSetLastLayer`) or with LoRAs applied, and `CLIPTextEncode`'s encoding
+//! with ComfyUI's prompt syntax ([`super::prompt`]).
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::clip::text_model::ClipTextTransformer;
 
 use super::checkpoint::ModelError;
 use super::lora::{load_component, Lora};
-use crate::models::candle_sd1::clip_config;
+use super::prompt::{encode_prompt, EmbeddingLookup};
 use crate::models::sd1::Component;
-use crate::models::Sd1Models;
-use crate::tokenizer::ClipTokenizer;
-use crate::{on_workers, ComputeError};
+use crate::models::{ClipText, Sd1Models};
+use crate::ComputeError;
 
 /// A checkpoint's text encoder, run up to one of its layers, with LoRAs applied.
 pub struct TextEncoder {
     /// The checkpoint's networks.
     pub models: Arc<Sd1Models>,
-    /// The checkpoint file, to build a shortened or patched encoder from.
+    /// The checkpoint file, to build an encoder patched with LoRAs from.
     pub source: PathBuf,
     /// The last layer used: -1 is the last one, -2 the one before, ...
     pub last_layer: i32,
     /// The LoRAs applied, with their strengths.
     pub loras: Vec<(Arc<Lora>, f64)>,
-    rebuilt: OnceLock<Result<Arc<ClipTextTransformer>, String>>,
+    patched: OnceLock<Result<Arc<ClipText>, String>>,
 }
 
 impl TextEncoder {
@@ -37,7 +36,7 @@ impl TextEncoder {
             source,
             last_layer: -1,
             loras: Vec::new(),
-            rebuilt: OnceLock::new(),
+            patched: OnceLock::new(),
         }
     }
 
@@ -69,38 +68,31 @@ impl TextEncoder {
         })
     }
 
-    /// `CLIPTextEncode`: `text` encoded as `[1, 77, context_dim]` float32, the final layer
-    /// norm applied to the chosen layer's output (ComfyUI's SD1 CLIP).
-    pub fn encode(&self, text: &str) -> Result<Tensor, ComputeError> {
-        let failed = |e: &dyn std::fmt::Display| ComputeError::Failed(format!("text encoding: {e}"));
-        if self.last_layer == -1 && self.loras.is_empty() {
-            return crate::text_to_image::encode_text(&self.models, text).map_err(|e| failed(&e));
+    /// `CLIPTextEncode`: `text` with ComfyUI's prompt syntax encoded as
+    /// `[1, 77 * chunks, context_dim]` float32, the final layer norm applied to the chosen
+    /// layer's output (ComfyUI's SD1 CLIP); `embeddings` resolves `embedding:NAME` words.
+    pub fn encode(&self, text: &str, embeddings: Option<&dyn EmbeddingLookup>) -> Result<Tensor, ComputeError> {
+        let layers = (self.models.config.clip_layers as i32 + self.last_layer + 1) as usize;
+        if self.loras.is_empty() {
+            return encode_prompt(&self.models.clip, layers, text, embeddings);
         }
         let clip = self
-            .rebuilt
-            .get_or_init(|| self.rebuild().map(Arc::new).map_err(|e| format!("{e:#}")))
+            .patched
+            .get_or_init(|| self.patch().map(Arc::new).map_err(|e| format!("{e:#}")))
             .as_ref()
-            .map_err(|e| failed(e))?;
-        let ids = ClipTokenizer::shared().encode_padded(text);
-        let run = || -> candle_core::Result<Tensor> {
-            let ids = Tensor::new(ids.as_slice(), &self.models.device)?.unsqueeze(0)?;
-            on_workers(|| clip.forward_with_mask(&ids, usize::MAX))
-        };
-        run().map_err(|e| failed(&e))
+            .map_err(|e| ComputeError::Failed(format!("text encoding: {e}")))?;
+        encode_prompt(clip, layers, text, embeddings)
     }
 
-    /// A CLIP of the checkpoint's first `layers + last_layer + 1` layers with the LoRAs
-    /// applied: candle's encoder cannot stop early, so the weights are loaded again.
-    fn rebuild(&self) -> anyhow::Result<ClipTextTransformer> {
+    /// The checkpoint's CLIP with the LoRAs applied (its weights loaded again and patched).
+    fn patch(&self) -> anyhow::Result<ClipText> {
         let cfg = &self.models.config;
-        let mut config = clip_config(cfg);
-        config.num_hidden_layers = (cfg.clip_layers as i32 + self.last_layer + 1) as usize;
         let mut tensors = load_component(&self.source, cfg, Component::Clip, &self.models.device)?;
         for (lora, strength) in &self.loras {
             lora.apply(*strength, Component::Clip, cfg, &mut tensors)?;
         }
         let vb = VarBuilder::from_tensors(tensors, DType::F32, &self.models.device);
-        Ok(ClipTextTransformer::new(vb.pp("text_model"), &config)?)
+        Ok(ClipText::new(vb.pp("text_model"), cfg)?)
     }
 }
 
@@ -114,14 +106,14 @@ mod tests {
         let (dir, models) = tiny_test_models(7).unwrap();
         let path = dir.path().join("tiny.safetensors");
         let full = TextEncoder::new(Arc::new(models), path);
-        let a = full.encode("a red apple").unwrap();
+        let a = full.encode("a red apple", None).unwrap();
         assert_eq!(a.dims(), &[1, 77, 32]);
         let skip = full.with_last_layer(-2).unwrap();
-        let b = skip.encode("a red apple").unwrap();
+        let b = skip.encode("a red apple", None).unwrap();
         assert_eq!(b.dims(), a.dims());
         assert!(crate::max_abs_diff(&a, &b) > 0.0);
         // Stopping at the last layer is the whole encoder.
-        let same = full.with_last_layer(-1).unwrap().encode("a red apple").unwrap();
+        let same = full.with_last_layer(-1).unwrap().encode("a red apple", None).unwrap();
         assert_eq!(crate::max_abs_diff(&a, &same), 0.0);
         assert!(full.with_last_layer(0).is_err());
         assert!(full.with_last_layer(-3).is_err());

@@ -1,6 +1,5 @@
-//! Loads an SD1.x original-layout checkpoint into weft's UNet and autoencoder and
-//! candle-transformers' CLIP text transformer (float32, on the device chosen by
-//! [`crate::device::select_device`]).
+//! Loads an SD1.x original-layout checkpoint into weft's UNet, autoencoder and CLIP text
+//! transformer (float32, on the device chosen by [`crate::device::select_device`]).
 //!
 //! The checkpoint is validated by [`open_sd1`] first (header cap, bounds, shapes, dtypes, arch),
 //! then read tensor by tensor; tensors are renamed with [`ldm_to_candle`]. Errors from validation are
@@ -13,9 +12,9 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::clip::text_model::{Activation, ClipTextConfig, ClipTextTransformer};
 
 use crate::models::autoencoder::Sd1Vae;
+use crate::models::clip_text::ClipText;
 use crate::models::safetensors::DEFAULT_MAX_HEADER;
 use crate::models::sd1::{ldm_to_candle, open_sd1, Component, Sd1Config};
 use crate::models::unet::Sd1Unet;
@@ -27,7 +26,7 @@ pub struct Sd1Models {
     /// KL autoencoder (encoding gives the posterior's mean, as ComfyUI's).
     pub vae: Sd1Vae,
     /// CLIP text transformer (ViT-L/14 text tower for SD1; smaller for test layouts).
-    pub clip: ClipTextTransformer,
+    pub clip: ClipText,
     /// The layout these networks were built from.
     pub config: Sd1Config,
     /// The device holding the weights.
@@ -47,21 +46,6 @@ pub(crate) fn vae_config(cfg: &Sd1Config) -> candle_transformers::models::stable
         norm_num_groups: 32,
         use_quant_conv: true,
         use_post_quant_conv: true,
-    }
-}
-
-/// candle CLIP text configuration for `cfg` (quick-GELU, as OpenAI's CLIP).
-pub fn clip_config(cfg: &Sd1Config) -> ClipTextConfig {
-    ClipTextConfig {
-        vocab_size: cfg.clip_vocab,
-        embed_dim: cfg.context_dim,
-        activation: Activation::QuickGelu,
-        intermediate_size: cfg.clip_intermediate,
-        max_position_embeddings: cfg.clip_positions,
-        pad_with: None,
-        num_hidden_layers: cfg.clip_layers,
-        num_attention_heads: cfg.clip_heads,
-        projection_dim: cfg.context_dim,
     }
 }
 
@@ -93,7 +77,7 @@ pub fn load_sd1_with_config(path: &Path, cfg: &Sd1Config, device: &Device) -> Re
     let vae_vb = VarBuilder::from_tensors(take(Component::Vae), DType::F32, device);
     let vae = Sd1Vae::new(vae_vb, cfg).context("building the VAE")?;
     let clip_vb = VarBuilder::from_tensors(take(Component::Clip), DType::F32, device);
-    let clip = ClipTextTransformer::new(clip_vb.pp("text_model"), &clip_config(cfg)).context("building CLIP")?;
+    let clip = ClipText::new(clip_vb.pp("text_model"), cfg).context("building CLIP")?;
     Ok(Sd1Models {
         unet,
         vae,
@@ -178,7 +162,7 @@ pub fn verify_mapping(cfg: &Sd1Config) -> Result<Vec<String>> {
                 Sd1Vae::new(vb, cfg)?;
             }
             Component::Clip => {
-                ClipTextTransformer::new(vb.pp("text_model"), &clip_config(cfg))?;
+                ClipText::new(vb.pp("text_model"), cfg)?;
             }
         }
         let used = used.lock().expect("lock");
@@ -263,7 +247,7 @@ mod tests {
         let m = load_sd1_with_config(&p, &cfg, &dev)?;
         let x = Tensor::randn(0f32, 1.0, (1, 4, 8, 8), &dev)?;
         let ids = Tensor::new(&[[49406u32, 320, 1125, 49407]], &dev)?;
-        let ctx = m.clip.forward_with_mask(&ids, usize::MAX)?;
+        let ctx = m.clip.forward(&ids)?;
         assert_eq!(ctx.dims(), &[1, 4, cfg.context_dim]);
         let eps = m.unet.forward(&x, 999.0, &ctx)?;
         assert_eq!(eps.dims(), &[1, 4, 8, 8]);

@@ -5,6 +5,7 @@
 pub mod autoencoder;
 pub mod cache;
 pub mod candle_sd1;
+pub mod clip_text;
 pub mod safetensors;
 pub mod sd1;
 pub mod sd15_random;
@@ -13,6 +14,7 @@ pub mod unet;
 pub use autoencoder::Sd1Vae;
 pub use cache::ModelCache;
 pub use candle_sd1::{load_sd1, load_sd1_with_config, Sd1Models};
+pub use clip_text::ClipText;
 pub use safetensors::{CheckpointError, Dtype, SafetensorsIndex, TensorInfo, DEFAULT_MAX_HEADER};
 pub use sd1::{
     checkpoint_layout, detect_arch, ldm_to_candle, open_sd1, write_random_checkpoint, Arch, Component, Sd1Config,

@@ -49,6 +49,19 @@ pub(crate) enum ModelsCommand {
         #[arg(long, default_value_t = 4)]
         rank: usize,
     },
+    /// Writes a tiny random textual-inversion embedding (A1111 `emb_params` layout) that
+    /// fits `weft models tiny-sd` checkpoints, for the `embeddings` models folder.
+    TinyEmbedding {
+        /// Output .safetensors file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random vectors.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Tokens the embedding stands for.
+        #[arg(long, default_value_t = 2)]
+        vectors: usize,
+    },
     /// Text to image with an SD1.x checkpoint on the compute core (CPU, or CUDA when built
     /// with `--features cuda`); writes a PNG with the parameters in a `parameters` text chunk.
     Generate(GenerateArgs),
@@ -103,6 +116,7 @@ impl ModelsCommand {
             ModelsCommand::Sd15Random { out, seed } => sd15_random(out, seed),
             ModelsCommand::TinyVae { out, seed } => tiny_vae(out, seed),
             ModelsCommand::TinyLora { out, seed, rank } => tiny_lora(out, seed, rank),
+            ModelsCommand::TinyEmbedding { out, seed, vectors } => tiny_embedding(out, seed, vectors),
             ModelsCommand::Generate(args) => generate(args),
         }
     }
@@ -133,6 +147,14 @@ fn tiny_vae(out: PathBuf, seed: u64) -> anyhow::Result<()> {
 fn tiny_lora(out: PathBuf, seed: u64, rank: usize) -> anyhow::Result<()> {
     diffusion::write_random_lora(&out, &models::Sd1Config::tiny(), seed, rank.max(1))?;
     println!("wrote a tiny random LoRA to {}", out.display());
+    Ok(())
+}
+
+/// Writes the tiny random embedding.
+fn tiny_embedding(out: PathBuf, seed: u64, vectors: usize) -> anyhow::Result<()> {
+    let width = models::Sd1Config::tiny().context_dim;
+    diffusion::prompt::write_random_embedding(&out, width, vectors.clamp(1, 75), seed)?;
+    println!("wrote a tiny random embedding to {}", out.display());
     Ok(())
 }
 

@@ -7,6 +7,7 @@
 //! share: the capability's configuration), [`DiffusionState`] (one call's part of
 //! `CallState`), and [`Library::list`] for the catalogue's model-file combos.
 
+mod embeddings;
 mod models_dir;
 
 use std::any::Any;
@@ -33,6 +34,7 @@ use weft_compute::sampling::{SamplerKind, Scheduler, StepControl};
 use weft_compute::values::{LatentBatch, Opaque};
 use weft_compute::{device, ComputeError};
 
+use embeddings::Embeddings;
 pub(crate) use models_dir::ModelsDir;
 
 /// Operator settings of the diffusion capability (`weft serve --models-dir`,
@@ -311,7 +313,8 @@ impl Host for CallState {
     ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
         self.hostcalls.charge(text.len())?;
         let encoder = attempt!(self.payload::<TextEncoder>(&clip, "CLIP")?);
-        let context = attempt!(encoder.encode(&text).map_err(compute_error));
+        let embeddings = Embeddings(self.diffusion.library.models_dir.as_ref());
+        let context = attempt!(encoder.encode(&text, Some(&embeddings)).map_err(compute_error));
         Ok(Ok(self.push_conditioning(Conditioning::from_context(context))?))
     }
 
