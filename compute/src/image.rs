@@ -137,16 +137,10 @@ impl std::str::FromStr for ScaleMethod {
     }
 }
 
-/// Resizes every image to `width` x `height`. A zero side keeps the aspect ratio; with
-/// `center_crop` the source is first cropped to the target's aspect ratio, as ComfyUI does.
-pub fn scale(
-    image: &ImageBatch,
-    method: ScaleMethod,
-    width: u32,
-    height: u32,
-    center_crop: bool,
-) -> Result<ImageBatch, ComputeError> {
-    let (width, height) = match (width, height) {
+/// The size [`scale`] makes of `image` for the requested `width` x `height`: a zero side
+/// keeps the aspect ratio.
+pub fn scaled_size(image: &ImageBatch, width: u32, height: u32) -> (u32, u32) {
+    match (width, height) {
         (0, 0) => (image.width, image.height),
         (0, h) => (
             ((image.width as f64 * h as f64) / image.height as f64).round().max(1.0) as u32,
@@ -157,13 +151,42 @@ pub fn scale(
             ((image.height as f64 * w as f64) / image.width as f64).round().max(1.0) as u32,
         ),
         (w, h) => (w, h),
-    };
+    }
+}
+
+/// Bytes [`scale`] holds at its peak besides its source: the result, and per image a copy
+/// of the source frame and the filter's intermediate pass (target width x source height).
+pub fn scale_peak_bytes(image: &ImageBatch, width: u32, height: u32) -> u64 {
+    let (width, height) = scaled_size(image, width, height);
+    let value = std::mem::size_of::<f32>() as u64 * u64::from(image.channels.max(3));
+    let result = u64::from(width) * u64::from(height) * u64::from(image.batch) * value;
+    let frame = u64::from(image.width) * u64::from(image.height) * value;
+    let pass = u64::from(width) * u64::from(image.height) * value;
+    let resized = u64::from(width) * u64::from(height) * value;
+    result + frame + pass + resized
+}
+
+/// Resizes every image to `width` x `height`. A zero side keeps the aspect ratio; with
+/// `center_crop` the source is first cropped to the target's aspect ratio, as ComfyUI does.
+/// `keep_going` is asked before each image; when it says no, scaling stops with `None`.
+pub fn scale(
+    image: &ImageBatch,
+    method: ScaleMethod,
+    width: u32,
+    height: u32,
+    center_crop: bool,
+    keep_going: &dyn Fn() -> bool,
+) -> Result<Option<ImageBatch>, ComputeError> {
+    let (width, height) = scaled_size(image, width, height);
     check_size(width, height, image.batch, 3)?;
     if image.channels != 3 {
         return Err(ComputeError::invalid("only 3-channel images can be scaled"));
     }
     let mut data = Vec::with_capacity(width as usize * height as usize * image.batch as usize * 3);
     for index in 0..image.batch {
+        if !keep_going() {
+            return Ok(None);
+        }
         let mut frame = image.frame(index);
         if center_crop {
             frame = crop_to_aspect(&frame, width, height);
@@ -177,13 +200,13 @@ pub fn scale(
         };
         data.extend(resized.into_raw().into_iter().map(|v| v.clamp(0.0, 1.0)));
     }
-    Ok(ImageBatch {
+    Ok(Some(ImageBatch {
         width,
         height,
         batch: image.batch,
         channels: 3,
         data,
-    })
+    }))
 }
 
 fn crop_to_aspect(frame: &Rgb32FImage, width: u32, height: u32) -> Rgb32FImage {
@@ -229,19 +252,37 @@ fn area_resize(frame: &Rgb32FImage, width: u32, height: u32) -> Rgb32FImage {
     out
 }
 
-/// Decodes an uploaded image file (PNG, JPEG, ...): RGB pixels, and a mask that is 1 where
-/// the image is transparent (ComfyUI's `LoadImage`; 0 everywhere without alpha).
-pub fn decode(bytes: &[u8]) -> Result<(ImageBatch, MaskBatch), ComputeError> {
-    let reader = image::ImageReader::new(Cursor::new(bytes))
+/// A reader of an uploaded image file that refuses sides over [`MAX_SIDE`] and decoder
+/// allocations over `max_alloc` bytes.
+fn reader(bytes: &[u8], max_alloc: u64) -> Result<image::ImageReader<Cursor<&[u8]>>, ComputeError> {
+    let mut reader = image::ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| ComputeError::invalid(format!("cannot read image: {e}")))?;
     let mut limits = image::Limits::default();
     limits.max_image_width = Some(MAX_SIDE);
     limits.max_image_height = Some(MAX_SIDE);
-    limits.max_alloc = Some(MAX_VALUES);
-    let mut reader = reader;
+    limits.max_alloc = Some(max_alloc);
     reader.limits(limits);
-    let decoded = reader
+    Ok(reader)
+}
+
+/// Bytes [`decode`] holds at its peak for the image file `bytes`, read from its header
+/// without decoding: the decoded pixels (at most 16 bytes each, RGBA float), their float
+/// RGBA copy, and the RGB image and mask it returns.
+pub fn decode_peak_bytes(bytes: &[u8]) -> Result<u64, ComputeError> {
+    let (width, height) = reader(bytes, MAX_VALUES)?
+        .into_dimensions()
+        .map_err(|e| ComputeError::invalid(format!("cannot read image: {e}")))?;
+    check_size(width, height, 1, 3)?;
+    let pixels = u64::from(width) * u64::from(height);
+    Ok(pixels * (16 + 16 + 12 + 4))
+}
+
+/// Decodes an uploaded image file (PNG, JPEG, ...): RGB pixels, and a mask that is 1 where
+/// the image is transparent (ComfyUI's `LoadImage`; 0 everywhere without alpha). The
+/// decoder may allocate at most `max_alloc` bytes (the caller's budget).
+pub fn decode(bytes: &[u8], max_alloc: u64) -> Result<(ImageBatch, MaskBatch), ComputeError> {
+    let decoded = reader(bytes, max_alloc.min(MAX_VALUES))?
         .decode()
         .map_err(|e| ComputeError::invalid(format!("cannot decode image: {e}")))?;
     let rgba = decoded.to_rgba32f();
@@ -294,10 +335,12 @@ mod tests {
     #[test]
     fn scale_keeps_aspect_with_a_zero_side_and_area_averages() {
         let img = empty(8, 4, 1, 0x808080).unwrap();
-        let half = scale(&img, ScaleMethod::Area, 4, 0, false).unwrap();
+        let half = scale(&img, ScaleMethod::Area, 4, 0, false, &|| true).unwrap().unwrap();
         assert_eq!((half.width, half.height), (4, 2));
         assert!((half.data[0] - 128.0 / 255.0).abs() < 1e-6);
-        let cropped = scale(&img, ScaleMethod::Bilinear, 2, 2, true).unwrap();
+        let cropped = scale(&img, ScaleMethod::Bilinear, 2, 2, true, &|| true).unwrap().unwrap();
         assert_eq!((cropped.width, cropped.height), (2, 2));
+        assert!(scale(&img, ScaleMethod::Lanczos, 16, 16, false, &|| false).unwrap().is_none());
+        assert_eq!(scale_peak_bytes(&img, 4, 0), (4 * 2 + 8 * 4 + 4 * 4 + 4 * 2) * 12);
     }
 }

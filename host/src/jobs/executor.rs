@@ -232,13 +232,24 @@ impl Jobs {
             cancel: cancel.clone(),
             progress: tracker.clone(),
             assets: Arc::new(ResolvedAssets(assets)),
+            memory: self.runtime.job_memory(),
         };
         tracker.update(true, |p| p.nodes_total = plan.nodes.len() as u32);
         let workflow_text = job.workflow.to_string();
         let mut numbering = Numbering::default();
         let mut committed: i64 = 0;
-        let mut results: Vec<Vec<Value>> = Vec::with_capacity(plan.nodes.len());
+        // Each node's outputs are dropped once the last node that reads them has run, so a
+        // chain holds about two values at a time, not all of them (the cache keeps its own).
+        let mut readers = vec![0usize; plan.nodes.len()];
         for node in &plan.nodes {
+            for (_, input) in &node.inputs {
+                if let PlanInput::Link { node: source, .. } = input {
+                    readers[*source] += 1;
+                }
+            }
+        }
+        let mut results: Vec<Vec<Value>> = Vec::with_capacity(plan.nodes.len());
+        for (index, node) in plan.nodes.iter().enumerate() {
             if cancel.is_canceled() {
                 return Ok(());
             }
@@ -332,7 +343,15 @@ impl Jobs {
                     entry
                 }
             };
-            results.push(entry.values);
+            results.push(if readers[index] > 0 { entry.values } else { Vec::new() });
+            for (_, input) in &node.inputs {
+                if let PlanInput::Link { node: source, .. } = input {
+                    readers[*source] -= 1;
+                    if readers[*source] == 0 {
+                        results[*source] = Vec::new();
+                    }
+                }
+            }
             tracker.update(false, |p| {
                 p.nodes_done += 1;
                 p.step = None;

@@ -1,12 +1,11 @@
 //! One node call: a fresh `Store` with its limits, the guest's inputs lowered to handles,
 //! the call, and every way it can fail turned into a [`NodeFailure`].
 
-use std::time::Instant;
-
 use wasmtime::{Store, Trap, UpdateDeadline};
 
-use super::call::CallContext;
+use super::call::{CallContext, Interrupt};
 use super::capabilities::CallState;
+use super::memory::MemoryLimit;
 use super::registry::LoadedPlugin;
 use super::value::{OutputFile, Value};
 use super::Runtime;
@@ -43,16 +42,6 @@ impl NodeFailure {
     }
 }
 
-/// Why a call was stopped: by the epoch callback in guest code, or by a host function that
-/// checks between steps of long work (sampling).
-#[derive(Debug, thiserror::Error)]
-pub(super) enum Interrupt {
-    #[error("the node ran past its time limit")]
-    Timeout,
-    #[error("the job was canceled")]
-    Canceled,
-}
-
 impl Runtime {
     /// Runs node `class` with `inputs`, in a fresh store, under the runtime's limits.
     /// Blocking: call it from a blocking thread.
@@ -81,18 +70,12 @@ impl Runtime {
     /// A store for one call, with its limits and its deadline.
     pub(super) fn new_store(&self, plugin: &LoadedPlugin, call: &CallContext) -> Store<CallState> {
         let state = CallState::new(&self.capabilities, &self.limits, call, &plugin.grants);
-        let cancel = call.cancel.clone();
-        let deadline = Instant::now() + self.limits.node_timeout;
+        let deadline = state.deadline.clone();
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
-            if cancel.is_canceled() {
-                return Err(Interrupt::Canceled.into());
-            }
-            if Instant::now() >= deadline {
-                return Err(Interrupt::Timeout.into());
-            }
+            deadline.check()?;
             Ok(UpdateDeadline::Continue(1))
         });
         store
@@ -118,6 +101,8 @@ fn classify(error: wasmtime::Error, state: &CallState, new_log: &str) -> NodeFai
             Interrupt::Timeout => NodeFailure::new("node_timeout", interrupt.to_string()),
             Interrupt::Canceled => NodeFailure::new("canceled", interrupt.to_string()),
         }
+    } else if let Some(limit) = error.downcast_ref::<MemoryLimit>() {
+        NodeFailure::new(MemoryLimit::CODE, limit.to_string())
     } else if state.limiter.memory_hit {
         NodeFailure::new("node_memory_limit", "the node tried to grow its memory past the limit")
     } else if state.limiter.table_hit {

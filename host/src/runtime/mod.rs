@@ -21,6 +21,7 @@ mod engine;
 mod invoke;
 mod limits;
 mod logs;
+mod memory;
 mod registry;
 mod value;
 mod worlds;
@@ -30,8 +31,9 @@ pub use capabilities::diffusion::{DiffusionConfig, Library as ModelLibrary};
 pub use capabilities::{Capabilities, CapabilityConfig, MusicConfig};
 pub use catalog::{Catalog, InputSpec, NodeDef, OutputSpec};
 pub use invoke::{NodeFailure, NodeOutput};
-pub use limits::Limits;
+pub use limits::{default_host_memory, Limits};
 pub use logs::{LogSnapshot, TailLog};
+pub use memory::{Held, HostMemory, JobMemory, MemoryLimit};
 pub use registry::{Manifest, PluginSource};
 pub use value::{AssetRef, FileData, OutputFile, OutputKind, Value};
 
@@ -61,6 +63,7 @@ pub struct Runtime {
     catalog: Catalog,
     limits: Limits,
     capabilities: CapabilityConfig,
+    host_memory: Arc<HostMemory>,
     _ticker: engine::EpochTicker,
 }
 
@@ -88,6 +91,7 @@ impl Runtime {
             catalog: Catalog::default(),
             limits: config.limits.clone(),
             capabilities: config.capabilities.clone(),
+            host_memory: HostMemory::new(config.limits.host_memory_bytes),
             _ticker: ticker,
         };
         let compiled = compile_all(&runtime.engine, &sources, config.cache_dir.as_deref())?;
@@ -130,6 +134,17 @@ impl Runtime {
         &self.limits
     }
 
+    /// A fresh budget of host-held values for one job ([`Limits::job_memory_bytes`]),
+    /// drawing on the server's ([`Limits::host_memory_bytes`]).
+    pub fn job_memory(&self) -> Arc<JobMemory> {
+        self.host_memory.job(self.limits.job_memory_bytes)
+    }
+
+    /// Bytes of host-held values all jobs hold now.
+    pub fn host_memory_used(&self) -> u64 {
+        self.host_memory.used()
+    }
+
     /// Names and origins of the loaded plugins.
     pub fn plugins(&self) -> impl Iterator<Item = (&str, &str)> {
         self.plugins.iter().map(|p| (p.name.as_str(), p.origin.as_str()))
@@ -155,6 +170,7 @@ impl Runtime {
             cancel: CancelToken::new(),
             progress: Arc::new(Discard),
             assets: Arc::new(Discard),
+            memory: JobMemory::unlimited(),
         };
         let mut store = self.new_store(plugin, &ctx);
         plugin
