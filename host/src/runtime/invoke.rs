@@ -42,6 +42,15 @@ impl NodeFailure {
     }
 }
 
+/// What wasmtime's host-copy budget allows beyond [`Limits::hostcall_bytes`](super::Limits)
+/// for the bookkeeping it counts besides the bytes themselves; what passes that is
+/// `node_output_too_large`, and what passes only ours is reported by our own check.
+const HOSTCALL_FUEL_SLACK: usize = 1 << 20;
+
+/// Part of the message of wasmtime's error for a copy over its host-copy budget (its type
+/// is private).
+const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
+
 impl Runtime {
     /// Runs node `class` with `inputs`, in a fresh store, under the runtime's limits.
     /// Blocking: call it from a blocking thread.
@@ -73,6 +82,9 @@ impl Runtime {
         let deadline = state.deadline.clone();
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
+        // wasmtime's own cap on what one call copies from the guest (128 MiB by default)
+        // follows ours, so a result over it is reported as too large, not as a trap.
+        store.set_hostcall_fuel(self.limits.hostcall_bytes.saturating_add(HOSTCALL_FUEL_SLACK));
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
             deadline.check()?;
@@ -103,6 +115,14 @@ fn classify(error: wasmtime::Error, state: &CallState, new_log: &str) -> NodeFai
         }
     } else if let Some(limit) = error.downcast_ref::<MemoryLimit>() {
         NodeFailure::new(MemoryLimit::CODE, limit.to_string())
+    } else if error.chain().any(|e| e.to_string().contains(HOSTCALL_FUEL_EXHAUSTED)) {
+        NodeFailure::new(
+            "node_output_too_large",
+            format!(
+                "the node passed more than {} bytes in one copy between it and the host",
+                state.hostcalls.limit
+            ),
+        )
     } else if state.limiter.memory_hit {
         NodeFailure::new("node_memory_limit", "the node tried to grow its memory past the limit")
     } else if state.limiter.table_hit {
