@@ -311,11 +311,32 @@ impl Jobs {
                         // Canceled while the node ran: nothing more is committed.
                         return Ok(());
                     }
+                    // The output commit is part of the node's time: it stops at the node's
+                    // deadline or at a cancel, between files.
+                    let timeout = self.runtime.limits().node_timeout;
+                    let keep_going = || !cancel.is_canceled() && began.elapsed() < timeout;
+                    let stopped = || {
+                        if cancel.is_canceled() {
+                            Ok(())
+                        } else {
+                            Err(node_error(
+                                "node_timeout",
+                                "the node ran past its time limit while its outputs were committed".into(),
+                                None,
+                            ))
+                        }
+                    };
                     let mut files = Vec::new();
                     for file in &output.files {
-                        let encoded = outputs::encode(file, &mut numbering, &workflow_text)
-                            .map_err(|m| node_error("output_encoding_failed", m, None))?;
+                        let Some(encoded) = outputs::encode(file, &mut numbering, &workflow_text, &keep_going)
+                            .map_err(|m| node_error("output_encoding_failed", m, None))?
+                        else {
+                            return stopped();
+                        };
                         for e in encoded {
+                            if !keep_going() {
+                                return stopped();
+                            }
                             let (blob, size) = self
                                 .assets
                                 .put(&e.bytes)
