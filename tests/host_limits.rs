@@ -227,3 +227,20 @@ fn the_output_commit_stops_at_the_node_time_limit() {
     assert!(committed < 4096, "the commit stopped early: {committed} files");
     assert_host_alive(&server);
 }
+
+#[test]
+fn a_result_over_the_host_copy_budget_is_output_too_large() {
+    let plugins = plugins_with(&["weft_test_huge_output"]);
+    let server = Server::with(Options {
+        args: ["--node-memory-mib", "512", "--job-cost", "0"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        plugins_dir: Some(plugins.path().to_path_buf()),
+        ..Default::default()
+    });
+    // 150 MiB: over wasmtime's own 128 MiB copy budget as well as the 64 MiB default cap.
+    let job = server.run(single("HostileHugeOutput", json!({"mib": 150})));
+    assert_failed_with(&job, "node_output_too_large", "1");
+    assert_host_alive(&server);
+}
