@@ -338,9 +338,13 @@ mod tests {
         let half = scale(&img, ScaleMethod::Area, 4, 0, false, &|| true).unwrap().unwrap();
         assert_eq!((half.width, half.height), (4, 2));
         assert!((half.data[0] - 128.0 / 255.0).abs() < 1e-6);
-        let cropped = scale(&img, ScaleMethod::Bilinear, 2, 2, true, &|| true).unwrap().unwrap();
+        let cropped = scale(&img, ScaleMethod::Bilinear, 2, 2, true, &|| true)
+            .unwrap()
+            .unwrap();
         assert_eq!((cropped.width, cropped.height), (2, 2));
-        assert!(scale(&img, ScaleMethod::Lanczos, 16, 16, false, &|| false).unwrap().is_none());
+        assert!(scale(&img, ScaleMethod::Lanczos, 16, 16, false, &|| false)
+            .unwrap()
+            .is_none());
         assert_eq!(scale_peak_bytes(&img, 4, 0), (4 * 2 + 8 * 4 + 4 * 4 + 4 * 2) * 12);
     }
 }

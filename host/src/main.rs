@@ -11,7 +11,9 @@ use clap::{Args, Parser, Subcommand};
 
 use weft::api::{ApiConfig, AuthMode, Surface};
 use weft::jobs::JobsConfig;
-use weft::runtime::{default_host_memory, Capabilities, CapabilityConfig, DiffusionConfig, Limits, ModelLibrary, Runtime, RuntimeConfig};
+use weft::runtime::{
+    default_host_memory, Capabilities, CapabilityConfig, DiffusionConfig, Limits, ModelLibrary, Runtime, RuntimeConfig,
+};
 use weft::serve::{self, ServeConfig};
 
 use cli::models::ModelsCommand;

@@ -484,10 +484,9 @@ impl Host for CallState {
         let copy = mask.data.len() as u64 * 4;
         let charge = self.charge_latent(latent.shape, copy, "setting a latent's noise mask")?;
         let own_mask = Arc::new(weft_compute::image::MaskBatch::clone(&mask));
-        Ok(Ok(self.push_latent(
-            sd::latent::with_noise_mask(&latent, own_mask),
-            charge,
-        )?))
+        Ok(Ok(
+            self.push_latent(sd::latent::with_noise_mask(&latent, own_mask), charge)?
+        ))
     }
 
     fn load_latent(&mut self, file: AssetRef) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {

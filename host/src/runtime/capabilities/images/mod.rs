@@ -145,7 +145,9 @@ impl Host for CallState {
             Ok(peak) => peak,
             Err(e) => return Ok(Err(node_error(e))),
         };
-        let mut charge = self.charge(peak, || format!("decoding a {} KiB image file", bytes.len().div_ceil(1024)))?;
+        let mut charge = self.charge(peak, || {
+            format!("decoding a {} KiB image file", bytes.len().div_ceil(1024))
+        })?;
         self.deadline.check()?;
         match compute::image::decode(&bytes, peak) {
             Ok((image, mask)) => {
