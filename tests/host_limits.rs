@@ -136,10 +136,10 @@ fn an_image_declaring_huge_dimensions_is_refused_before_it_is_decoded() {
 
 #[test]
 fn a_value_is_freed_once_its_last_reader_has_run() {
-    // Each 1024x1024 image is 12 MiB, and the scale needs 48 MiB besides its source. Kept
-    // all at once the chain needs 96 MiB; freed after their last reader, 60 MiB, which
-    // fits the 64 MiB budget.
-    let (server, _p) = server(&[]);
+    // Each 1024x1024 image is 12 MiB, and the scale is charged 28 MiB besides its source
+    // (its result, and the filter's 16 MiB RGBA pass). Kept all at once the chain needs
+    // 76 MiB; freed after their last reader, 40 MiB, which fits a 48 MiB budget.
+    let (server, _p) = server(&["--job-memory-mib", "48"]);
     let job = server.run(json!({
         "1": {"class_type": "EmptyImage", "inputs": {"width": 1024, "height": 1024, "batch_size": 1, "color": 0}},
         "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
@@ -150,7 +150,7 @@ fn a_value_is_freed_once_its_last_reader_has_run() {
     }));
     assert_eq!(job["status"], "succeeded", "{job}");
     // The same chain with node 1 also read by the last node to run (nodes run in id order
-    // where links allow) keeps it alive through the scale: 72 MiB, which does not fit.
+    // where links allow) keeps it alive through the scale: 52 MiB, which does not fit.
     let job = server.run(json!({
         "1": {"class_type": "EmptyImage", "inputs": {"width": 1024, "height": 1024, "batch_size": 1, "color": 0}},
         "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},

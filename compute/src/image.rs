@@ -4,7 +4,7 @@
 
 use std::io::Cursor;
 
-use image::{imageops::FilterType, ImageBuffer, Rgb, Rgb32FImage};
+use image::{imageops::FilterType, GenericImageView, ImageBuffer, Rgb, Rgb32FImage};
 
 use super::ComputeError;
 
@@ -12,6 +12,9 @@ use super::ComputeError;
 pub const MAX_SIDE: u32 = 16384;
 /// Largest number of float values one batch may hold (256 Mi floats = 1 GiB).
 pub const MAX_VALUES: u64 = 256 * 1024 * 1024;
+
+/// One image of a batch, viewed in place.
+type FrameView<'a> = ImageBuffer<Rgb<f32>, &'a [f32]>;
 
 /// A batch of RGB images.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,12 +68,12 @@ impl ImageBatch {
         (self.width * self.height * self.channels) as usize
     }
 
-    /// Image `index` of the batch as an RGB float image.
-    fn frame(&self, index: u32) -> Rgb32FImage {
+    /// Image `index` of the batch as an RGB float image, borrowing the batch's pixels.
+    fn frame(&self, index: u32) -> FrameView<'_> {
         let len = self.frame_len();
         let start = index as usize * len;
-        let pixels = self.data[start..start + len].to_vec();
-        ImageBuffer::from_raw(self.width, self.height, pixels).expect("frame length matches size")
+        ImageBuffer::from_raw(self.width, self.height, &self.data[start..start + len])
+            .expect("frame length matches size")
     }
 }
 
@@ -154,16 +157,23 @@ pub fn scaled_size(image: &ImageBatch, width: u32, height: u32) -> (u32, u32) {
     }
 }
 
-/// Bytes [`scale`] holds at its peak besides its source: the result, and per image a copy
-/// of the source frame and the filter's intermediate pass (target width x source height).
-pub fn scale_peak_bytes(image: &ImageBatch, width: u32, height: u32) -> u64 {
+/// Bytes [`scale`] holds at its peak besides its source: the result; the filter's
+/// intermediate pass (RGBA floats, source width x target height, one image at a time); with
+/// a batch, one resized image before it joins the result; with `center_crop`, the cropped
+/// copy of one source image.
+pub fn scale_peak_bytes(image: &ImageBatch, width: u32, height: u32, center_crop: bool) -> u64 {
     let (width, height) = scaled_size(image, width, height);
-    let value = std::mem::size_of::<f32>() as u64 * u64::from(image.channels.max(3));
-    let result = u64::from(width) * u64::from(height) * u64::from(image.batch) * value;
-    let frame = u64::from(image.width) * u64::from(image.height) * value;
-    let pass = u64::from(width) * u64::from(image.height) * value;
-    let resized = u64::from(width) * u64::from(height) * value;
-    result + frame + pass + resized
+    let rgb = 3 * std::mem::size_of::<f32>() as u64;
+    let resized = u64::from(width) * u64::from(height) * rgb;
+    let result = resized * u64::from(image.batch);
+    let pass = u64::from(image.width) * u64::from(height) * 4 * std::mem::size_of::<f32>() as u64;
+    let staged = if image.batch > 1 { resized } else { 0 };
+    let cropped = if center_crop {
+        u64::from(image.width) * u64::from(image.height) * rgb
+    } else {
+        0
+    };
+    result + pass + staged + cropped
 }
 
 /// Resizes every image to `width` x `height`. A zero side keeps the aspect ratio; with
@@ -182,23 +192,28 @@ pub fn scale(
     if image.channels != 3 {
         return Err(ComputeError::invalid("only 3-channel images can be scaled"));
     }
-    let mut data = Vec::with_capacity(width as usize * height as usize * image.batch as usize * 3);
+    let mut data = Vec::new();
     for index in 0..image.batch {
         if !keep_going() {
             return Ok(None);
         }
-        let mut frame = image.frame(index);
-        if center_crop {
-            frame = crop_to_aspect(&frame, width, height);
+        let frame = image.frame(index);
+        let mut resized = match center_crop.then(|| crop_to_aspect(&frame, width, height)).flatten() {
+            Some(cropped) => resize(&cropped, method, width, height),
+            None => resize(&frame, method, width, height),
         }
-        let resized = match method {
-            ScaleMethod::Area => area_resize(&frame, width, height),
-            ScaleMethod::NearestExact => image::imageops::resize(&frame, width, height, FilterType::Nearest),
-            ScaleMethod::Bilinear => image::imageops::resize(&frame, width, height, FilterType::Triangle),
-            ScaleMethod::Bicubic => image::imageops::resize(&frame, width, height, FilterType::CatmullRom),
-            ScaleMethod::Lanczos => image::imageops::resize(&frame, width, height, FilterType::Lanczos3),
-        };
-        data.extend(resized.into_raw().into_iter().map(|v| v.clamp(0.0, 1.0)));
+        .into_raw();
+        for v in &mut resized {
+            *v = v.clamp(0.0, 1.0);
+        }
+        if image.batch == 1 {
+            data = resized;
+        } else {
+            if data.is_empty() {
+                data.reserve_exact(resized.len() * image.batch as usize);
+            }
+            data.extend_from_slice(&resized);
+        }
     }
     Ok(Some(ImageBatch {
         width,
@@ -209,7 +224,25 @@ pub fn scale(
     }))
 }
 
-fn crop_to_aspect(frame: &Rgb32FImage, width: u32, height: u32) -> Rgb32FImage {
+/// `frame` resized to `width` x `height` with `method`.
+fn resize<I: GenericImageView<Pixel = Rgb<f32>>>(
+    frame: &I,
+    method: ScaleMethod,
+    width: u32,
+    height: u32,
+) -> Rgb32FImage {
+    match method {
+        ScaleMethod::Area => area_resize(frame, width, height),
+        ScaleMethod::NearestExact => image::imageops::resize(frame, width, height, FilterType::Nearest),
+        ScaleMethod::Bilinear => image::imageops::resize(frame, width, height, FilterType::Triangle),
+        ScaleMethod::Bicubic => image::imageops::resize(frame, width, height, FilterType::CatmullRom),
+        ScaleMethod::Lanczos => image::imageops::resize(frame, width, height, FilterType::Lanczos3),
+    }
+}
+
+/// The centre of `frame` cut to the aspect ratio of `width` x `height`; none when it
+/// already has it.
+fn crop_to_aspect(frame: &FrameView<'_>, width: u32, height: u32) -> Option<Rgb32FImage> {
     let (sw, sh) = frame.dimensions();
     let old = sw as f64 / sh as f64;
     let new = width as f64 / height as f64;
@@ -220,14 +253,21 @@ fn crop_to_aspect(frame: &Rgb32FImage, width: u32, height: u32) -> Rgb32FImage {
         let h = ((sw as f64) / new).round().max(1.0) as u32;
         (0, (sh - h) / 2, sw, h)
     } else {
-        return frame.clone();
+        return None;
     };
-    image::imageops::crop_imm(frame, x, y, w, h).to_image()
+    let pixels: &[f32] = frame.as_raw();
+    let (row, stride) = (w as usize * 3, sw as usize * 3);
+    let mut cropped = Vec::with_capacity(row * h as usize);
+    for line in y..y + h {
+        let start = line as usize * stride + x as usize * 3;
+        cropped.extend_from_slice(&pixels[start..start + row]);
+    }
+    Some(ImageBuffer::from_raw(w, h, cropped).expect("cropped length matches size"))
 }
 
 /// Box-filter resize: each target pixel is the area-weighted mean of the source pixels it
 /// covers (torch's `adaptive_avg_pool2d`, which ComfyUI's `area` uses).
-fn area_resize(frame: &Rgb32FImage, width: u32, height: u32) -> Rgb32FImage {
+fn area_resize<I: GenericImageView<Pixel = Rgb<f32>>>(frame: &I, width: u32, height: u32) -> Rgb32FImage {
     let (sw, sh) = frame.dimensions();
     let mut out: Rgb32FImage = ImageBuffer::new(width, height);
     for ty in 0..height {
@@ -345,6 +385,7 @@ mod tests {
         assert!(scale(&img, ScaleMethod::Lanczos, 16, 16, false, &|| false)
             .unwrap()
             .is_none());
-        assert_eq!(scale_peak_bytes(&img, 4, 0), (4 * 2 + 8 * 4 + 4 * 4 + 4 * 2) * 12);
+        // 8x4 to 4x2: the result, and the pass of 8 source columns by 2 target rows (RGBA).
+        assert_eq!(scale_peak_bytes(&img, 4, 0, false), 4 * 2 * 12 + 8 * 2 * 16);
     }
 }

@@ -118,7 +118,7 @@ impl Host for CallState {
             }
         };
         let (to_width, to_height) = compute::image::scaled_size(&source, width, height);
-        let charge = self.charge(compute::image::scale_peak_bytes(&source, width, height), || {
+        let charge = self.charge(compute::image::scale_peak_bytes(&source, width, height, center), || {
             format!(
                 "scaling a {}x{} image batch of {} to {to_width}x{to_height}",
                 source.width, source.height, source.batch
