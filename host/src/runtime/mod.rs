@@ -140,11 +140,6 @@ impl Runtime {
         self.host_memory.job(self.limits.job_memory_bytes)
     }
 
-    /// Bytes of host-held values all jobs hold now.
-    pub fn host_memory_used(&self) -> u64 {
-        self.host_memory.used()
-    }
-
     /// Names and origins of the loaded plugins.
     pub fn plugins(&self) -> impl Iterator<Item = (&str, &str)> {
         self.plugins.iter().map(|p| (p.name.as_str(), p.origin.as_str()))

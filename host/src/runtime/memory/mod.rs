@@ -53,11 +53,6 @@ impl HostMemory {
         Arc::new(Self(Account::new(limit)))
     }
 
-    /// Bytes charged now, by every job together.
-    pub fn used(&self) -> u64 {
-        self.0.used.load(Ordering::Acquire)
-    }
-
     /// A fresh budget of `limit` bytes for one job, drawing on this one.
     pub fn job(self: &Arc<Self>, limit: u64) -> Arc<JobMemory> {
         Arc::new(JobMemory {
@@ -80,11 +75,6 @@ impl JobMemory {
     /// belong to no job (a plugin's `describe()`).
     pub fn unlimited() -> Arc<Self> {
         HostMemory::new(u64::MAX).job(u64::MAX)
-    }
-
-    /// Bytes this job holds now.
-    pub fn used(&self) -> u64 {
-        self.account.used.load(Ordering::Acquire)
     }
 
     /// Reserves `bytes` for `what` against the job's budget and the server's; the
@@ -125,11 +115,6 @@ pub struct Charge {
 }
 
 impl Charge {
-    /// Bytes reserved.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
     /// Gives back what this charge holds beyond `bytes` (once the real size is known).
     pub fn shrink_to(&mut self, bytes: u64) {
         if bytes < self.bytes {
@@ -172,11 +157,6 @@ impl<T> Held<T> {
     /// `value`, paid for by `charge`.
     pub fn new(value: T, charge: Charge) -> Self {
         Self { value, charge }
-    }
-
-    /// Bytes charged for it.
-    pub fn charged(&self) -> u64 {
-        self.charge.bytes()
     }
 
     /// Drops the value and keeps its charge, for a value of the same size that replaces it.
@@ -257,6 +237,24 @@ pub(crate) fn machine_memory() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl HostMemory {
+        fn used(&self) -> u64 {
+            self.0.used.load(Ordering::Acquire)
+        }
+    }
+
+    impl JobMemory {
+        fn used(&self) -> u64 {
+            self.account.used.load(Ordering::Acquire)
+        }
+    }
+
+    impl Charge {
+        fn bytes(&self) -> u64 {
+            self.bytes
+        }
+    }
 
     #[test]
     fn charges_are_refused_over_either_budget_and_given_back_on_drop() {
