@@ -68,17 +68,19 @@ pub fn encode_latent(latent: &LatentBatch) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::image::{decode, empty};
+    use crate::image::{decode, decode_peak_bytes, empty};
 
     #[test]
     fn png_round_trips_through_decode() {
         let img = empty(3, 5, 1, 0x00ff00).unwrap();
         let png = encode_png(&img, 0, &[("prompt".into(), "{}".into())]).unwrap();
-        let (back, mask) = decode(&png).unwrap();
+        assert_eq!(decode_peak_bytes(&png).unwrap(), 3 * 5 * 48);
+        let (back, mask) = decode(&png, decode_peak_bytes(&png).unwrap()).unwrap();
         assert_eq!((back.width, back.height), (3, 5));
         assert_eq!(&back.data[..3], &[0.0, 1.0, 0.0]);
         assert!(mask.data.iter().all(|m| *m == 0.0));
-        assert!(decode(b"not an image").is_err());
+        assert!(decode(b"not an image", 1 << 20).is_err());
+        assert!(decode_peak_bytes(b"not an image").is_err());
         assert!(encode_png(&img, 1, &[]).is_err(), "no image 1 in a batch of 1");
     }
 

@@ -4,7 +4,7 @@
 
 use std::io::Cursor;
 
-use image::{imageops::FilterType, ImageBuffer, Rgb, Rgb32FImage};
+use image::{imageops::FilterType, GenericImageView, ImageBuffer, Rgb, Rgb32FImage};
 
 use super::ComputeError;
 
@@ -12,6 +12,9 @@ use super::ComputeError;
 pub const MAX_SIDE: u32 = 16384;
 /// Largest number of float values one batch may hold (256 Mi floats = 1 GiB).
 pub const MAX_VALUES: u64 = 256 * 1024 * 1024;
+
+/// One image of a batch, viewed in place.
+type FrameView<'a> = ImageBuffer<Rgb<f32>, &'a [f32]>;
 
 /// A batch of RGB images.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,12 +68,12 @@ impl ImageBatch {
         (self.width * self.height * self.channels) as usize
     }
 
-    /// Image `index` of the batch as an RGB float image.
-    fn frame(&self, index: u32) -> Rgb32FImage {
+    /// Image `index` of the batch as an RGB float image, borrowing the batch's pixels.
+    fn frame(&self, index: u32) -> FrameView<'_> {
         let len = self.frame_len();
         let start = index as usize * len;
-        let pixels = self.data[start..start + len].to_vec();
-        ImageBuffer::from_raw(self.width, self.height, pixels).expect("frame length matches size")
+        ImageBuffer::from_raw(self.width, self.height, &self.data[start..start + len])
+            .expect("frame length matches size")
     }
 }
 
@@ -137,16 +140,10 @@ impl std::str::FromStr for ScaleMethod {
     }
 }
 
-/// Resizes every image to `width` x `height`. A zero side keeps the aspect ratio; with
-/// `center_crop` the source is first cropped to the target's aspect ratio, as ComfyUI does.
-pub fn scale(
-    image: &ImageBatch,
-    method: ScaleMethod,
-    width: u32,
-    height: u32,
-    center_crop: bool,
-) -> Result<ImageBatch, ComputeError> {
-    let (width, height) = match (width, height) {
+/// The size [`scale`] makes of `image` for the requested `width` x `height`: a zero side
+/// keeps the aspect ratio.
+pub fn scaled_size(image: &ImageBatch, width: u32, height: u32) -> (u32, u32) {
+    match (width, height) {
         (0, 0) => (image.width, image.height),
         (0, h) => (
             ((image.width as f64 * h as f64) / image.height as f64).round().max(1.0) as u32,
@@ -157,36 +154,95 @@ pub fn scale(
             ((image.height as f64 * w as f64) / image.width as f64).round().max(1.0) as u32,
         ),
         (w, h) => (w, h),
+    }
+}
+
+/// Bytes [`scale`] holds at its peak besides its source: the result; the filter's
+/// intermediate pass (RGBA floats, source width x target height, one image at a time); with
+/// a batch, one resized image before it joins the result; with `center_crop`, the cropped
+/// copy of one source image.
+pub fn scale_peak_bytes(image: &ImageBatch, width: u32, height: u32, center_crop: bool) -> u64 {
+    let (width, height) = scaled_size(image, width, height);
+    let rgb = 3 * std::mem::size_of::<f32>() as u64;
+    let resized = u64::from(width) * u64::from(height) * rgb;
+    let result = resized * u64::from(image.batch);
+    let pass = u64::from(image.width) * u64::from(height) * 4 * std::mem::size_of::<f32>() as u64;
+    let staged = if image.batch > 1 { resized } else { 0 };
+    let cropped = if center_crop {
+        u64::from(image.width) * u64::from(image.height) * rgb
+    } else {
+        0
     };
+    result + pass + staged + cropped
+}
+
+/// Resizes every image to `width` x `height`. A zero side keeps the aspect ratio; with
+/// `center_crop` the source is first cropped to the target's aspect ratio, as ComfyUI does.
+/// `keep_going` is asked before each image; when it says no, scaling stops with `None`.
+pub fn scale(
+    image: &ImageBatch,
+    method: ScaleMethod,
+    width: u32,
+    height: u32,
+    center_crop: bool,
+    keep_going: &dyn Fn() -> bool,
+) -> Result<Option<ImageBatch>, ComputeError> {
+    let (width, height) = scaled_size(image, width, height);
     check_size(width, height, image.batch, 3)?;
     if image.channels != 3 {
         return Err(ComputeError::invalid("only 3-channel images can be scaled"));
     }
-    let mut data = Vec::with_capacity(width as usize * height as usize * image.batch as usize * 3);
+    let mut data = Vec::new();
     for index in 0..image.batch {
-        let mut frame = image.frame(index);
-        if center_crop {
-            frame = crop_to_aspect(&frame, width, height);
+        if !keep_going() {
+            return Ok(None);
         }
-        let resized = match method {
-            ScaleMethod::Area => area_resize(&frame, width, height),
-            ScaleMethod::NearestExact => image::imageops::resize(&frame, width, height, FilterType::Nearest),
-            ScaleMethod::Bilinear => image::imageops::resize(&frame, width, height, FilterType::Triangle),
-            ScaleMethod::Bicubic => image::imageops::resize(&frame, width, height, FilterType::CatmullRom),
-            ScaleMethod::Lanczos => image::imageops::resize(&frame, width, height, FilterType::Lanczos3),
-        };
-        data.extend(resized.into_raw().into_iter().map(|v| v.clamp(0.0, 1.0)));
+        let frame = image.frame(index);
+        let mut resized = match center_crop.then(|| crop_to_aspect(&frame, width, height)).flatten() {
+            Some(cropped) => resize(&cropped, method, width, height),
+            None => resize(&frame, method, width, height),
+        }
+        .into_raw();
+        for v in &mut resized {
+            *v = v.clamp(0.0, 1.0);
+        }
+        if image.batch == 1 {
+            data = resized;
+        } else {
+            if data.is_empty() {
+                data.reserve_exact(resized.len() * image.batch as usize);
+            }
+            data.extend_from_slice(&resized);
+        }
     }
-    Ok(ImageBatch {
+    Ok(Some(ImageBatch {
         width,
         height,
         batch: image.batch,
         channels: 3,
         data,
-    })
+    }))
 }
 
-fn crop_to_aspect(frame: &Rgb32FImage, width: u32, height: u32) -> Rgb32FImage {
+/// `frame` resized to `width` x `height` with `method`.
+fn resize<I: GenericImageView<Pixel = Rgb<f32>>>(
+    frame: &I,
+    method: ScaleMethod,
+    width: u32,
+    height: u32,
+) -> Rgb32FImage {
+    match method {
+        ScaleMethod::Area => area_resize(frame, width, height),
+        ScaleMethod::NearestExact => image::imageops::resize(frame, width, height, FilterType::Nearest),
+        ScaleMethod::Bilinear => image::imageops::resize(frame, width, height, FilterType::Triangle),
+        ScaleMethod::Bicubic => image::imageops::resize(frame, width, height, FilterType::CatmullRom),
+        ScaleMethod::Lanczos => image::imageops::resize(frame, width, height, FilterType::Lanczos3),
+    }
+}
+
+/// The centre of `frame` cut to the aspect ratio of `width` x `height`; none when it
+/// already has it.
+fn crop_to_aspect(frame: &FrameView<'_>, width: u32, height: u32) -> Option<Rgb32FImage> {
     let (sw, sh) = frame.dimensions();
     let old = sw as f64 / sh as f64;
     let new = width as f64 / height as f64;
@@ -197,14 +253,21 @@ fn crop_to_aspect(frame: &Rgb32FImage, width: u32, height: u32) -> Rgb32FImage {
         let h = ((sw as f64) / new).round().max(1.0) as u32;
         (0, (sh - h) / 2, sw, h)
     } else {
-        return frame.clone();
+        return None;
     };
-    image::imageops::crop_imm(frame, x, y, w, h).to_image()
+    let pixels: &[f32] = frame.as_raw();
+    let (row, stride) = (w as usize * 3, sw as usize * 3);
+    let mut cropped = Vec::with_capacity(row * h as usize);
+    for line in y..y + h {
+        let start = line as usize * stride + x as usize * 3;
+        cropped.extend_from_slice(&pixels[start..start + row]);
+    }
+    Some(ImageBuffer::from_raw(w, h, cropped).expect("cropped length matches size"))
 }
 
 /// Box-filter resize: each target pixel is the area-weighted mean of the source pixels it
 /// covers (torch's `adaptive_avg_pool2d`, which ComfyUI's `area` uses).
-fn area_resize(frame: &Rgb32FImage, width: u32, height: u32) -> Rgb32FImage {
+fn area_resize<I: GenericImageView<Pixel = Rgb<f32>>>(frame: &I, width: u32, height: u32) -> Rgb32FImage {
     let (sw, sh) = frame.dimensions();
     let mut out: Rgb32FImage = ImageBuffer::new(width, height);
     for ty in 0..height {
@@ -229,19 +292,37 @@ fn area_resize(frame: &Rgb32FImage, width: u32, height: u32) -> Rgb32FImage {
     out
 }
 
-/// Decodes an uploaded image file (PNG, JPEG, ...): RGB pixels, and a mask that is 1 where
-/// the image is transparent (ComfyUI's `LoadImage`; 0 everywhere without alpha).
-pub fn decode(bytes: &[u8]) -> Result<(ImageBatch, MaskBatch), ComputeError> {
-    let reader = image::ImageReader::new(Cursor::new(bytes))
+/// A reader of an uploaded image file that refuses sides over [`MAX_SIDE`] and decoder
+/// allocations over `max_alloc` bytes.
+fn reader(bytes: &[u8], max_alloc: u64) -> Result<image::ImageReader<Cursor<&[u8]>>, ComputeError> {
+    let mut reader = image::ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| ComputeError::invalid(format!("cannot read image: {e}")))?;
     let mut limits = image::Limits::default();
     limits.max_image_width = Some(MAX_SIDE);
     limits.max_image_height = Some(MAX_SIDE);
-    limits.max_alloc = Some(MAX_VALUES);
-    let mut reader = reader;
+    limits.max_alloc = Some(max_alloc);
     reader.limits(limits);
-    let decoded = reader
+    Ok(reader)
+}
+
+/// Bytes [`decode`] holds at its peak for the image file `bytes`, read from its header
+/// without decoding: the decoded pixels (at most 16 bytes each, RGBA float), their float
+/// RGBA copy, and the RGB image and mask it returns.
+pub fn decode_peak_bytes(bytes: &[u8]) -> Result<u64, ComputeError> {
+    let (width, height) = reader(bytes, MAX_VALUES)?
+        .into_dimensions()
+        .map_err(|e| ComputeError::invalid(format!("cannot read image: {e}")))?;
+    check_size(width, height, 1, 3)?;
+    let pixels = u64::from(width) * u64::from(height);
+    Ok(pixels * (16 + 16 + 12 + 4))
+}
+
+/// Decodes an uploaded image file (PNG, JPEG, ...): RGB pixels, and a mask that is 1 where
+/// the image is transparent (ComfyUI's `LoadImage`; 0 everywhere without alpha). The
+/// decoder may allocate at most `max_alloc` bytes (the caller's budget).
+pub fn decode(bytes: &[u8], max_alloc: u64) -> Result<(ImageBatch, MaskBatch), ComputeError> {
+    let decoded = reader(bytes, max_alloc.min(MAX_VALUES))?
         .decode()
         .map_err(|e| ComputeError::invalid(format!("cannot decode image: {e}")))?;
     let rgba = decoded.to_rgba32f();
@@ -294,10 +375,17 @@ mod tests {
     #[test]
     fn scale_keeps_aspect_with_a_zero_side_and_area_averages() {
         let img = empty(8, 4, 1, 0x808080).unwrap();
-        let half = scale(&img, ScaleMethod::Area, 4, 0, false).unwrap();
+        let half = scale(&img, ScaleMethod::Area, 4, 0, false, &|| true).unwrap().unwrap();
         assert_eq!((half.width, half.height), (4, 2));
         assert!((half.data[0] - 128.0 / 255.0).abs() < 1e-6);
-        let cropped = scale(&img, ScaleMethod::Bilinear, 2, 2, true).unwrap();
+        let cropped = scale(&img, ScaleMethod::Bilinear, 2, 2, true, &|| true)
+            .unwrap()
+            .unwrap();
         assert_eq!((cropped.width, cropped.height), (2, 2));
+        assert!(scale(&img, ScaleMethod::Lanczos, 16, 16, false, &|| false)
+            .unwrap()
+            .is_none());
+        // 8x4 to 4x2: the result, and the pass of 8 source columns by 2 target rows (RGBA).
+        assert_eq!(scale_peak_bytes(&img, 4, 0, false), 4 * 2 * 12 + 8 * 2 * 16);
     }
 }

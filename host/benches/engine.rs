@@ -44,6 +44,7 @@ fn per_node_overhead() {
         cancel: CancelToken::new(),
         progress: Arc::new(Nothing),
         assets: Arc::new(Nothing),
+        memory: runtime.job_memory(),
     };
     let call = || {
         runtime

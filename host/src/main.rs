@@ -11,7 +11,9 @@ use clap::{Args, Parser, Subcommand};
 
 use weft::api::{ApiConfig, AuthMode, Surface};
 use weft::jobs::JobsConfig;
-use weft::runtime::{Capabilities, CapabilityConfig, DiffusionConfig, Limits, ModelLibrary, Runtime, RuntimeConfig};
+use weft::runtime::{
+    default_host_memory, Capabilities, CapabilityConfig, DiffusionConfig, Limits, ModelLibrary, Runtime, RuntimeConfig,
+};
 use weft::serve::{self, ServeConfig};
 
 use cli::models::ModelsCommand;
@@ -200,6 +202,13 @@ struct ServeArgs {
     /// Linear memory per instance, in MiB.
     #[arg(long, env = "WEFT_NODE_MEMORY_MIB", default_value_t = 256)]
     node_memory_mib: usize,
+    /// Host memory one job's values (images, latents, masks, audio) may hold, in MiB.
+    #[arg(long, env = "WEFT_JOB_MEMORY_MIB", default_value_t = 4096)]
+    job_memory_mib: u64,
+    /// Host memory all jobs' values together may hold, in MiB (default: three quarters of
+    /// the machine's memory).
+    #[arg(long, env = "WEFT_HOST_MEMORY_MIB")]
+    host_memory_mib: Option<u64>,
     /// Bytes one node call may pass through host calls and its result, in MiB.
     #[arg(long, env = "WEFT_HOSTCALL_MIB", default_value_t = 64)]
     hostcall_mib: usize,
@@ -298,6 +307,8 @@ fn limits(args: &ServeArgs) -> Limits {
         memory_bytes: args.node_memory_mib << 20,
         hostcall_bytes: args.hostcall_mib << 20,
         log_bytes: args.log_kib << 10,
+        job_memory_bytes: args.job_memory_mib << 20,
+        host_memory_bytes: args.host_memory_mib.map_or_else(default_host_memory, |mib| mib << 20),
         ..Limits::default()
     }
 }

@@ -260,13 +260,24 @@ impl Jobs {
             cancel: cancel.clone(),
             progress: tracker.clone(),
             assets: Arc::new(ResolvedAssets(assets)),
+            memory: self.runtime.job_memory(),
         };
         tracker.update(true, |p| p.nodes_total = plan.nodes.len() as u32);
         let workflow_text = job.workflow.to_string();
         let mut numbering = Numbering::default();
         let mut committed: i64 = 0;
-        let mut results: Vec<Vec<Value>> = Vec::with_capacity(plan.nodes.len());
+        // Each node's outputs are dropped once the last node that reads them has run, so a
+        // chain holds about two values at a time, not all of them (the cache keeps its own).
+        let mut readers = vec![0usize; plan.nodes.len()];
         for node in &plan.nodes {
+            for (_, input) in &node.inputs {
+                if let PlanInput::Link { node: source, .. } = input {
+                    readers[*source] += 1;
+                }
+            }
+        }
+        let mut results: Vec<Vec<Value>> = Vec::with_capacity(plan.nodes.len());
+        for (index, node) in plan.nodes.iter().enumerate() {
             if cancel.is_canceled() {
                 return Ok(());
             }
@@ -330,11 +341,32 @@ impl Jobs {
                         // Canceled while the node ran: nothing more is committed.
                         return Ok(());
                     }
+                    // The output commit is part of the node's time: it stops at the node's
+                    // deadline or at a cancel, between files.
+                    let timeout = self.runtime.limits().node_timeout;
+                    let keep_going = || !cancel.is_canceled() && began.elapsed() < timeout;
+                    let stopped = || {
+                        if cancel.is_canceled() {
+                            Ok(())
+                        } else {
+                            Err(node_error(
+                                "node_timeout",
+                                "the node ran past its time limit while its outputs were committed".into(),
+                                None,
+                            ))
+                        }
+                    };
                     let mut files = Vec::new();
                     for file in &output.files {
-                        let encoded = outputs::encode(file, &mut numbering, &workflow_text)
-                            .map_err(|m| node_error("output_encoding_failed", m, None))?;
+                        let Some(encoded) = outputs::encode(file, &mut numbering, &workflow_text, &keep_going)
+                            .map_err(|m| node_error("output_encoding_failed", m, None))?
+                        else {
+                            return stopped();
+                        };
                         for e in encoded {
+                            if !keep_going() {
+                                return stopped();
+                            }
                             let (blob, size) = self
                                 .assets
                                 .put(&e.bytes)
@@ -362,7 +394,15 @@ impl Jobs {
                     entry
                 }
             };
-            results.push(entry.values);
+            results.push(if readers[index] > 0 { entry.values } else { Vec::new() });
+            for (_, input) in &node.inputs {
+                if let PlanInput::Link { node: source, .. } = input {
+                    readers[*source] -= 1;
+                    if readers[*source] == 0 {
+                        results[*source] = Vec::new();
+                    }
+                }
+            }
             tracker.update(false, |p| {
                 p.nodes_done += 1;
                 p.step = None;

@@ -54,8 +54,14 @@ fn clean_prefix(prefix: &str) -> String {
     }
 }
 
-/// Encodes `file`; `workflow` goes into PNG text chunks.
-pub(crate) fn encode(file: &OutputFile, numbering: &mut Numbering, workflow: &str) -> Result<Vec<EncodedFile>, String> {
+/// Encodes `file`; `workflow` goes into PNG text chunks. `keep_going` is asked before each
+/// image of a batch; when it says no, encoding stops with `None`.
+pub(crate) fn encode(
+    file: &OutputFile,
+    numbering: &mut Numbering,
+    workflow: &str,
+    keep_going: &dyn Fn() -> bool,
+) -> Result<Option<Vec<EncodedFile>>, String> {
     let mut out = Vec::new();
     match &file.data {
         FileData::Bytes(bytes) => {
@@ -79,6 +85,9 @@ pub(crate) fn encode(file: &OutputFile, numbering: &mut Numbering, workflow: &st
         FileData::Png(image) => {
             let text = [("prompt".to_string(), workflow.to_string())];
             for index in 0..image.batch {
+                if !keep_going() {
+                    return Ok(None);
+                }
                 out.push(EncodedFile {
                     name: numbering.name(&file.filename_prefix, "png"),
                     kind: OutputKind::Image,
@@ -100,7 +109,7 @@ pub(crate) fn encode(file: &OutputFile, numbering: &mut Numbering, workflow: &st
             bytes: codecs::encode_latent(latent),
         }),
     }
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// Whether a plugin's `extension` may end a file name: 1 to 10 ASCII letters and digits, so

@@ -4,9 +4,13 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::Notify;
 
 use super::bindings::wit;
 use super::logs::TailLog;
+use super::memory::JobMemory;
 use super::value::AssetRef;
 
 /// Where a node's progress reports go.
@@ -39,22 +43,84 @@ pub(crate) fn read_asset(assets: &dyn AssetReader, asset: wit::AssetRef) -> Resu
     })
 }
 
-/// Cancels a job's node calls: checked by polite guests, enforced by epoch interruption.
+/// Cancels a job's node calls: checked by polite guests, enforced by epoch interruption,
+/// and waited on by host functions that block (WASI sleeps and polls).
 #[derive(Debug, Clone, Default)]
-pub struct CancelToken(Arc<AtomicBool>);
+pub struct CancelToken(Arc<CancelFlag>);
+
+#[derive(Debug, Default)]
+struct CancelFlag {
+    canceled: AtomicBool,
+    wake: Notify,
+}
 
 impl CancelToken {
     /// A token that is not canceled.
     pub fn new() -> Self {
         Self::default()
     }
-    /// Cancels; a running node is interrupted at the next epoch tick.
+    /// Cancels; a running node is interrupted at the next epoch tick, or at once when it
+    /// is blocked in the host.
     pub fn cancel(&self) {
-        self.0.store(true, Ordering::SeqCst);
+        self.0.canceled.store(true, Ordering::SeqCst);
+        self.0.wake.notify_waiters();
     }
     /// Whether [`cancel`](Self::cancel) was called.
     pub fn is_canceled(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.canceled.load(Ordering::SeqCst)
+    }
+}
+
+/// Why a call was stopped: by the epoch callback in guest code, or by a host function
+/// that checks between steps of long work or waits on the call's [`Deadline`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Interrupt {
+    #[error("the node ran past its time limit")]
+    Timeout,
+    #[error("the job was canceled")]
+    Canceled,
+}
+
+/// When one call must stop: at its time limit, or when its job is canceled. Guest code is
+/// stopped by the epoch callback; host code checks [`Deadline::check`] between pieces of
+/// work, and blocking host calls race [`Deadline::reached`].
+#[derive(Debug, Clone)]
+pub(crate) struct Deadline {
+    at: Instant,
+    cancel: CancelToken,
+}
+
+impl Deadline {
+    /// A deadline at `at`, or earlier at `cancel`.
+    pub(crate) fn new(at: Instant, cancel: CancelToken) -> Self {
+        Self { at, cancel }
+    }
+
+    /// Why the call must stop now, if it must.
+    pub(crate) fn check(&self) -> Result<(), Interrupt> {
+        if self.cancel.is_canceled() {
+            Err(Interrupt::Canceled)
+        } else if Instant::now() >= self.at {
+            Err(Interrupt::Timeout)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Resolves when the call must stop, with the reason.
+    pub(crate) async fn reached(&self) -> Interrupt {
+        loop {
+            let woken = self.cancel.0.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if let Err(why) = self.check() {
+                return why;
+            }
+            tokio::select! {
+                () = woken => {}
+                () = tokio::time::sleep_until(self.at.into()) => {}
+            }
+        }
     }
 }
 
@@ -69,4 +135,6 @@ pub struct CallContext {
     pub progress: Arc<dyn ProgressSink>,
     /// Where assets are read from.
     pub assets: Arc<dyn AssetReader>,
+    /// The job's budget of host-held values.
+    pub memory: Arc<JobMemory>,
 }

@@ -1,13 +1,12 @@
 //! One node call: a fresh `Store` with its limits, the guest's inputs lowered to handles,
 //! the call, and every way it can fail turned into a [`NodeFailure`].
 
-use std::time::Instant;
-
 use wasmtime::{Store, Trap, UpdateDeadline};
 
-use super::call::CallContext;
+use super::call::{CallContext, Interrupt};
 use super::capabilities::CallState;
 use super::guest_text;
+use super::memory::MemoryLimit;
 use super::registry::LoadedPlugin;
 use super::value::{OutputFile, Value};
 use super::Runtime;
@@ -56,15 +55,14 @@ impl NodeFailure {
     }
 }
 
-/// Why a call was stopped: by the epoch callback in guest code, or by a host function that
-/// checks between steps of long work (sampling).
-#[derive(Debug, thiserror::Error)]
-pub(super) enum Interrupt {
-    #[error("the node ran past its time limit")]
-    Timeout,
-    #[error("the job was canceled")]
-    Canceled,
-}
+/// What wasmtime's host-copy budget allows beyond [`Limits::hostcall_bytes`](super::Limits)
+/// for the bookkeeping it counts besides the bytes themselves; what passes that is
+/// `node_output_too_large`, and what passes only ours is reported by our own check.
+const HOSTCALL_FUEL_SLACK: usize = 1 << 20;
+
+/// Part of the message of wasmtime's error for a copy over its host-copy budget (its type
+/// is private).
+const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
 
 impl Runtime {
     /// Runs node `class` with `inputs`, in a fresh store, under the runtime's limits.
@@ -94,18 +92,15 @@ impl Runtime {
     /// A store for one call, with its limits and its deadline.
     pub(super) fn new_store(&self, plugin: &LoadedPlugin, call: &CallContext) -> Store<CallState> {
         let state = CallState::new(&self.capabilities, &self.limits, call, &plugin.grants);
-        let cancel = call.cancel.clone();
-        let deadline = Instant::now() + self.limits.node_timeout;
+        let deadline = state.deadline.clone();
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
+        // wasmtime's own cap on what one call copies from the guest (128 MiB by default)
+        // follows ours, so a result over it is reported as too large, not as a trap.
+        store.set_hostcall_fuel(self.limits.hostcall_bytes.saturating_add(HOSTCALL_FUEL_SLACK));
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
-            if cancel.is_canceled() {
-                return Err(Interrupt::Canceled.into());
-            }
-            if Instant::now() >= deadline {
-                return Err(Interrupt::Timeout.into());
-            }
+            deadline.check()?;
             Ok(UpdateDeadline::Continue(1))
         });
         store
@@ -131,6 +126,16 @@ fn classify(error: wasmtime::Error, state: &CallState, new_log: &str) -> NodeFai
             Interrupt::Timeout => NodeFailure::new("node_timeout", interrupt.to_string()),
             Interrupt::Canceled => NodeFailure::new("canceled", interrupt.to_string()),
         }
+    } else if let Some(limit) = error.downcast_ref::<MemoryLimit>() {
+        NodeFailure::new(MemoryLimit::CODE, limit.to_string())
+    } else if error.chain().any(|e| e.to_string().contains(HOSTCALL_FUEL_EXHAUSTED)) {
+        NodeFailure::new(
+            "node_output_too_large",
+            format!(
+                "the node passed more than {} bytes in one copy between it and the host",
+                state.hostcalls.limit
+            ),
+        )
     } else if state.limiter.memory_hit {
         NodeFailure::new("node_memory_limit", "the node tried to grow its memory past the limit")
     } else if state.limiter.table_hit {

@@ -22,6 +22,19 @@ pub struct Limits {
     pub log_bytes: usize,
     /// wasm stack size. 1 MiB is generous for real nodes; deeper recursion traps cleanly.
     pub stack_bytes: usize,
+    /// Host memory one job's values (images, latents, masks, audio, conditioning) may hold
+    /// at once. 4 GiB: an SD1.5 job at 512x512 needs well under 1 GiB besides its model,
+    /// and four 16384x5461 images fit.
+    pub job_memory_bytes: u64,
+    /// Host memory every job's values together may hold: the server's bound whatever the
+    /// tenants do. By default three quarters of the machine's memory, the rest being left
+    /// to loaded models, wasm instances and the system (8 GiB where it cannot be read).
+    pub host_memory_bytes: u64,
+}
+
+/// The default server-wide budget of host-held values: see [`Limits::host_memory_bytes`].
+pub fn default_host_memory() -> u64 {
+    super::memory::machine_memory().map_or(8 << 30, |total| total / 4 * 3)
 }
 
 impl Default for Limits {
@@ -34,6 +47,8 @@ impl Default for Limits {
             hostcall_bytes: 64 << 20,
             log_bytes: 64 << 10,
             stack_bytes: 1 << 20,
+            job_memory_bytes: 4 << 30,
+            host_memory_bytes: default_host_memory(),
         }
     }
 }

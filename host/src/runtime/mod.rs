@@ -23,6 +23,7 @@ mod guest_text;
 mod invoke;
 mod limits;
 mod logs;
+mod memory;
 mod registry;
 mod value;
 mod worlds;
@@ -32,8 +33,9 @@ pub use capabilities::diffusion::{DiffusionConfig, Library as ModelLibrary};
 pub use capabilities::{Capabilities, CapabilityConfig, MusicConfig};
 pub use catalog::{Catalog, InputSpec, NodeDef, OutputSpec};
 pub use invoke::{NodeFailure, NodeOutput};
-pub use limits::Limits;
+pub use limits::{default_host_memory, Limits};
 pub use logs::{LogSnapshot, TailLog};
+pub use memory::{Held, HostMemory, JobMemory, MemoryLimit};
 pub use registry::{Manifest, PluginSource};
 pub use value::{AssetRef, FileData, OutputFile, OutputKind, Value};
 
@@ -77,6 +79,7 @@ pub struct Runtime {
     limits: Limits,
     capabilities: CapabilityConfig,
     refused: Vec<RefusedPlugin>,
+    host_memory: Arc<HostMemory>,
     _ticker: engine::EpochTicker,
 }
 
@@ -123,6 +126,7 @@ impl Runtime {
             limits: config.limits.clone(),
             capabilities: config.capabilities.clone(),
             refused: unreadable,
+            host_memory: HostMemory::new(config.limits.host_memory_bytes),
             _ticker: ticker,
         };
         let describe_timeout = if config.plugin_load_timeout.is_zero() {
@@ -192,6 +196,12 @@ impl Runtime {
         &self.limits
     }
 
+    /// A fresh budget of host-held values for one job ([`Limits::job_memory_bytes`]),
+    /// drawing on the server's ([`Limits::host_memory_bytes`]).
+    pub fn job_memory(&self) -> Arc<JobMemory> {
+        self.host_memory.job(self.limits.job_memory_bytes)
+    }
+
     /// Names and origins of the loaded plugins.
     pub fn plugins(&self) -> impl Iterator<Item = (&str, &str)> {
         self.plugins.iter().map(|p| (p.name.as_str(), p.origin.as_str()))
@@ -219,17 +229,18 @@ impl Runtime {
             cancel: CancelToken::new(),
             progress: Arc::new(Discard),
             assets: Arc::new(Discard),
+            memory: JobMemory::unlimited(),
         };
         let mut store = self.new_store(plugin, &ctx);
         let deadline = Instant::now() + timeout;
         store.epoch_deadline_callback(move |_| {
             if Instant::now() >= deadline {
-                return Err(invoke::Interrupt::Timeout.into());
+                return Err(call::Interrupt::Timeout.into());
             }
             Ok(wasmtime::UpdateDeadline::Continue(1))
         });
         plugin.pre.describe(&mut store, &plugin.name).map_err(|e| {
-            if e.downcast_ref::<invoke::Interrupt>().is_some() {
+            if e.downcast_ref::<call::Interrupt>().is_some() {
                 anyhow::anyhow!("describe() did not return within {} ms", timeout.as_millis())
             } else {
                 anyhow::anyhow!("describe() failed: {e:#}")

@@ -9,6 +9,8 @@ use weft_types as types;
 use weft_compute::image::{ImageBatch, MaskBatch};
 use weft_compute::values::{AudioClip, LatentBatch, Opaque};
 
+use super::memory::{Charge, Held};
+
 /// A `core/ASSET` reference from a workflow.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AssetRef {
@@ -38,13 +40,13 @@ pub enum Value {
     /// A `core/ASSET` reference.
     Asset(AssetRef),
     /// `IMAGE`.
-    Image(Arc<ImageBatch>),
+    Image(Arc<Held<ImageBatch>>),
     /// `LATENT`.
-    Latent(Arc<LatentBatch>),
+    Latent(Arc<Held<LatentBatch>>),
     /// `MASK`.
-    Mask(Arc<MaskBatch>),
+    Mask(Arc<Held<MaskBatch>>),
     /// `AUDIO`.
-    Audio(Arc<AudioClip>),
+    Audio(Arc<Held<AudioClip>>),
     /// Any other host-held type, by name: `MODEL`, `CLIP`, `VAE`, `CONDITIONING`, ...
     Handle(Handle),
 }
@@ -56,16 +58,17 @@ pub enum Value {
 pub struct Handle {
     /// ComfyUI type name, for example `MODEL`.
     pub type_name: Arc<str>,
-    /// What the host keeps for it.
-    pub object: Arc<Opaque>,
+    /// What the host keeps for it, with the job memory it is charged (models, which live
+    /// in the model cache, are charged nothing).
+    pub object: Arc<Held<Opaque>>,
 }
 
 impl Handle {
-    /// A handle of type `type_name` holding `object`.
-    pub fn new(type_name: &str, object: Opaque) -> Self {
+    /// A handle of type `type_name` holding `object`, paid for by `charge`.
+    pub fn new(type_name: &str, object: Opaque, charge: Charge) -> Self {
         Handle {
             type_name: type_name.into(),
-            object: Arc::new(object),
+            object: Arc::new(Held::new(object, charge)),
         }
     }
 }
@@ -137,35 +140,35 @@ impl Value {
 /// Host side of the `image` resource.
 #[derive(Debug, Clone)]
 #[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
-pub struct ImageRes(pub Arc<ImageBatch>);
+pub struct ImageRes(pub Arc<Held<ImageBatch>>);
 /// Host side of the `latent` resource.
 #[derive(Debug, Clone)]
 #[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
-pub struct LatentRes(pub Arc<LatentBatch>);
+pub struct LatentRes(pub Arc<Held<LatentBatch>>);
 /// Host side of the `mask` resource.
 #[derive(Debug, Clone)]
 #[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
-pub struct MaskRes(pub Arc<MaskBatch>);
+pub struct MaskRes(pub Arc<Held<MaskBatch>>);
 /// Host side of the `audio` resource.
 #[derive(Debug, Clone)]
 #[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
-pub struct AudioRes(pub Arc<AudioClip>);
+pub struct AudioRes(pub Arc<Held<AudioClip>>);
 /// Host side of the `model` resource.
 #[derive(Debug, Clone)]
 #[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
-pub struct ModelRes(pub Arc<Opaque>);
+pub struct ModelRes(pub Arc<Held<Opaque>>);
 /// Host side of the `clip` resource.
 #[derive(Debug, Clone)]
 #[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
-pub struct ClipRes(pub Arc<Opaque>);
+pub struct ClipRes(pub Arc<Held<Opaque>>);
 /// Host side of the `vae` resource.
 #[derive(Debug, Clone)]
 #[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
-pub struct VaeRes(pub Arc<Opaque>);
+pub struct VaeRes(pub Arc<Held<Opaque>>);
 /// Host side of the `conditioning` resource.
 #[derive(Debug, Clone)]
 #[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
-pub struct ConditioningRes(pub Arc<Opaque>);
+pub struct ConditioningRes(pub Arc<Held<Opaque>>);
 /// Host side of the `handle` resource (`weft:node@0.2.0` on).
 #[derive(Debug, Clone)]
 #[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
@@ -195,11 +198,11 @@ pub enum FileData {
     /// Bytes the guest made.
     Bytes(Vec<u8>),
     /// Each image of the batch as a PNG.
-    Png(Arc<ImageBatch>),
+    Png(Arc<Held<ImageBatch>>),
     /// The clip as a 16-bit WAV.
-    Wav(Arc<AudioClip>),
+    Wav(Arc<Held<AudioClip>>),
     /// The latents as safetensors.
-    Latent(Arc<LatentBatch>),
+    Latent(Arc<Held<LatentBatch>>),
 }
 
 /// A file an output node asked the host to commit.

@@ -8,8 +8,12 @@
 
 use wasmtime::component::{Linker, ResourceTable};
 
-use super::call::CallContext;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::call::{CallContext, Deadline};
 use super::limits::{CallLimiter, HostcallBudget, Limits};
+use super::memory::{Charge, JobMemory, MemoryLimit};
 
 pub(crate) mod diffusion;
 mod images;
@@ -48,6 +52,10 @@ macro_rules! capabilities {
             pub limiter: CallLimiter,
             /// Bytes the guest has passed through host calls, against their cap.
             pub hostcalls: HostcallBudget,
+            /// When the call must stop: its time limit or its job's cancel.
+            pub(crate) deadline: Deadline,
+            /// The job's budget of host-held values, which every value made is charged to.
+            pub memory: Arc<JobMemory>,
             $($(#[$doc])* pub $field: <$capability as Capability>::State,)*
         }
 
@@ -65,6 +73,8 @@ macro_rules! capabilities {
                     table: ResourceTable::new(),
                     limiter: CallLimiter::new(limits),
                     hostcalls: HostcallBudget::new(limits.hostcall_bytes),
+                    deadline: Deadline::new(Instant::now() + limits.node_timeout, call.cancel.clone()),
+                    memory: call.memory.clone(),
                     $($field: <$capability as Capability>::new_state(&config.$field, limits, call, grants),)*
                 }
             }
@@ -92,4 +102,12 @@ capabilities! {
     music: music::Music,
     /// `weft:node/diffusion` (0.2.0): models, text encoding, latents, sampling, VAE.
     diffusion: diffusion::Diffusion,
+}
+
+impl CallState {
+    /// Reserves `bytes` of the job's host memory for `what`, before it is allocated; over
+    /// a budget, the error traps the call as `node_memory_limit`.
+    pub(crate) fn charge(&self, bytes: u64, what: impl FnOnce() -> String) -> Result<Charge, MemoryLimit> {
+        self.memory.charge(bytes, what)
+    }
 }

@@ -175,7 +175,7 @@ fn lift(state: &mut CallState, value: wit::Value) -> wasmtime::Result<Value> {
     fn take<T: 'static>(table: &mut ResourceTable, r: Resource<T>) -> wasmtime::Result<T> {
         Ok(table.delete(r)?)
     }
-    fn handle(type_name: &str, object: Arc<weft_compute::values::Opaque>) -> Value {
+    fn handle(type_name: &str, object: Arc<crate::runtime::memory::Held<weft_compute::values::Opaque>>) -> Value {
         Value::Handle(Handle {
             type_name: type_name.into(),
             object,

@@ -14,14 +14,13 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use wasmtime::component::{HasSelf, Linker, Resource};
 
 use super::{CallState, Capabilities, Capability};
-use crate::runtime::call::{read_asset, AssetReader, CallContext, CancelToken, ProgressSink};
-use crate::runtime::invoke::Interrupt;
+use crate::runtime::call::{read_asset, AssetReader, CallContext, Interrupt, ProgressSink};
 use crate::runtime::limits::Limits;
+use crate::runtime::memory::{Charge, Held, MemoryLimit};
 use crate::runtime::value::{Handle, HandleRes, ImageRes, LatentRes, MaskRes};
 use crate::runtime::worlds::v0_2::weft::node::diffusion::{Area, Checkpoint, Host, SampleOptions};
 use crate::runtime::worlds::v0_2::wit::{AssetRef, NodeError};
@@ -132,23 +131,19 @@ impl Capability for Diffusion {
         crate::runtime::worlds::v0_2::weft::node::diffusion::add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)
     }
 
-    fn new_state(library: &Arc<Library>, limits: &Limits, call: &CallContext, _: &Capabilities) -> DiffusionState {
+    fn new_state(library: &Arc<Library>, _: &Limits, call: &CallContext, _: &Capabilities) -> DiffusionState {
         DiffusionState {
             library: library.clone(),
-            deadline: Instant::now() + limits.node_timeout,
-            cancel: call.cancel.clone(),
             progress: call.progress.clone(),
             assets: call.assets.clone(),
         }
     }
 }
 
-/// One call's diffusion state: the shared library, the call's deadline, its cancel token,
-/// where sampler steps are reported and where latent files are read from.
+/// One call's diffusion state: the shared library, where sampler steps are reported and
+/// where latent files are read from.
 pub struct DiffusionState {
     library: Arc<Library>,
-    deadline: Instant,
-    cancel: CancelToken,
     progress: Arc<dyn ProgressSink>,
     assets: Arc<dyn AssetReader>,
 }
@@ -207,40 +202,82 @@ impl CallState {
         }))
     }
 
+    /// Keeps `payload` as a handle of type `type_name`, paid for by `charge`.
     fn push_handle<T: Any + Send + Sync>(
         &mut self,
         type_name: &str,
         name: String,
         len: u32,
         payload: Arc<T>,
+        charge: Charge,
     ) -> wasmtime::Result<Resource<HandleRes>> {
         let object = Opaque { name, len, payload };
-        Ok(self.table.push(HandleRes(Handle::new(type_name, object)))?)
+        Ok(self.table.push(HandleRes(Handle::new(type_name, object, charge)))?)
+    }
+
+    /// Keeps a model-like payload: operator data in the model cache, charged nothing.
+    fn push_model<T: Any + Send + Sync>(
+        &mut self,
+        type_name: &str,
+        name: String,
+        payload: Arc<T>,
+    ) -> wasmtime::Result<Resource<HandleRes>> {
+        let free = self.charge(0, String::new)?;
+        self.push_handle(type_name, name, 0, payload, free)
     }
 
     fn push_conditioning(&mut self, c: Conditioning) -> wasmtime::Result<Resource<HandleRes>> {
         let len = c.0.len() as u32;
-        self.push_handle("CONDITIONING", format!("{len} entries"), len, Arc::new(c))
+        let bytes: u64 = c.0.iter().map(|e| e.context.elem_count() as u64 * 4).sum();
+        let charge = self.charge(bytes, || format!("a conditioning of {len} entries"))?;
+        self.push_handle("CONDITIONING", format!("{len} entries"), len, Arc::new(c), charge)
     }
 
-    fn latent(&self, handle: &Resource<LatentRes>) -> wasmtime::Result<Arc<LatentBatch>> {
+    fn latent(&self, handle: &Resource<LatentRes>) -> wasmtime::Result<Arc<Held<LatentBatch>>> {
         Ok(self.table.get(handle)?.0.clone())
     }
 
-    fn push_latent(&mut self, latent: LatentBatch) -> wasmtime::Result<Resource<LatentRes>> {
-        Ok(self.table.push(LatentRes(Arc::new(latent)))?)
+    /// Charges a latent batch of `shape` (and `extra` bytes of working space) before it is
+    /// made; `what` names the work.
+    fn charge_latent(&self, shape: [u32; 4], extra: u64, what: &str) -> Result<Charge, MemoryLimit> {
+        let bytes = shape.iter().map(|&d| u64::from(d)).product::<u64>() * 4 + extra;
+        let [b, c, h, w] = shape;
+        self.charge(bytes, || format!("{what} ({b}x{c}x{h}x{w} latent)"))
+    }
+
+    /// Keeps `latent`, paid for by `charge` (trimmed to its real size).
+    fn push_latent(&mut self, latent: LatentBatch, mut charge: Charge) -> wasmtime::Result<Resource<LatentRes>> {
+        let mask = latent.noise_mask.as_ref().map_or(0, |m| m.data.len());
+        charge.shrink_to((latent.data.len() + mask) as u64 * 4);
+        Ok(self.table.push(LatentRes(Arc::new(Held::new(latent, charge))))?)
     }
 
     /// Why the call must stop now, if it must: a cancel, or its deadline passed.
     fn interruption(&self) -> Option<Interrupt> {
-        if self.diffusion.cancel.is_canceled() {
-            Some(Interrupt::Canceled)
-        } else if Instant::now() >= self.diffusion.deadline {
-            Some(Interrupt::Timeout)
-        } else {
-            None
-        }
+        self.deadline.check().err()
     }
+}
+
+impl CallState {
+    /// Charges a VAE encode of `image`: its cropped copy, the working activations and the
+    /// latent (with a noise mask at pixel resolution, for inpainting).
+    fn charge_encode(&self, image: &weft_compute::image::ImageBatch) -> Result<Charge, MemoryLimit> {
+        let (b, w, h) = (image.batch, image.width, image.height);
+        let pixels = tensor_bytes(&[u64::from(b), u64::from(h), u64::from(w)]);
+        let bytes = pixels * 3 + vae_working_bytes(b, w, h) + pixels / 16 + pixels;
+        self.charge(bytes, || format!("encoding {b} image(s) of {w}x{h}"))
+    }
+}
+
+/// Bytes of one float32 tensor of `shape`.
+fn tensor_bytes(shape: &[u64]) -> u64 {
+    shape.iter().product::<u64>() * 4
+}
+
+/// Working memory of a VAE pass over `batch` images of `width` x `height` pixels: two
+/// activations of the full-resolution blocks (128 channels), live at once at its peak.
+fn vae_working_bytes(batch: u32, width: u32, height: u32) -> u64 {
+    2 * tensor_bytes(&[u64::from(batch), 128, u64::from(height), u64::from(width)])
 }
 
 impl Host for CallState {
@@ -252,9 +289,9 @@ impl Host for CallState {
         let clip = Arc::new(TextEncoder::new(models.clone(), path));
         let vae = Arc::new(Autoencoder::Checkpoint(models));
         Ok(Ok(Checkpoint {
-            model: self.push_handle("MODEL", ckpt_name.clone(), 0, model)?,
-            clip: self.push_handle("CLIP", ckpt_name.clone(), 0, clip)?,
-            vae: self.push_handle("VAE", ckpt_name, 0, vae)?,
+            model: self.push_model("MODEL", ckpt_name.clone(), model)?,
+            clip: self.push_model("CLIP", ckpt_name.clone(), clip)?,
+            vae: self.push_model("VAE", ckpt_name, vae)?,
         }))
     }
 
@@ -262,7 +299,7 @@ impl Host for CallState {
         let path = attempt!(self.diffusion.library.resolve("vae", &vae_name));
         let own = attempt!(StandaloneVae::load(&path, &vae_name, &device::select_device()).map_err(model_error));
         let vae = Arc::new(Autoencoder::File(Arc::new(own)));
-        Ok(Ok(self.push_handle("VAE", vae_name, 0, vae)?))
+        Ok(Ok(self.push_model("VAE", vae_name, vae)?))
     }
 
     fn load_lora(
@@ -283,12 +320,12 @@ impl Host for CallState {
         let patched = attempt!(base.with_lora(lora.clone(), strength_model).map_err(model_error));
         let label = |name: &str| format!("{name} + {lora_name}");
         let model_name = label(&self.table.get(&model)?.0.object.name);
-        let model = self.push_handle("MODEL", model_name, 0, Arc::new(patched))?;
+        let model = self.push_model("MODEL", model_name, Arc::new(patched))?;
         let clip = match (encoder, clip) {
             (Some(encoder), Some(handle)) => {
                 let name = label(&self.table.get(&handle)?.0.object.name);
                 let patched = attempt!(encoder.with_lora(lora, strength_clip).map_err(model_error));
-                Some(self.push_handle("CLIP", name, 0, Arc::new(patched))?)
+                Some(self.push_model("CLIP", name, Arc::new(patched))?)
             }
             _ => None,
         };
@@ -303,7 +340,7 @@ impl Host for CallState {
         let encoder = attempt!(self.payload::<TextEncoder>(&clip, "CLIP")?);
         let shorter = attempt!(encoder.with_last_layer(stop_at_clip_layer).map_err(compute_error));
         let name = self.table.get(&clip)?.0.object.name.clone();
-        Ok(Ok(self.push_handle("CLIP", name, 0, Arc::new(shorter))?))
+        Ok(Ok(self.push_model("CLIP", name, Arc::new(shorter))?))
     }
 
     fn encode_text(
@@ -366,8 +403,11 @@ impl Host for CallState {
         height: u32,
         batch_size: u32,
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
+        let cell = sd::latent::PIXELS_PER_CELL;
+        let shape = [batch_size, sd::latent::LATENT_CHANNELS, height / cell, width / cell];
+        let charge = self.charge_latent(shape, 0, "an empty latent batch")?;
         let latent = attempt!(sd::latent::empty(width, height, batch_size).map_err(compute_error));
-        Ok(Ok(self.push_latent(latent)?))
+        Ok(Ok(self.push_latent(latent, charge)?))
     }
 
     fn latent_scale(
@@ -387,8 +427,11 @@ impl Host for CallState {
                 format!("unknown crop {other:?}; expected disabled or center"),
             )),
         };
+        let [b, c, _, _] = latent.shape;
+        let copy = latent.data.len() as u64 * 4;
+        let charge = self.charge_latent([b, c, height, width], copy, "scaling a latent")?;
         let scaled = attempt!(sd::latent::scale(&latent, &method, width, height, center).map_err(compute_error));
-        Ok(Ok(self.push_latent(scaled)?))
+        Ok(Ok(self.push_latent(scaled, charge)?))
     }
 
     fn latent_composite(
@@ -401,9 +444,10 @@ impl Host for CallState {
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
         let (to, from) = (self.latent(&destination)?, self.latent(&source)?);
         let cell = sd::latent::PIXELS_PER_CELL;
+        let charge = self.charge_latent(to.shape, 0, "compositing latents")?;
         let out =
             attempt!(sd::latent::composite(&to, &from, x / cell, y / cell, feather / cell).map_err(compute_error));
-        Ok(Ok(self.push_latent(out)?))
+        Ok(Ok(self.push_latent(out, charge)?))
     }
 
     fn latent_from_batch(
@@ -413,11 +457,11 @@ impl Host for CallState {
         length: u32,
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
         let latent = self.latent(&samples)?;
-        Ok(Ok(self.push_latent(sd::latent::from_batch(
-            &latent,
-            batch_index,
-            length,
-        ))?))
+        let charge = self.charge_latent(latent.shape, 0, "taking latents from a batch")?;
+        Ok(Ok(self.push_latent(
+            sd::latent::from_batch(&latent, batch_index, length),
+            charge,
+        )?))
     }
 
     fn repeat_latent_batch(
@@ -426,8 +470,11 @@ impl Host for CallState {
         amount: u32,
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
         let latent = self.latent(&samples)?;
+        let [b, c, h, w] = latent.shape;
+        let shape = [b.saturating_mul(amount.max(1)), c, h, w];
+        let charge = self.charge_latent(shape, 0, "repeating a latent batch")?;
         let out = attempt!(sd::latent::repeat(&latent, amount.max(1)).map_err(compute_error));
-        Ok(Ok(self.push_latent(out)?))
+        Ok(Ok(self.push_latent(out, charge)?))
     }
 
     fn set_latent_noise_mask(
@@ -437,7 +484,12 @@ impl Host for CallState {
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
         let latent = self.latent(&samples)?;
         let mask = self.table.get(&mask)?.0.clone();
-        Ok(Ok(self.push_latent(sd::latent::with_noise_mask(&latent, mask))?))
+        let copy = mask.data.len() as u64 * 4;
+        let charge = self.charge_latent(latent.shape, copy, "setting a latent's noise mask")?;
+        let own_mask = Arc::new(weft_compute::image::MaskBatch::clone(&mask));
+        Ok(Ok(
+            self.push_latent(sd::latent::with_noise_mask(&latent, own_mask), charge)?
+        ))
     }
 
     fn load_latent(&mut self, file: AssetRef) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
@@ -447,8 +499,11 @@ impl Host for CallState {
             file_path: file.file_path,
         };
         let bytes = attempt!(read_asset(&*self.diffusion.assets, asset).map_err(|e| node_error(&e.code, e.message)));
+        let charge = self.charge(bytes.len() as u64 * 2, || {
+            format!("reading a {} KiB latent file", bytes.len().div_ceil(1024))
+        })?;
         let latent = attempt!(sd::latent::read_latent_file(&bytes).map_err(compute_error));
-        Ok(Ok(self.push_latent(latent)?))
+        Ok(Ok(self.push_latent(latent, charge)?))
     }
 
     fn sample(
@@ -489,6 +544,10 @@ impl Host for CallState {
         if let Some(stop) = self.interruption() {
             return Err(stop.into());
         }
+        // The result, and the sampler's working copies of the latent (noise, denoised,
+        // the two guidance halves).
+        let working = 4 * latent.data.len() as u64 * 4;
+        let charge = self.charge_latent(latent.shape, working, "sampling")?;
         let mut stopped_by = None;
         let result = {
             let state = &*self;
@@ -508,7 +567,7 @@ impl Host for CallState {
             })
         };
         match result {
-            Ok(out) => Ok(Ok(self.push_latent(out)?)),
+            Ok(out) => Ok(Ok(self.push_latent(out, charge)?)),
             Err(SampleFailure::Stopped(_)) => Err(stopped_by.unwrap_or(Interrupt::Canceled).into()),
             Err(SampleFailure::Compute(e)) => Ok(Err(compute_error(e))),
         }
@@ -521,8 +580,18 @@ impl Host for CallState {
     ) -> wasmtime::Result<Result<Resource<ImageRes>, NodeError>> {
         let models = attempt!(self.payload::<Autoencoder>(&vae, "VAE")?);
         let latent = self.latent(&samples)?;
+        let cell = sd::latent::PIXELS_PER_CELL;
+        let [b, _, h, w] = latent.shape;
+        let (width, height) = (w.saturating_mul(cell), h.saturating_mul(cell));
+        let image_bytes = tensor_bytes(&[u64::from(b), u64::from(height), u64::from(width), 3]);
+        let mut charge = self.charge(image_bytes + vae_working_bytes(b, width, height), || {
+            format!("decoding {b} latent(s) into {width}x{height} images")
+        })?;
+        self.deadline.check()?;
         let image = attempt!(sd::vae::decode(&models, &latent).map_err(compute_error));
-        Ok(Ok(self.table.push(ImageRes(Arc::new(image)))?))
+        self.deadline.check()?;
+        charge.shrink_to(image.data.len() as u64 * 4);
+        Ok(Ok(self.table.push(ImageRes(Arc::new(Held::new(image, charge))))?))
     }
 
     fn vae_encode(
@@ -532,8 +601,10 @@ impl Host for CallState {
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
         let models = attempt!(self.payload::<Autoencoder>(&vae, "VAE")?);
         let image = self.table.get(&pixels)?.0.clone();
+        let charge = self.charge_encode(&image)?;
         let latent = attempt!(sd::vae::encode(&models, &image).map_err(compute_error));
-        Ok(Ok(self.push_latent(latent)?))
+        self.deadline.check()?;
+        Ok(Ok(self.push_latent(latent, charge)?))
     }
 
     fn vae_encode_for_inpaint(
@@ -546,8 +617,10 @@ impl Host for CallState {
         let models = attempt!(self.payload::<Autoencoder>(&vae, "VAE")?);
         let image = self.table.get(&pixels)?.0.clone();
         let mask = self.table.get(&mask)?.0.clone();
+        let charge = self.charge_encode(&image)?;
         let latent = attempt!(sd::vae::encode_for_inpaint(&models, &image, &mask, grow_mask_by).map_err(compute_error));
-        Ok(Ok(self.push_latent(latent)?))
+        self.deadline.check()?;
+        Ok(Ok(self.push_latent(latent, charge)?))
     }
 }
 

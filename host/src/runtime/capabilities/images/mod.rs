@@ -10,8 +10,9 @@ use weft_compute::{self as compute, ComputeError};
 use super::{CallState, Capabilities, Capability};
 use crate::runtime::bindings::weft::node::images::{add_to_linker, Host};
 use crate::runtime::bindings::wit::{AssetRef, NodeError};
-use crate::runtime::call::{read_asset, AssetReader, CallContext};
+use crate::runtime::call::{read_asset, AssetReader, CallContext, Interrupt};
 use crate::runtime::limits::Limits;
+use crate::runtime::memory::{Charge, Held};
 use crate::runtime::value::{ImageRes, MaskRes};
 use crate::runtime::worlds::v0_2;
 
@@ -46,13 +47,31 @@ fn node_error(e: ComputeError) -> NodeError {
     }
 }
 
+/// Bytes of an image batch of `batch` images of `width` x `height`, three float channels.
+fn image_bytes(width: u32, height: u32, batch: u32) -> u64 {
+    u64::from(width) * u64::from(height) * u64::from(batch) * 3 * 4
+}
+
 impl CallState {
-    fn image(&self, handle: &Resource<ImageRes>) -> wasmtime::Result<Arc<compute::image::ImageBatch>> {
+    fn image(&self, handle: &Resource<ImageRes>) -> wasmtime::Result<Arc<Held<compute::image::ImageBatch>>> {
         Ok(self.table.get(handle)?.0.clone())
     }
 
-    fn push_image(&mut self, image: compute::image::ImageBatch) -> wasmtime::Result<Resource<ImageRes>> {
-        Ok(self.table.push(ImageRes(Arc::new(image)))?)
+    /// Charges a new image batch of `width` x `height` x `batch` before it is made.
+    fn charge_image(&self, width: u32, height: u32, batch: u32) -> Result<Charge, crate::runtime::MemoryLimit> {
+        self.charge(image_bytes(width, height, batch), || {
+            format!("a {width}x{height} image batch of {batch}")
+        })
+    }
+
+    /// Keeps `image`, paid for by `charge` (trimmed to its real size), as a guest handle.
+    fn push_image(
+        &mut self,
+        image: compute::image::ImageBatch,
+        mut charge: Charge,
+    ) -> wasmtime::Result<Resource<ImageRes>> {
+        charge.shrink_to(image.data.len() as u64 * 4);
+        Ok(self.table.push(ImageRes(Arc::new(Held::new(image, charge))))?)
     }
 }
 
@@ -64,15 +83,17 @@ impl Host for CallState {
         batch_size: u32,
         color: u32,
     ) -> wasmtime::Result<Result<Resource<ImageRes>, NodeError>> {
+        let charge = self.charge_image(width, height, batch_size)?;
         match compute::image::empty(width, height, batch_size, color) {
-            Ok(image) => Ok(Ok(self.push_image(image)?)),
+            Ok(image) => Ok(Ok(self.push_image(image, charge)?)),
             Err(e) => Ok(Err(node_error(e))),
         }
     }
 
     fn invert(&mut self, image: Resource<ImageRes>) -> wasmtime::Result<Resource<ImageRes>> {
         let source = self.image(&image)?;
-        self.push_image(compute::image::invert(&source))
+        let charge = self.charge_image(source.width, source.height, source.batch)?;
+        self.push_image(compute::image::invert(&source), charge)
     }
 
     fn scale(
@@ -98,8 +119,18 @@ impl Host for CallState {
                 }))
             }
         };
-        match compute::image::scale(&source, method, width, height, center) {
-            Ok(scaled) => Ok(Ok(self.push_image(scaled)?)),
+        let (to_width, to_height) = compute::image::scaled_size(&source, width, height);
+        let charge = self.charge(compute::image::scale_peak_bytes(&source, width, height, center), || {
+            format!(
+                "scaling a {}x{} image batch of {} to {to_width}x{to_height}",
+                source.width, source.height, source.batch
+            )
+        })?;
+        let deadline = self.deadline.clone();
+        let keep_going = || deadline.check().is_ok();
+        match compute::image::scale(&source, method, width, height, center, &keep_going) {
+            Ok(Some(scaled)) => Ok(Ok(self.push_image(scaled, charge)?)),
+            Ok(None) => Err(self.deadline.check().err().unwrap_or(Interrupt::Canceled).into()),
             Err(e) => Ok(Err(node_error(e))),
         }
     }
@@ -112,10 +143,19 @@ impl Host for CallState {
             Ok(bytes) => bytes,
             Err(e) => return Ok(Err(e)),
         };
-        match compute::image::decode(&bytes) {
+        let peak = match compute::image::decode_peak_bytes(&bytes) {
+            Ok(peak) => peak,
+            Err(e) => return Ok(Err(node_error(e))),
+        };
+        let mut charge = self.charge(peak, || {
+            format!("decoding a {} KiB image file", bytes.len().div_ceil(1024))
+        })?;
+        self.deadline.check()?;
+        match compute::image::decode(&bytes, peak) {
             Ok((image, mask)) => {
-                let image = self.push_image(image)?;
-                let mask = self.table.push(MaskRes(Arc::new(mask)))?;
+                let mask_charge = charge.split(mask.data.len() as u64 * 4);
+                let image = self.push_image(image, charge)?;
+                let mask = self.table.push(MaskRes(Arc::new(Held::new(mask, mask_charge))))?;
                 Ok(Ok((image, mask)))
             }
             Err(e) => Ok(Err(node_error(e))),

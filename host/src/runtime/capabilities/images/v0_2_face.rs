@@ -6,6 +6,7 @@ use wasmtime::component::Resource;
 
 use crate::runtime::bindings::weft::node as v1;
 use crate::runtime::capabilities::CallState;
+use crate::runtime::memory::Held;
 use crate::runtime::value::{ImageRes, MaskRes};
 use crate::runtime::worlds::v0_2::weft::node as v2;
 use crate::runtime::worlds::v0_2::wit::{AssetRef, NodeError};
@@ -70,16 +71,25 @@ impl v2::images::Host for CallState {
         let alpha = self.table.delete(mask)?.0;
         let mask = match index {
             None => alpha,
-            Some(c) => Arc::new(MaskBatch {
-                width: image.width,
-                height: image.height,
-                batch: image.batch,
-                data: image
+            Some(c) => {
+                // The channel mask takes the place, and the charge, of the alpha mask.
+                let charge = match Arc::try_unwrap(alpha) {
+                    Ok(alpha) => alpha.into_charge(),
+                    Err(_) => self.charge(image.data.len() as u64 / 3 * 4, || "a channel mask".into())?,
+                };
+                let data = image
                     .data
                     .chunks_exact(image.channels as usize)
                     .map(|pixel| pixel[c])
-                    .collect(),
-            }),
+                    .collect();
+                let mask = MaskBatch {
+                    width: image.width,
+                    height: image.height,
+                    batch: image.batch,
+                    data,
+                };
+                Arc::new(Held::new(mask, charge))
+            }
         };
         Ok(Ok(self.table.push(MaskRes(mask))?))
     }

@@ -12,8 +12,9 @@ use weft_v2m::{self as v2m, V2mError};
 use super::{CallState, Capabilities, Capability};
 use crate::runtime::bindings::weft::node::music::{add_to_linker, Host};
 use crate::runtime::bindings::wit::{AssetRef, NodeError};
-use crate::runtime::call::{read_asset, AssetReader, CallContext, CancelToken};
+use crate::runtime::call::{read_asset, AssetReader, CallContext, Interrupt};
 use crate::runtime::limits::Limits;
+use crate::runtime::memory::Held;
 use crate::runtime::value::AudioRes;
 use crate::runtime::worlds::v0_2;
 
@@ -34,12 +35,10 @@ impl std::fmt::Debug for MusicConfig {
     }
 }
 
-/// The engine, where a call's videos are read from, and how a render learns the job was
-/// canceled.
+/// The engine, and where a call's videos are read from.
 pub struct MusicState {
     engine: Option<Arc<v2m::Engine>>,
     assets: Arc<dyn AssetReader>,
-    cancel: CancelToken,
 }
 
 impl Capability for Music {
@@ -55,7 +54,6 @@ impl Capability for Music {
         MusicState {
             engine: config.0.clone(),
             assets: call.assets.clone(),
-            cancel: call.cancel.clone(),
         }
     }
 }
@@ -90,22 +88,24 @@ impl Host for CallState {
             )))));
         }
         drop(bytes);
-        let cancel = self.music.cancel.clone();
-        let samples = match engine.generate_blocking(temp.path(), Some(&prompt), seed, &|| cancel.is_canceled()) {
+        // The longest clip the engine renders, charged before it renders; trimmed after.
+        let frames = engine.config().max_duration.as_secs_f64().ceil() as u64 * u64::from(v2m::SAMPLE_RATE);
+        let mut charge = self.charge(frames * u64::from(v2m::CHANNELS) * 4, || {
+            format!("{} s of rendered music", engine.config().max_duration.as_secs())
+        })?;
+        let deadline = self.deadline.clone();
+        let stop = || deadline.check().is_err();
+        let samples = match engine.generate_blocking(temp.path(), Some(&prompt), seed, &stop) {
             Ok(Some(samples)) => samples,
-            Ok(None) => {
-                return Ok(Err(NodeError {
-                    code: "canceled".into(),
-                    message: "the job was canceled".into(),
-                }))
-            }
+            Ok(None) => return Err(self.deadline.check().err().unwrap_or(Interrupt::Canceled).into()),
             Err(e) => return Ok(Err(node_error(e))),
         };
+        charge.shrink_to(samples.len() as u64 * 4);
         let clip = AudioClip {
             sample_rate: v2m::SAMPLE_RATE,
             channels: u32::from(v2m::CHANNELS),
             samples,
         };
-        Ok(Ok(self.table.push(AudioRes(Arc::new(clip)))?))
+        Ok(Ok(self.table.push(AudioRes(Arc::new(Held::new(clip, charge))))?))
     }
 }

@@ -1,6 +1,7 @@
 //! WASI preview 2, which every Rust or Python guest imports. What it can reach is decided
 //! per call from the plugin's [`Capabilities`]: by default no files, no network and no
-//! environment; stdout and stderr go to the job's log.
+//! environment; stdout and stderr go to the job's log. Its blocking waits end at the
+//! call's deadline or cancel, as guest code does (see `blocking.rs`).
 
 use wasmtime::component::Linker;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
@@ -8,6 +9,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use super::{CallState, Capability};
 use crate::runtime::call::CallContext;
 
+mod blocking;
 mod grants;
 
 pub use grants::Capabilities;
@@ -20,7 +22,8 @@ impl Capability for Wasi {
     type State = WasiCtx;
 
     fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
-        wasmtime_wasi::p2::add_to_linker_sync(linker)
+        wasmtime_wasi::p2::add_to_linker_sync(linker)?;
+        blocking::link(linker)
     }
 
     fn new_state(_: &(), _: &crate::runtime::limits::Limits, call: &CallContext, grants: &Capabilities) -> WasiCtx {
