@@ -252,3 +252,59 @@ fn a_tenant_that_fills_its_share_of_event_streams_does_not_lock_out_another() {
     server.set_token(Some(&key_a));
     server.post(&format!("/api/v2/jobs/{job_a}/cancel"), &json!({}));
 }
+
+#[test]
+fn a_job_commits_at_most_its_output_count_and_fails_cleanly_past_it() {
+    let server = Server::with(Options {
+        args: ["--max-job-outputs", "4"].map(String::from).to_vec(),
+        ..Default::default()
+    });
+    let four = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 4, "color": 0}},
+        "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "four"}}
+    }));
+    assert_eq!(four["status"], "succeeded", "{four}");
+    assert_eq!(four["outputs"].as_array().unwrap().len(), 4);
+    let many = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 256, "color": 0}},
+        "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "many"}}
+    }));
+    assert_eq!(many["status"], "failed", "{many}");
+    assert_eq!(many["error"]["code"], "job_output_limit", "{many}");
+    assert_eq!(many["error"]["node_id"], "2", "{many}");
+    assert!(
+        many["outputs"].as_array().unwrap().is_empty(),
+        "nothing of the batch was committed"
+    );
+}
+
+#[test]
+fn a_job_commits_at_most_its_output_bytes_and_fails_cleanly_past_them() {
+    let server = Server::with(Options {
+        args: ["--max-job-output-mib", "1"].map(String::from).to_vec(),
+        ..Default::default()
+    });
+    let text = "x".repeat(400 << 10);
+    let mut workflow = Map::new();
+    for i in 1..=3 {
+        workflow.insert(
+            i.to_string(),
+            json!({"class_type": "SaveText", "inputs": {"text": text, "filename_prefix": format!("part{i}")}}),
+        );
+    }
+    let job = server.run(Value::Object(workflow));
+    assert_eq!(job["status"], "failed", "{job}");
+    assert_eq!(job["error"]["code"], "job_output_limit", "{job}");
+    let committed: i64 = job["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["size_bytes"].as_i64().unwrap())
+        .sum();
+    assert!(committed <= 1 << 20, "{committed} bytes committed past a 1 MiB bound");
+    assert_eq!(
+        job["outputs"].as_array().unwrap().len(),
+        2,
+        "two 400 KiB texts fit, the third does not"
+    );
+}

@@ -6,7 +6,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{plugins_with, Options, Server};
+use support::{plugins_with, single, Options, Server};
 
 /// A server with the host-hog plugin, a 64 MiB job memory budget and no node cache (so
 /// that only the job holds its values), plus `extra` flags.
@@ -23,14 +23,6 @@ fn server(extra: &[&str]) -> (Server, tempfile::TempDir) {
         ..Default::default()
     });
     (server, plugins)
-}
-
-/// `class` (with `inputs`) feeding a PreviewAny output node.
-fn single(class: &str, inputs: Value) -> Value {
-    json!({
-        "1": {"class_type": class, "inputs": inputs},
-        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}
-    })
 }
 
 fn assert_failed_with(job: &Value, code: &str, node_id: &str) {

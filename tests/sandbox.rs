@@ -5,7 +5,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{plugins_with, Options, Server};
+use support::{plugins_with, single, Options, Server};
 
 /// A server with the hostile plugins loaded, a short node time limit and a small memory cap.
 fn hostile_server(extra: &[&str]) -> (Server, tempfile::TempDir) {
@@ -39,14 +39,6 @@ fn hostile_server(extra: &[&str]) -> (Server, tempfile::TempDir) {
         ..Default::default()
     });
     (server, plugins)
-}
-
-/// `class` (with `inputs`) feeding a PreviewAny output node.
-fn single(class: &str, inputs: Value) -> Value {
-    json!({
-        "1": {"class_type": class, "inputs": inputs},
-        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}
-    })
 }
 
 fn assert_failed_with(job: &Value, code: &str, class: &str) {

@@ -215,6 +215,12 @@ struct ServeArgs {
     /// Per-job log tail, in KiB.
     #[arg(long, env = "WEFT_LOG_KIB", default_value_t = 64)]
     log_kib: usize,
+    /// Most outputs (files: images, audio, text, ...) one job may commit.
+    #[arg(long, env = "WEFT_MAX_JOB_OUTPUTS", default_value_t = 1_000)]
+    max_job_outputs: usize,
+    /// Most bytes one job's outputs may hold in all, encoded, in MiB.
+    #[arg(long, env = "WEFT_MAX_JOB_OUTPUT_MIB", default_value_t = 2048)]
+    max_job_output_mib: u64,
     /// Node result cache, in MiB.
     #[arg(long, env = "WEFT_CACHE_MIB", default_value_t = 512)]
     cache_mib: usize,
@@ -415,6 +421,8 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             capture_logs: args.surface == Surface::Serverless,
             job_cost: if paid { args.job_cost.max(0) } else { 0 },
             log_bytes: limits.log_bytes,
+            max_outputs: args.max_job_outputs.max(1),
+            max_output_bytes: args.max_job_output_mib.max(1) << 20,
         },
         runtime: RuntimeConfig {
             limits,

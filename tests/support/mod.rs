@@ -300,6 +300,14 @@ pub(crate) fn slow_server(args: &[&str]) -> (Server, tempfile::TempDir) {
     (server, plugins)
 }
 
+/// Node `1` of `class` (with `inputs`) feeding a `PreviewAny` output node `2`.
+pub(crate) fn single(class: &str, inputs: Value) -> Value {
+    json!({
+        "1": {"class_type": class, "inputs": inputs},
+        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}
+    })
+}
+
 /// A workflow that counts for `seconds` (`SlowCounter` from the counter test plugin, see
 /// [`slow_server`]) and previews the count.
 pub(crate) fn slow_workflow(seconds: f64) -> Value {

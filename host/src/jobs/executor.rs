@@ -102,6 +102,13 @@ impl ProgressSink for Tracker {
     }
 }
 
+/// What a job has committed so far: the next output's index, and the bytes held.
+#[derive(Default)]
+struct Committed {
+    count: i64,
+    bytes: u64,
+}
+
 /// How a run ended, before it is recorded.
 enum Outcome {
     Succeeded,
@@ -265,7 +272,7 @@ impl Jobs {
         tracker.update(true, |p| p.nodes_total = plan.nodes.len() as u32);
         let workflow_text = job.workflow.to_string();
         let mut numbering = Numbering::default();
-        let mut committed: i64 = 0;
+        let mut committed = Committed::default();
         // Each node's outputs are dropped once the last node that reads them has run, so a
         // chain holds about two values at a time, not all of them (the cache keeps its own).
         let mut readers = vec![0usize; plan.nodes.len()];
@@ -299,6 +306,8 @@ impl Jobs {
             let entry = match cached {
                 Some(entry) => {
                     for file in &entry.files {
+                        self.admit_output(&committed, file.size)
+                            .map_err(|m| node_error("job_output_limit", m, None))?;
                         self.commit(job, &node.id, file.clone(), &mut committed)
                             .await
                             .map_err(|m| node_error("output_commit_failed", m, None))?;
@@ -357,6 +366,17 @@ impl Jobs {
                         }
                     };
                     let mut files = Vec::new();
+                    let announced: usize = output.files.iter().map(|f| f.data.files()).sum();
+                    if committed.count as usize + announced > self.config.max_outputs {
+                        return Err(node_error(
+                            "job_output_limit",
+                            format!(
+                                "the node would commit {announced} outputs; the job may commit at most {} (--max-job-outputs)",
+                                self.config.max_outputs
+                            ),
+                            None,
+                        ));
+                    }
                     for file in &output.files {
                         let Some(encoded) = outputs::encode(file, &mut numbering, &workflow_text, &keep_going)
                             .map_err(|m| node_error("output_encoding_failed", m, None))?
@@ -367,6 +387,8 @@ impl Jobs {
                             if !keep_going() {
                                 return stopped();
                             }
+                            self.admit_output(&committed, e.bytes.len() as u64)
+                                .map_err(|m| node_error("job_output_limit", m, None))?;
                             let (blob, size) = self
                                 .assets
                                 .put(&e.bytes)
@@ -424,8 +446,32 @@ impl Jobs {
         }
     }
 
-    /// Records `file` as output number `index` of `job` (then counts it) and announces it.
-    async fn commit(&self, job: &JobRecord, node_id: &str, file: CachedFile, index: &mut i64) -> Result<(), String> {
+    /// Whether one more output of `size` bytes fits the job's output bounds; why not if not.
+    fn admit_output(&self, committed: &Committed, size: u64) -> Result<(), String> {
+        let (max_outputs, max_bytes) = (self.config.max_outputs, self.config.max_output_bytes);
+        if committed.count as usize >= max_outputs {
+            return Err(format!(
+                "the job may commit at most {max_outputs} outputs (--max-job-outputs)"
+            ));
+        }
+        if committed.bytes.saturating_add(size) > max_bytes {
+            return Err(format!(
+                "the job's outputs would exceed {} MiB in all (--max-job-output-mib)",
+                max_bytes >> 20
+            ));
+        }
+        Ok(())
+    }
+
+    /// Records `file` as the job's next output (numbered by `committed`, which then counts
+    /// it) and announces it.
+    async fn commit(
+        &self,
+        job: &JobRecord,
+        node_id: &str,
+        file: CachedFile,
+        committed: &mut Committed,
+    ) -> Result<(), String> {
         let asset = AssetRecord {
             id: uuid::Uuid::new_v4().to_string(),
             tenant: job.tenant.clone(),
@@ -444,10 +490,12 @@ impl Jobs {
             tags: Vec::new(),
             created_at: Utc::now(),
             expires_at: None,
-            output_index: Some(*index),
+            output_index: Some(committed.count),
         };
+        let size = file.size;
         self.assets.commit_output(asset.clone()).await?;
-        *index += 1;
+        committed.count += 1;
+        committed.bytes += size;
         self.hub.publish(&job.id, JobEvent::Output(Box::new(asset)));
         Ok(())
     }

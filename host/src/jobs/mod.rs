@@ -54,6 +54,10 @@ pub struct JobsConfig {
     pub job_cost: i64,
     /// Size of each job's log tail.
     pub log_bytes: usize,
+    /// Most outputs one job may commit.
+    pub max_outputs: usize,
+    /// Most bytes one job's outputs may hold in all (encoded: PNG, WAV, ...).
+    pub max_output_bytes: u64,
 }
 
 impl Default for JobsConfig {
@@ -68,6 +72,8 @@ impl Default for JobsConfig {
             capture_logs: false,
             job_cost: 0,
             log_bytes: 64 << 10,
+            max_outputs: 1_000,
+            max_output_bytes: 2 << 30,
         }
     }
 }

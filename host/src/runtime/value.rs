@@ -205,6 +205,16 @@ pub enum FileData {
     Latent(Arc<Held<LatentBatch>>),
 }
 
+impl FileData {
+    /// How many files it commits as: one per image of a PNG batch, else one.
+    pub fn files(&self) -> usize {
+        match self {
+            FileData::Png(images) => images.batch as usize,
+            _ => 1,
+        }
+    }
+}
+
 /// A file an output node asked the host to commit.
 #[derive(Debug, Clone)]
 pub struct OutputFile {
