@@ -9,8 +9,8 @@ use super::conditioning::{Area, CondEntry, Conditioning};
 use super::model::DiffusionModel;
 use super::resize::{resize_planes, Mode};
 use crate::sampling::{
-    cfg, ksampler_sigmas, sample, seeded_noise, ModelSampling, SampleError, SamplerKind, Scheduler, StepControl,
-    Tensor, TorchGenerator, TorchNoise,
+    cfg, default_noise, ksampler_sigmas, sample, seeded_noise, ModelSampling, SampleError, SamplerKind, Scheduler,
+    StepControl, Tensor, TorchGenerator,
 };
 use crate::values::LatentBatch;
 use crate::ComputeError;
@@ -136,7 +136,10 @@ pub fn ksample(
                 .collect(),
         ))
     };
-    let mut step_noise = TorchNoise::new(settings.seed);
+    // ComfyUI's default noise sampler for this sampler: a seeded generator, or for the SDE
+    // samplers a Brownian tree over these sigmas.
+    let mut step_noise = default_noise(settings.sampler, settings.seed, &sigmas, &shape)
+        .map_err(|e| ComputeError::invalid(format!("{e:#}")))?;
     let mut callback = |info: &crate::sampling::StepInfo<'_>| on_step(info.step + 1, info.total);
     let x0 = Tensor::new(shape.clone(), x0);
     let samples = sample(
@@ -144,7 +147,7 @@ pub fn ksample(
         &mut denoiser,
         x0,
         &sigmas,
-        &mut step_noise,
+        step_noise.as_mut(),
         &mut callback,
     )
     .map_err(|e| match e {
