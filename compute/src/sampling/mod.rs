@@ -21,8 +21,8 @@ pub use beta_dist::{beta_cdf, beta_ppf};
 pub use brownian::BrownianTreeNoise;
 pub use model_sampling::ModelSampling;
 pub use noise::{
-    default_noise, seeded_noise, seeded_noise_with_kernel, ListNoise, Mt19937, NoiseSource, NormalKernel, TorchGenerator, TorchNoise,
-    ZeroNoise,
+    default_noise, seeded_noise, seeded_noise_with_kernel, ListNoise, Mt19937, NoiseSource, NormalKernel,
+    TorchGenerator, TorchNoise, ZeroNoise,
 };
 pub use sampler::{sample, SampleError, SamplerKind, StepControl, StepInfo};
 pub use scheduler::{exponential, karras, kl_optimal, ksampler_sigmas, sigmas, Scheduler, UnknownName};

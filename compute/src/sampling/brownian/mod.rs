@@ -83,7 +83,10 @@ mod tests {
     /// Draws of ComfyUI's own `BrownianTreeNoiseSampler` (see the fixture's `about`).
     #[test]
     fn matches_comfyui_brownian_tree_noise_sampler() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/comfyui-brownian-tree.json");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/comfyui-brownian-tree.json"
+        );
         let fixture: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         let floats = |v: &serde_json::Value| -> Vec<f32> {
             v.as_array()
