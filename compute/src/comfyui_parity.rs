@@ -84,13 +84,13 @@ impl LatentGap {
     }
 }
 
-/// One checkpoint load for both parts: it is 2.1 GB.
+/// One checkpoint load for both parts (it is 2.1 GB); the small sweep runs first.
 #[test]
 fn sd15_default_graph_and_every_sampler_match_comfyui() -> Result<()> {
     let checkpoint = sd15_random::cached_seed0(&sd15_random::cache_dir())?;
     let models = Arc::new(load_sd1(&checkpoint, &Device::Cpu)?);
-    default_graph_matches_comfyui(&models)?;
-    every_sampler_and_scheduler_matches_comfyui(&models, &checkpoint)
+    every_sampler_and_scheduler_matches_comfyui(&models, &checkpoint)?;
+    default_graph_matches_comfyui(&models)
 }
 
 fn default_graph_matches_comfyui(models: &Sd1Models) -> Result<()> {
