@@ -12,8 +12,8 @@ use super::diffusion::prompt::encode_prompt;
 use super::image::ImageBatch;
 use super::models::{Sd1Models, Sd1Unet};
 use super::sampling::{
-    cfg, ksampler_sigmas, sample, seeded_noise, ModelSampling, SamplerKind, Scheduler, StepControl, StepInfo, Tensor,
-    TorchNoise,
+    cfg, default_noise, ksampler_sigmas, sample, seeded_noise, ModelSampling, SamplerKind, Scheduler, StepControl,
+    StepInfo, Tensor,
 };
 use super::vae;
 
@@ -170,8 +170,8 @@ pub fn text_to_latent(
     let empty = Tensor::zeros(shape);
     let x0 = empty.with_data(ms.noise_scaling(sigmas[0], &noise.data, &empty.data, ms.is_max_denoise(sigmas[0])));
     let mut denoiser = |x: &Tensor, sigma: f32| unet.denoise(x, sigma);
-    let mut step_noise = TorchNoise::new(req.seed);
-    let latent = sample(req.sampler, &mut denoiser, x0, &sigmas, &mut step_noise, callback)?;
+    let mut step_noise = default_noise(req.sampler, req.seed, &sigmas, &x0.shape)?;
+    let latent = sample(req.sampler, &mut denoiser, x0, &sigmas, step_noise.as_mut(), callback)?;
     Ok(vae::process_out(&latent))
 }
 

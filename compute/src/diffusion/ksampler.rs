@@ -9,8 +9,8 @@ use super::conditioning::{can_batch, repeat_to_common_length, Area, CondEntry, C
 use super::model::DiffusionModel;
 use super::resize::{resize_planes, Mode};
 use crate::sampling::{
-    cfg, ksampler_sigmas, sample, seeded_noise, ModelSampling, SampleError, SamplerKind, Scheduler, StepControl,
-    StepInfo, Tensor, TorchGenerator, TorchNoise,
+    cfg, default_noise, ksampler_sigmas, sample, seeded_noise, ModelSampling, SampleError, SamplerKind, Scheduler,
+    StepControl, StepInfo, Tensor, TorchGenerator,
 };
 use crate::values::LatentBatch;
 use crate::ComputeError;
@@ -137,13 +137,23 @@ pub fn ksample(
                 .collect(),
         ))
     };
-    let mut step_noise = TorchNoise::new(settings.seed);
+    // ComfyUI's default noise sampler for this sampler: a seeded generator, or for the SDE
+    // samplers a Brownian tree over these sigmas.
+    let mut step_noise = default_noise(settings.sampler, settings.seed, &sigmas, &shape)
+        .map_err(|e| ComputeError::invalid(format!("{e:#}")))?;
     let x0 = Tensor::new(shape.clone(), x0);
-    let samples =
-        sample(settings.sampler, &mut denoiser, x0, &sigmas, &mut step_noise, on_step).map_err(|e| match e {
-            SampleError::Cancelled { step } => SampleFailure::Stopped(step),
-            other => SampleFailure::Compute(ComputeError::Failed(other.to_string())),
-        })?;
+    let samples = sample(
+        settings.sampler,
+        &mut denoiser,
+        x0,
+        &sigmas,
+        step_noise.as_mut(),
+        on_step,
+    )
+    .map_err(|e| match e {
+        SampleError::Cancelled { step } => SampleFailure::Stopped(step),
+        other => SampleFailure::Compute(ComputeError::Failed(other.to_string())),
+    })?;
     Ok(LatentBatch {
         data: samples.data.iter().map(|v| v / SCALE_FACTOR).collect(),
         ..latent.clone()

@@ -10,6 +10,7 @@
 //! [`Denoiser`] that applies [`cfg`] to the model's conditional and unconditional predictions.
 
 mod beta_dist;
+mod brownian;
 mod model_sampling;
 mod noise;
 mod sampler;
@@ -17,10 +18,11 @@ mod scheduler;
 mod vectors;
 
 pub use beta_dist::{beta_cdf, beta_ppf};
+pub use brownian::BrownianTreeNoise;
 pub use model_sampling::ModelSampling;
 pub use noise::{
-    seeded_noise, seeded_noise_with_kernel, ListNoise, Mt19937, NoiseSource, NormalKernel, TorchGenerator, TorchNoise,
-    ZeroNoise,
+    default_noise, seeded_noise, seeded_noise_with_kernel, ListNoise, Mt19937, NoiseSource, NormalKernel,
+    TorchGenerator, TorchNoise, ZeroNoise,
 };
 pub use sampler::{sample, SampleError, SamplerKind, StepControl, StepInfo};
 pub use scheduler::{exponential, karras, kl_optimal, ksampler_sigmas, sigmas, Scheduler, UnknownName};

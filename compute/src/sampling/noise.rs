@@ -10,7 +10,7 @@
 //!   compiled with FMA contraction; [`NormalKernel::Avx2`] reproduces them bit-for-bit with
 //!   `f32::mul_add`, [`NormalKernel::Default`] reproduces the non-AVX kernel (libm functions).
 
-use super::Tensor;
+use super::{SamplerKind, Tensor};
 
 /// Which torch CPU kernel to emulate for the `n >= 16` float32 `randn` path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -306,7 +306,8 @@ pub trait NoiseSource {
 /// ComfyUI adds 1 to the seed on CPU, so pass `seed + 1` to match those.
 ///
 /// ComfyUI's SDE samplers (`dpmpp_sde`, `dpmpp_2m_sde*`, `dpmpp_3m_sde`) default to a torchsde
-/// Brownian tree instead, which is not implemented here.
+/// Brownian tree instead: [`BrownianTreeNoise`](super::BrownianTreeNoise); [`default_noise`]
+/// picks the right one.
 pub struct TorchNoise {
     generator: TorchGenerator,
 }
@@ -325,6 +326,28 @@ impl NoiseSource for TorchNoise {
         let n = shape.iter().product();
         Ok(Tensor::new(shape.to_vec(), self.generator.randn(n)))
     }
+}
+
+/// ComfyUI's default step noise for `kind` when sampling `sigmas` with `seed`: the SDE samplers
+/// (`dpmpp_sde`, `dpmpp_2m_sde`, `dpmpp_2m_sde_heun`, `dpmpp_3m_sde` and their `_gpu` names)
+/// build a [`BrownianTreeNoise`](super::BrownianTreeNoise) from the smallest positive to the
+/// largest sigma; every other sampler uses `default_noise_sampler` ([`TorchNoise`]).
+///
+/// The `_gpu` names differ in ComfyUI only by building their tree on the model's device; on
+/// a CPU that is the same tree, which is what weft gives for them on every device.
+pub fn default_noise(
+    kind: SamplerKind,
+    seed: u64,
+    sigmas: &[f32],
+    shape: &[usize],
+) -> anyhow::Result<Box<dyn NoiseSource>> {
+    use SamplerKind::*;
+    Ok(match kind {
+        DpmppSde | Dpmpp2mSde | Dpmpp2mSdeHeun | Dpmpp3mSde => {
+            Box::new(super::BrownianTreeNoise::for_sigmas(seed, sigmas, shape)?)
+        }
+        _ => Box::new(TorchNoise::new(seed)),
+    })
 }
 
 /// Replays a fixed list of noise tensors (the k-th call returns the k-th entry) and records the

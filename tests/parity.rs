@@ -1,0 +1,198 @@
+//! Parity with ComfyUI through the job API: the workflows that ComfyUI itself ran for
+//! `tests/fixtures/sd15-parity/` (its default graph plus `SaveLatent`, on the seed-0
+//! random-weight SD1.5 checkpoint) are submitted unchanged to `POST /api/v2/jobs`, and the
+//! saved PNG and latent must equal ComfyUI's within the fixture README's tolerances.
+//!
+//! The 2.1 GB checkpoint is written once per machine into weft's cache directory (by
+//! `weft models sd15-random`, when missing) and hard-linked into a models folder beside it.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::{weft_bin, Options, Server};
+
+/// The file name the workflows load and the cache keeps.
+const CHECKPOINT: &str = "sd15-random-s0.safetensors";
+/// Its sha256, from the fixture's README.
+const CHECKPOINT_SHA256: &str = "aa64b29d75cc3581c40496e21560f885b40078d8af1910f2f2282424b1636fe9";
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sd15-parity")
+}
+
+/// weft's per-machine cache directory, found as `weft` finds it.
+fn cache_dir() -> PathBuf {
+    let var = |name| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    var("WEFT_CACHE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("weft")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache").join("weft")))
+        .unwrap_or_else(|| std::env::temp_dir().join("weft"))
+}
+
+/// A models folder whose `checkpoints/` holds the cached checkpoint as a hard link (a
+/// symlink leaving the folder would be refused), writing the checkpoint first if missing.
+fn models_dir() -> PathBuf {
+    let cache = cache_dir();
+    let cached = cache.join(CHECKPOINT);
+    if !cached.is_file() {
+        std::fs::create_dir_all(&cache).unwrap();
+        let tmp = cache.join(format!(".{CHECKPOINT}.{}.tmp", std::process::id()));
+        let out = Command::new(weft_bin())
+            .args(["models", "sd15-random", "--seed", "0", "--out"])
+            .arg(&tmp)
+            .output()
+            .unwrap();
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && printed.contains(CHECKPOINT_SHA256),
+            "weft models sd15-random failed: {printed}"
+        );
+        std::fs::rename(&tmp, &cached).unwrap();
+    }
+    let models = cache.join("sd15-parity-models");
+    let linked = models.join("checkpoints").join(CHECKPOINT);
+    std::fs::create_dir_all(linked.parent().unwrap()).unwrap();
+    let same = |a: &Path, b: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        let (a, b) = (std::fs::metadata(a), std::fs::metadata(b));
+        matches!((a, b), (Ok(a), Ok(b)) if a.ino() == b.ino() && a.dev() == b.dev())
+    };
+    if !same(&cached, &linked) {
+        let _ = std::fs::remove_file(&linked);
+        std::fs::hard_link(&cached, &linked).unwrap();
+    }
+    models
+}
+
+/// Submits `workflow` and waits for it; the full-size checkpoint takes a while on a busy
+/// machine, so the wait is generous (it bounds a hang, it is not a timing assertion).
+fn run(server: &Server, workflow: Value) -> Value {
+    let job = server.submit(workflow);
+    let id = job["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    loop {
+        let job: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
+        if matches!(
+            job["status"].as_str(),
+            Some("succeeded" | "failed" | "canceled" | "expired")
+        ) {
+            return job;
+        }
+        assert!(Instant::now() < deadline, "job {id} did not finish: {job}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The float32 tensor `latent_tensor` of a ComfyUI `.latent` (safetensors) file.
+fn latent_values(bytes: &[u8]) -> (Vec<u64>, Vec<f32>) {
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    let entry = &header["latent_tensor"];
+    assert_eq!(entry["dtype"], "F32", "{header}");
+    let shape = entry["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap())
+        .collect();
+    let offsets = entry["data_offsets"].as_array().unwrap();
+    let (begin, end) = (
+        offsets[0].as_u64().unwrap() as usize,
+        offsets[1].as_u64().unwrap() as usize,
+    );
+    let data = bytes[8 + len + begin..8 + len + end]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (shape, data)
+}
+
+fn rgb(png: &[u8]) -> Vec<u8> {
+    image::load_from_memory(png).unwrap().to_rgb8().into_raw()
+}
+
+#[test]
+fn comfyuis_own_workflows_give_comfyuis_latent_and_png_through_the_job_api() {
+    let models = models_dir();
+    let server = Server::with(Options {
+        args: vec!["--models-dir".into(), models.display().to_string()],
+        ..Default::default()
+    });
+    let cases: Value = serde_json::from_slice(&std::fs::read(fixtures().join("cases.json")).unwrap()).unwrap();
+    for name in ["a", "c"] {
+        let job = run(&server, cases["cases"][name]["workflow"].clone());
+        assert_eq!(job["status"], "succeeded", "case {name}: {job}");
+        let outputs: Vec<(String, Vec<u8>)> = job["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| {
+                let file = o["filename"].as_str().or(o["name"].as_str()).unwrap_or("").to_string();
+                (file, server.download(o["url"].as_str().unwrap()))
+            })
+            .collect();
+        let latent = outputs
+            .iter()
+            .find(|(file, _)| file.ends_with(".latent"))
+            .unwrap_or_else(|| panic!("case {name}: no latent among {job}"));
+        let png = outputs
+            .iter()
+            .find(|(_, bytes)| bytes.starts_with(b"\x89PNG\r\n\x1a\n"))
+            .unwrap_or_else(|| panic!("case {name}: no PNG among {job}"));
+
+        let (shape, ours) = latent_values(&latent.1);
+        let (want_shape, want) = latent_values(&std::fs::read(fixtures().join(format!("case_{name}.latent"))).unwrap());
+        assert_eq!(shape, want_shape, "case {name}: latent shape");
+        let n = want.len() as f64;
+        let mean = want.iter().map(|&v| v as f64).sum::<f64>() / n;
+        let std = (want.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+        let largest = want.iter().fold(0f64, |m, &v| m.max((v as f64).abs()));
+        let diffs: Vec<f64> = ours
+            .iter()
+            .zip(&want)
+            .map(|(&a, &b)| (a as f64 - b as f64).abs())
+            .collect();
+        let max_diff = diffs.iter().fold(0f64, |m, &d| m.max(d));
+        let mean_diff = diffs.iter().sum::<f64>() / n;
+        eprintln!(
+            "case {name}: latent max |diff| {max_diff:.3e} (limit {:.3e}), mean {mean_diff:.3e} (limit {:.3e})",
+            1e-3 * largest,
+            1e-4 * std
+        );
+        assert!(
+            max_diff <= 1e-3 * largest,
+            "case {name}: latent max difference {max_diff}"
+        );
+        assert!(
+            mean_diff <= 1e-4 * std,
+            "case {name}: latent mean difference {mean_diff}"
+        );
+
+        let (ours, theirs) = (
+            rgb(&png.1),
+            rgb(&std::fs::read(fixtures().join(format!("case_{name}.png"))).unwrap()),
+        );
+        assert_eq!(ours.len(), theirs.len(), "case {name}: image size");
+        let worst = ours
+            .iter()
+            .zip(&theirs)
+            .map(|(&a, &b)| a.abs_diff(b))
+            .max()
+            .unwrap_or(0);
+        let differing = ours.iter().zip(&theirs).filter(|(a, b)| a != b).count() as f64 / ours.len() as f64;
+        eprintln!(
+            "case {name}: PNG worst {worst}/255, {:.4}% of values differ",
+            100.0 * differing
+        );
+        assert!(worst <= 3, "case {name}: a PNG value differs by {worst}/255");
+        assert!(
+            differing <= 0.01,
+            "case {name}: {:.2}% of PNG values differ",
+            100.0 * differing
+        );
+    }
+}
