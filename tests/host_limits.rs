@@ -6,7 +6,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{plugins_with, single, Options, Server};
+use support::{plugins_with, single, wait_running, Options, Server};
 
 /// A server with the host-hog plugin, a 64 MiB job memory budget and no node cache (so
 /// that only the job holds its values), plus `extra` flags.
@@ -162,17 +162,6 @@ fn a_guest_sleeping_in_wasi_ends_at_its_time_limit() {
     let job = server.run(single("HostileSleep", json!({"seconds": 3600.0})));
     assert_failed_with(&job, "node_timeout", "1");
     assert_host_alive(&server);
-}
-
-fn wait_running(server: &Server, id: &str) {
-    for _ in 0..4000 {
-        let job: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
-        if job["status"] == "running" && job["progress"]["step"].is_u64() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    panic!("job {id} never ran");
 }
 
 #[test]

@@ -5,7 +5,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{plugins_with, single, Options, Server};
+use support::{plugins_with, single, wait_running, Options, Server};
 
 /// A server with the hostile plugins loaded, a short node time limit and a small memory cap.
 fn hostile_server(extra: &[&str]) -> (Server, tempfile::TempDir) {
@@ -161,17 +161,6 @@ fn an_absurdly_large_output_is_refused() {
     assert_failed_with(&job, "node_output_too_large", "HostileHugeFile");
     assert_eq!(job["outputs"], json!([]), "nothing was committed: {job}");
     assert_host_alive(&server);
-}
-
-fn wait_running(server: &Server, id: &str) {
-    for _ in 0..2000 {
-        let job: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
-        if job["status"] == "running" && job["progress"]["step"].is_u64() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    panic!("job {id} never ran");
 }
 
 #[test]

@@ -300,6 +300,18 @@ pub(crate) fn slow_server(args: &[&str]) -> (Server, tempfile::TempDir) {
     (server, plugins)
 }
 
+/// Waits (up to 20 s) until job `id` runs and has reported a step.
+pub(crate) fn wait_running(server: &Server, id: &str) {
+    for _ in 0..4000 {
+        let job: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
+        if job["status"] == "running" && job["progress"]["step"].is_u64() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("job {id} never ran");
+}
+
 /// Node `1` of `class` (with `inputs`) feeding a `PreviewAny` output node `2`.
 pub(crate) fn single(class: &str, inputs: Value) -> Value {
     json!({
