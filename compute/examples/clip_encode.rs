@@ -7,14 +7,13 @@
 //! seed-0 random one is written once into the cache directory (`weft models sd15-random`).
 //! `WEFT_BENCH_RUNS` (default 5) sets the timed runs; the median is printed.
 
-use std::path::PathBuf;
-use std::time::Instant;
-
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use weft_compute::diffusion::lora::load_component;
 use weft_compute::diffusion::prompt::encode_prompt;
-use weft_compute::models::{sd15_random, ClipText, Component, Sd1Config};
+use weft_compute::models::{ClipText, Component, Sd1Config};
+
+mod support;
 
 // The server's allocator: the kernels' speed depends on it (see weft-allocator).
 weft_allocator::install!();
@@ -24,33 +23,9 @@ fn prompt() -> String {
     "a lighthouse at dusk, oil painting, ".repeat(9)
 }
 
-/// CPU seconds (user + system, all threads) this process has used so far; Linux only (0
-/// elsewhere). Printed next to wall time: on a shared machine it moves far less with load.
-fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() -> anyhow::Result<()> {
-    let checkpoint = match std::env::args().nth(1) {
-        Some(path) => PathBuf::from(path),
-        None => sd15_random::cached_seed0(&sd15_random::cache_dir())?,
-    };
-    let runs: usize = std::env::var("WEFT_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5)
-        .max(1);
+    let checkpoint = support::checkpoint()?;
+    let runs = support::runs(5);
     let cfg = Sd1Config::sd1();
     let tensors = load_component(&checkpoint, &cfg, Component::Clip, &Device::Cpu)?;
     let clip = ClipText::new(
@@ -60,38 +35,17 @@ fn main() -> anyhow::Result<()> {
     let text = prompt();
     let chunks = weft_compute::diffusion::prompt::tokenize(&text, None)?;
     anyhow::ensure!(chunks.len() == 1, "the prompt should fill one chunk");
-    encode_prompt(&clip, clip.layer_count(), &text, None)?;
-    let cpu_before = cpu_seconds();
-    let times: Vec<f64> = (0..runs)
-        .map(|_| {
-            let started = Instant::now();
-            encode_prompt(&clip, clip.layer_count(), &text, None).map(|_| started.elapsed().as_secs_f64() * 1e3)
-        })
-        .collect::<Result<_, _>>()?;
-    let ours = median(times);
-    let ours_cpu = (cpu_seconds() - cpu_before) * 1e3 / runs as f64;
+    let (ours, ours_cpu) = support::time_runs(runs, || {
+        encode_prompt(&clip, clip.layer_count(), &text, None)?;
+        Ok(())
+    })?;
     println!(
         "weft CLIP, 77 tokens, {} rayon threads: {ours:.1} ms wall (median of {runs}), {ours_cpu:.1} ms CPU per encode",
         rayon::current_num_threads()
     );
-    if let Ok(python) = std::env::var("WEFT_BENCH_PYTHON") {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/clip_encode_torch.py");
-        let out = std::process::Command::new(python)
-            .arg(&script)
-            .arg(&checkpoint)
-            .arg(runs.to_string())
-            .arg(&text)
-            .output()?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let figure = |key: &str| -> anyhow::Result<f64> {
-            stdout
-                .lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.trim().parse().ok())
-                .ok_or_else(|| anyhow::anyhow!("no {key} from {}: {stdout}", script.display()))
-        };
-        let (theirs, theirs_cpu) = (figure("ms=")?, figure("cpu_ms=")?);
+    let run_count = runs.to_string();
+    let args = [checkpoint.as_os_str(), run_count.as_ref(), text.as_ref()];
+    if let Some((theirs, theirs_cpu)) = support::torch_figures("clip_encode_torch.py", &args)? {
         println!(
             "transformers CLIPTextModel, 77 tokens, 2 threads: {theirs:.1} ms wall (median of {runs}), {theirs_cpu:.1} ms CPU per encode"
         );

@@ -249,39 +249,51 @@ fn weights(entry: &CondEntry, (y, x, h, w): (usize, usize, usize, usize), height
 }
 
 impl Guidance<'_> {
-    /// `D(x, sigma)` with guidance, for the sampler-space batch `x`.
+    /// `D(x, sigma)` with guidance, for the sampler-space batch `x`. As in ComfyUI's
+    /// `sampling_function`, the positive and negative entries go through one
+    /// `calc_cond_batch`, so that entries of both that may be batched share a UNet call.
     fn denoise(&self, x: &[f32], sigma: f32) -> anyhow::Result<Vec<f32>> {
         let with_uncond = (self.scale - 1.0).abs() > 1e-9;
-        let cond = self.predict(&self.positive.0, x, sigma)?;
         if !with_uncond {
+            let [cond] = self.predict([&self.positive.0], x, sigma)?;
             return Ok(cond);
         }
-        let uncond = self.predict(&self.negative.0, x, sigma)?;
+        let [cond, uncond] = self.predict([&self.positive.0, &self.negative.0], x, sigma)?;
         Ok(cfg(&uncond, &cond, self.scale))
     }
 
-    /// The weighted mean of every entry's denoised prediction (`calc_cond_batch`). Entries
-    /// over one region share a UNet call when their prompt lengths may be batched
-    /// ([`can_batch`] with the group's first entry, as ComfyUI groups them).
-    fn predict(&self, entries: &[CondEntry], x: &[f32], sigma: f32) -> anyhow::Result<Vec<f32>> {
+    /// For each conditioning of `conds`, the weighted mean of its entries' denoised
+    /// predictions (`calc_cond_batch`). Entries over one region share a UNet call, whichever
+    /// conditioning they belong to, when their prompt lengths may be batched ([`can_batch`]
+    /// with the group's first entry, as ComfyUI groups them).
+    fn predict<const N: usize>(
+        &self,
+        conds: [&[CondEntry]; N],
+        x: &[f32],
+        sigma: f32,
+    ) -> anyhow::Result<[Vec<f32>; N]> {
         let [b, c, height, width] = [self.shape[0], self.shape[1], self.shape[2], self.shape[3]];
-        let mut out = vec![0.0f32; x.len()];
-        let mut counts = vec![1e-37f32; x.len()];
-        let mut groups: Vec<(Region, usize, Vec<&CondEntry>)> = Vec::new();
-        for entry in entries {
-            let Some(region) = region(entry.area, height, width) else {
-                continue;
-            };
-            let tokens = entry.context.dim(1)?;
-            match groups
-                .iter_mut()
-                .find(|(r, t, _)| *r == region && can_batch(*t, tokens))
-            {
-                Some((_, _, members)) => members.push(entry),
-                None => groups.push((region, tokens, vec![entry])),
+        let mut out: [Vec<f32>; N] = std::array::from_fn(|_| vec![0.0f32; x.len()]);
+        let mut counts: [Vec<f32>; N] = std::array::from_fn(|_| vec![1e-37f32; x.len()]);
+        let mut groups: Vec<(Region, usize, Vec<(usize, &CondEntry)>)> = Vec::new();
+        for (index, entries) in conds.iter().enumerate() {
+            for entry in entries.iter() {
+                let Some(region) = region(entry.area, height, width) else {
+                    continue;
+                };
+                let tokens = entry.context.dim(1)?;
+                match groups
+                    .iter_mut()
+                    .find(|(r, t, _)| *r == region && can_batch(*t, tokens))
+                {
+                    Some((_, _, members)) => members.push((index, entry)),
+                    None => groups.push((region, tokens, vec![(index, entry)])),
+                }
             }
         }
-        for (region, _, members) in groups {
+        for (region, _, mut members) in groups {
+            // ComfyUI batches a group's entries in reverse order: the negative prompt first.
+            members.reverse();
             let (y, x0, h, w) = region;
             let crop: Vec<f32> = (0..b * c)
                 .flat_map(|plane| {
@@ -292,9 +304,11 @@ impl Guidance<'_> {
                 })
                 .map(|i| x[i])
                 .collect();
-            let preds = self.unet(&members, &crop, [b, c, h, w], sigma)?;
-            for (entry, pred) in members.iter().zip(preds.chunks_exact(crop.len())) {
+            let entries: Vec<&CondEntry> = members.iter().map(|&(_, entry)| entry).collect();
+            let preds = self.unet(&entries, &crop, [b, c, h, w], sigma)?;
+            for (&(index, entry), pred) in members.iter().zip(preds.chunks_exact(crop.len())) {
                 let mult = weights(entry, region, height, width);
+                let (out, counts) = (&mut out[index], &mut counts[index]);
                 for plane in 0..b * c {
                     for r in 0..h {
                         for col in 0..w {
@@ -307,8 +321,10 @@ impl Guidance<'_> {
                 }
             }
         }
-        for (o, n) in out.iter_mut().zip(&counts) {
-            *o /= n;
+        for (out, counts) in out.iter_mut().zip(&counts) {
+            for (o, n) in out.iter_mut().zip(counts) {
+                *o /= n;
+            }
         }
         Ok(out)
     }
