@@ -26,8 +26,6 @@ const slugify = node({
   run({ text, separator, max_length }, ctx) {
     ctx.progress(0, 1, "slugifying");
     const words = text
-      .normalize("NFKD")
-      .replace(/[\u0300-\u036f]/g, "")
       .toLowerCase()
       .split(/[^a-z0-9]+/)
       .filter((w) => w.length > 0);

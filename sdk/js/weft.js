@@ -33,7 +33,8 @@ const HANDLE_TAGS = { IMAGE: "image", LATENT: "latent", MASK: "mask", AUDIO: "au
 function spec(typeName, options = {}) {
   return {
     typeName,
-    required: options.required ?? true,
+    // An input with a default may be left out of a workflow: the default is then used.
+    required: options.required ?? options.default === undefined,
     default: options.default,
     min: options.min,
     max: options.max,
@@ -44,7 +45,10 @@ function spec(typeName, options = {}) {
   };
 }
 
-/** Input declarations. Each takes `{ default, min, max, step, tooltip, required }` as fits. */
+/**
+ * Input declarations. Each takes `{ default, min, max, step, tooltip, required }` as fits.
+ * An input is required unless it has a default (or says `required: false`).
+ */
 export const input = {
   /** An `INT` input. */
   int: (options) => spec("INT", options),
