@@ -17,6 +17,7 @@ use weft::runtime::{
 use weft::serve::{self, ServeConfig};
 
 use cli::models::ModelsCommand;
+use cli::plugin::PluginCommand;
 
 mod cli;
 
@@ -72,6 +73,11 @@ enum Command {
     Models {
         #[command(subcommand)]
         command: ModelsCommand,
+    },
+    /// Plugin authoring: check a component, start a new plugin.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
     },
 }
 
@@ -547,6 +553,12 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Models { command } => command.run(),
+        Command::Plugin { command } => {
+            if !command.run()? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Command::Credits {
             command:
                 CreditsCommand::Add {
