@@ -135,6 +135,10 @@ struct ServeArgs {
     /// Extra plugins: every *.wasm in this directory, with its optional <name>.toml manifest.
     #[arg(long, env = "WEFT_PLUGINS_DIR")]
     plugins_dir: Option<PathBuf>,
+    /// Reload a plugin of --plugins-dir when its file changes; jobs already running keep
+    /// the version they started with.
+    #[arg(long, env = "WEFT_WATCH")]
+    watch: bool,
     /// Jobs that run at once. More than the cores: a job waits on storage as well as computing.
     #[arg(long, env = "WEFT_WORKERS", default_value_t = 4)]
     workers: usize,
@@ -446,6 +450,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             plugin_load_timeout: Duration::from_millis(args.plugin_load_timeout_ms.max(1)),
         },
         sweep_interval: Duration::from_secs(args.sweep_interval_secs.max(1)),
+        watch_plugins: args.watch,
         initial_credits: args.initial_credits,
         link_ttl: Duration::from_secs(3600),
     })

@@ -24,6 +24,7 @@ pub mod events;
 mod executor;
 pub mod metrics;
 mod outputs;
+pub mod plugin_watch;
 pub mod queue;
 pub mod recovery;
 pub mod retention;
