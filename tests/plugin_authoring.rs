@@ -86,12 +86,16 @@ fn plugin_check_reports_a_contract_version_the_host_does_not_serve() {
 
 #[test]
 fn plugin_check_reports_a_class_colliding_with_an_installed_plugin_and_bad_files() {
-    // Installed beside the counter plugin, a second copy of it collides class by class.
+    // Installed beside the counter plugin, a copy of it under another name collides class
+    // by class (a plugin is not checked against its own installed file).
     let installed = support::plugins_with(&["weft_test_counter"]);
+    let copy = tempfile::tempdir().unwrap();
+    let twin = copy.path().join("twin.wasm");
+    std::fs::copy(test_plugin("weft_test_counter"), &twin).unwrap();
     let out = Command::new(support::weft_bin())
         .args(["plugin", "check", "--plugins-dir"])
         .arg(installed.path())
-        .arg(test_plugin("weft_test_counter"))
+        .arg(&twin)
         .env("WEFT_LOG", "warn")
         .output()
         .unwrap();

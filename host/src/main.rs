@@ -517,6 +517,8 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info,wasmtime=warn,cranelift=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log file or collector gets plain lines.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse_from(args_with_config_file()?);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
