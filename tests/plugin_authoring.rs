@@ -50,7 +50,10 @@ fn plugin_check_prints_classes_inputs_outputs_and_the_capabilities_asked_for() {
     );
     assert!(text.contains("classes: 2"), "{text}");
     assert!(text.contains("SlowCounter") && text.contains("PoliteCounter"), "{text}");
-    assert!(text.contains("in  seconds: FLOAT (required, default 5.0, min 0, max 3600)"), "{text}");
+    assert!(
+        text.contains("in  seconds: FLOAT (required, default 5.0, min 0, max 3600)"),
+        "{text}"
+    );
     assert!(text.contains("out INT: INT"), "{text}");
     assert!(text.contains("no problems found"), "{text}");
 }
@@ -188,7 +191,10 @@ fn watch_a_broken_new_version_keeps_the_old_one_loaded_with_a_clear_log_line() {
     };
     assert!(line.contains("ERROR"), "{line}");
     assert!(line.contains("the previous one stays loaded"), "{line}");
-    assert!(line.contains("plugin=counter") && line.contains("not a valid component"), "{line}");
+    assert!(
+        line.contains("plugin=counter") && line.contains("not a valid component"),
+        "{line}"
+    );
     // The old build still serves.
     let job = server.run(support::slow_workflow(0.05));
     assert_eq!(job["status"], "succeeded", "{job}");
@@ -252,7 +258,18 @@ fn every_plugin_new_template_builds_passes_its_test_and_its_node_runs() {
     run_in(
         &python,
         "componentize-py",
-        &["-d", "wit", "-w", "plugin", "componentize", "app", "-p", ".", "-o", "py_greeter.wasm"],
+        &[
+            "-d",
+            "wit",
+            "-w",
+            "plugin",
+            "componentize",
+            "app",
+            "-p",
+            ".",
+            "-o",
+            "py_greeter.wasm",
+        ],
         &[],
     );
     std::fs::copy(python.join("py_greeter.wasm"), plugins.path().join("py_greeter.wasm")).unwrap();
@@ -265,7 +282,15 @@ fn every_plugin_new_template_builds_passes_its_test_and_its_node_runs() {
         &js,
         componentize.to_str().unwrap(),
         &[
-            "plugin.js", "--wit", "wit", "--world-name", "plugin", "--disable", "http", "fetch-event", "--out",
+            "plugin.js",
+            "--wit",
+            "wit",
+            "--world-name",
+            "plugin",
+            "--disable",
+            "http",
+            "fetch-event",
+            "--out",
             "js_greeter.wasm",
         ],
         &[],

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use weft::runtime::{
-    read_source, AssetReader, AssetRef, CallContext, CancelToken, PluginSource, ProgressSink, Runtime,
-    RuntimeConfig, TailLog, Value as V,
+    read_source, AssetReader, AssetRef, CallContext, CancelToken, PluginSource, ProgressSink, Runtime, RuntimeConfig,
+    TailLog, Value as V,
 };
 
 mod support;

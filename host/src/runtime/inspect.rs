@@ -93,9 +93,9 @@ fn contract_problems(defs: &[NodeDef], loaded: &[&NodeDef]) -> Vec<String> {
         let name = def.class_type.as_str();
         match seen.get(&name.to_lowercase()) {
             Some(&earlier) if earlier == name => problems.push(format!("class {name} is defined twice")),
-            Some(&earlier) => {
-                problems.push(format!("class {name} collides with class {earlier}: the names differ only in case"))
-            }
+            Some(&earlier) => problems.push(format!(
+                "class {name} collides with class {earlier}: the names differ only in case"
+            )),
             None => {
                 seen.insert(name.to_lowercase(), name);
             }
@@ -113,7 +113,11 @@ fn contract_problems(defs: &[NodeDef], loaded: &[&NodeDef]) -> Vec<String> {
         .iter()
         .copied()
         .chain(weft_types::HANDLES.iter().copied())
-        .chain(loaded.iter().flat_map(|d| d.outputs.iter().map(|o| o.type_name.as_str())))
+        .chain(
+            loaded
+                .iter()
+                .flat_map(|d| d.outputs.iter().map(|o| o.type_name.as_str())),
+        )
         .chain(defs.iter().flat_map(|d| d.outputs.iter().map(|o| o.type_name.as_str())))
         .collect();
     for def in defs {

@@ -175,11 +175,7 @@ impl Runtime {
     /// Links `source`'s compiled `component` and asks it to describe itself (within the
     /// load timeout): the plugin, ready to call, or why it cannot be loaded. The catalogue
     /// is not consulted.
-    fn load_plugin(
-        &self,
-        source: &PluginSource,
-        component: anyhow::Result<Component>,
-    ) -> anyhow::Result<LoadedPlugin> {
+    fn load_plugin(&self, source: &PluginSource, component: anyhow::Result<Component>) -> anyhow::Result<LoadedPlugin> {
         let component = component?;
         let pre = registry::prelink(&self.engine, &self.linker, &component)
             .map_err(|e| anyhow::anyhow!("cannot be linked: {e:#}"))?;

@@ -62,7 +62,11 @@ fn capabilities(asked: &Capabilities) -> String {
 }
 
 fn print_class(def: &NodeDef) {
-    let mut flags = vec![if def.deterministic { "deterministic" } else { "not cached" }];
+    let mut flags = vec![if def.deterministic {
+        "deterministic"
+    } else {
+        "not cached"
+    }];
     if def.output_node {
         flags.push("output node");
     }

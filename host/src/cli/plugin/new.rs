@@ -7,7 +7,10 @@ use super::Lang;
 /// The WIT of the contract new plugins target (Python and JS build from a copy of it).
 const WIT: &[(&str, &str)] = &[
     ("types.wit", include_str!("../../../../wit/weft-node-0.2.0/types.wit")),
-    ("diffusion.wit", include_str!("../../../../wit/weft-node-0.2.0/diffusion.wit")),
+    (
+        "diffusion.wit",
+        include_str!("../../../../wit/weft-node-0.2.0/diffusion.wit"),
+    ),
     ("audio.wit", include_str!("../../../../wit/weft-node-0.2.0/audio.wit")),
 ];
 
@@ -54,7 +57,9 @@ pub(super) fn run(name: &str, lang: Lang, dir: &Path) -> anyhow::Result<()> {
         Lang::Js => (JS, true),
     };
     for (path, template) in files {
-        let text = vars.iter().fold(template.to_string(), |t, (key, value)| t.replace(key, value));
+        let text = vars
+            .iter()
+            .fold(template.to_string(), |t, (key, value)| t.replace(key, value));
         write(&root.join(path), &text)?;
     }
     if wit {
@@ -62,7 +67,11 @@ pub(super) fn run(name: &str, lang: Lang, dir: &Path) -> anyhow::Result<()> {
             write(&root.join("wit").join(path), text)?;
         }
     }
-    println!("wrote {} ({lang:?}): see {} for the build command", root.display(), root.join("README.md").display());
+    println!(
+        "wrote {} ({lang:?}): see {} for the build command",
+        root.display(),
+        root.join("README.md").display()
+    );
     Ok(())
 }
 
@@ -77,7 +86,9 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
 fn check_name(name: &str) -> anyhow::Result<()> {
     let valid = name.len() <= 64
         && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
     if !valid {
         anyhow::bail!(
             "plugin name {name:?}: use up to 64 lower case letters, digits, `-` and `_`, starting with a letter"
