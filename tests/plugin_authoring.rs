@@ -325,3 +325,55 @@ fn plugin_new_refuses_a_bad_name_and_an_existing_folder() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
 }
+
+#[test]
+fn a_typescript_node_type_checks_against_the_js_helper_and_runs() {
+    let root = support::root();
+    run_in(&root, "scripts/js-toolchain/install.sh", &[], &[]);
+    let dir = tempfile::tempdir().unwrap();
+    for file in [
+        "sdk/js/weft.js",
+        "sdk/js/weft.d.ts",
+        "tests/fixtures/ts-plugin/nodes.ts",
+        "tests/fixtures/ts-plugin/check.mjs",
+    ] {
+        let path = root.join(file);
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(dir.path().join("package.json"), r#"{"type": "module"}"#).unwrap();
+    let tsc = root.join("target/js-toolchain/node_modules/.bin/tsc");
+    let flags = [
+        "--strict",
+        "--module",
+        "es2022",
+        "--target",
+        "es2022",
+        "--moduleResolution",
+        "bundler",
+    ];
+    let mut args = flags.to_vec();
+    args.push("nodes.ts");
+    run_in(dir.path(), tsc.to_str().unwrap(), &args, &[]);
+    let out = Command::new("node")
+        .arg("check.mjs")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["classes"], json!(["TsRepeat"]));
+    // The defaults of `times` (2) and `joiner` (the first choice) fill what was left out.
+    assert_eq!(result["out"], json!([{"tag": "text", "val": "ab-ab"}]));
+    assert_eq!(
+        result["failure"],
+        json!({"code": "empty_text", "message": "nothing to repeat"})
+    );
+
+    // A type error in a node is caught at compile time.
+    let broken = std::fs::read_to_string(dir.path().join("nodes.ts"))
+        .unwrap()
+        .replace("length: times", "length: text");
+    std::fs::write(dir.path().join("nodes.ts"), broken).unwrap();
+    let out = Command::new(&tsc).args(args).current_dir(dir.path()).output().unwrap();
+    assert!(!out.status.success(), "tsc accepted a string where a number belongs");
+}

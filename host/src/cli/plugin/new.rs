@@ -33,6 +33,7 @@ const JS: &[(&str, &str)] = &[
     ("package.json", include_str!("templates/js/package.json")),
     ("README.md", include_str!("templates/js/README.md")),
     ("weft.js", include_str!("../../../../sdk/js/weft.js")),
+    ("weft.d.ts", include_str!("../../../../sdk/js/weft.d.ts")),
 ];
 
 /// Writes plugin `name` in `lang` into `<dir>/<name>` (which must not exist yet) and says
