@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what weft needs on a fresh Debian machine: the wasm32-wasip2 Rust target (to
 # build the plugins), ffmpeg and a General MIDI SoundFont (video-to-music), and
-# componentize-py (the Python example plugin). Safe to run again: it skips what is there.
+# componentize-py (the Python example plugin), and with --with-js Node.js, npm and the pinned
+# componentize-js/jco of scripts/js-toolchain (the JavaScript example plugin), installed
+# into target/js-toolchain. Safe to run again: it skips what is there.
 set -euo pipefail
 
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
@@ -10,6 +12,10 @@ fi
 
 missing=()
 command -v ffmpeg >/dev/null 2>&1 || missing+=(ffmpeg)
+if [[ " $* " == *" --with-js "* ]]; then
+  command -v node >/dev/null 2>&1 || missing+=(nodejs)
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
+fi
 [ -f /usr/share/sounds/sf2/TimGM6mb.sf2 ] || missing+=(timgm6mb-soundfont)
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
@@ -18,6 +24,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-if [ "${1:-}" = "--with-python" ] && ! command -v componentize-py >/dev/null 2>&1; then
+if [[ " $* " == *" --with-python "* ]] && ! command -v componentize-py >/dev/null 2>&1; then
   python3 -m pip install --quiet componentize-py==0.17.2
+fi
+
+if [[ " $* " == *" --with-js "* ]]; then
+  "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/js-toolchain/install.sh"
 fi

@@ -1,6 +1,7 @@
 //! Contract tests for the built-in nodes (ComfyUI's class and input names, so existing
 //! workflows run), the catalogue in ComfyUI's `/object_info` shape, and a plugin written in
-//! a second language (Python, built with componentize-py).
+//! other languages (Python, built with componentize-py; JavaScript, built with
+//! componentize-js and `sdk/js`).
 
 mod support;
 
@@ -369,4 +370,90 @@ fn a_plugin_written_in_python_runs_as_a_node() {
             ("PyReverse", json!({"text": "weft"}), "tfew"),
         ],
     );
+}
+
+/// The JavaScript example plugin, built by scripts/build-wasm.sh with componentize-js.
+fn js_plugin_dir() -> tempfile::TempDir {
+    let status = std::process::Command::new(support::root().join("scripts/build-wasm.sh"))
+        .arg("js")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "building the JavaScript plugin failed");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        support::root().join("target/wasm/js/weft_js_example.wasm"),
+        dir.path().join("js_example.wasm"),
+    )
+    .unwrap();
+    dir
+}
+
+/// The files of the compiled-code cache of `data_dir`, with their modification times.
+fn cached_components(data_dir: &std::path::Path) -> Vec<(String, std::time::SystemTime)> {
+    let mut files: Vec<_> = std::fs::read_dir(data_dir.join("cache"))
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| {
+                    let modified = e.metadata().unwrap().modified().unwrap();
+                    (e.file_name().to_string_lossy().into_owned(), modified)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+#[test]
+fn a_plugin_written_in_javascript_runs_as_a_node_and_is_compiled_once() {
+    let plugins = js_plugin_dir();
+    let data = tempfile::tempdir().unwrap();
+    let options = Options {
+        plugins_dir: Some(plugins.path().to_path_buf()),
+        data_dir: Some(data.path().to_path_buf()),
+        ..Default::default()
+    };
+    let server = Server::with(options.clone());
+    // Declared defaults fill the inputs a workflow leaves out (separator, max_length).
+    check_text_cases(
+        &server,
+        &[
+            ("JsSlugify", json!({"text": "Hello, World!"}), "hello-world"),
+            (
+                "JsSlugify",
+                json!({"text": "A B C D", "separator": "_", "max_length": 3}),
+                "a_b",
+            ),
+        ],
+    );
+    // The image node's pixels are made and inverted by host functions.
+    let job = server.run(json!({
+        "1": {"class_type": "JsInvertedFill", "inputs": {"width": 8, "height": 4, "color": 0}},
+        "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "js"}},
+        "3": {"class_type": "PreviewAny", "inputs": {"source": ["1", 1]}}
+    }));
+    assert_eq!(job["status"], "succeeded", "{job}");
+    let outputs = job["outputs"].as_array().unwrap();
+    let image = outputs.iter().find(|o| o["node_id"] == "2").expect("image output");
+    let png = image::load_from_memory(&server.download(image["url"].as_str().unwrap()))
+        .unwrap()
+        .to_rgb8();
+    assert_eq!(png.dimensions(), (8, 4));
+    assert!(png.pixels().all(|p| p.0 == [255, 255, 255]), "black inverted is white");
+    let size = outputs.iter().find(|o| o["node_id"] == "3").expect("size output");
+    assert_eq!(server.download(size["url"].as_str().unwrap()), b"8x4");
+    // A NodeError thrown by the plugin fails the job with its code and message.
+    let job = server.run(support::single("JsSlugify", json!({"text": "!!!"})));
+    assert_eq!(job["status"], "failed", "{job}");
+    assert!(job.to_string().contains("empty_slug"), "{job}");
+
+    // The 12 MB component is compiled once: a restart loads it from the cache untouched.
+    let cached = cached_components(data.path());
+    assert!(!cached.is_empty(), "the first start cached no compiled code");
+    drop(server);
+    let server = Server::with(options);
+    assert_eq!(cached_components(data.path()), cached, "the restart compiled again");
+    check_text_cases(&server, &[("JsSlugify", json!({"text": "again"}), "again")]);
 }

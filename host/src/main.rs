@@ -17,6 +17,7 @@ use weft::runtime::{
 use weft::serve::{self, ServeConfig};
 
 use cli::models::ModelsCommand;
+use cli::plugin::PluginCommand;
 
 mod cli;
 
@@ -72,6 +73,11 @@ enum Command {
     Models {
         #[command(subcommand)]
         command: ModelsCommand,
+    },
+    /// Plugin authoring: check a component, start a new plugin.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
     },
 }
 
@@ -129,6 +135,10 @@ struct ServeArgs {
     /// Extra plugins: every *.wasm in this directory, with its optional <name>.toml manifest.
     #[arg(long, env = "WEFT_PLUGINS_DIR")]
     plugins_dir: Option<PathBuf>,
+    /// Reload a plugin of --plugins-dir when its file changes; jobs already running keep
+    /// the version they started with.
+    #[arg(long, env = "WEFT_WATCH")]
+    watch: bool,
     /// Jobs that run at once. More than the cores: a job waits on storage as well as computing.
     #[arg(long, env = "WEFT_WORKERS", default_value_t = 4)]
     workers: usize,
@@ -440,6 +450,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             plugin_load_timeout: Duration::from_millis(args.plugin_load_timeout_ms.max(1)),
         },
         sweep_interval: Duration::from_secs(args.sweep_interval_secs.max(1)),
+        watch_plugins: args.watch,
         initial_credits: args.initial_credits,
         link_ttl: Duration::from_secs(3600),
     })
@@ -506,6 +517,8 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info,wasmtime=warn,cranelift=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log file or collector gets plain lines.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse_from(args_with_config_file()?);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -547,6 +560,12 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Models { command } => command.run(),
+        Command::Plugin { command } => {
+            if !command.run()? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Command::Credits {
             command:
                 CreditsCommand::Add {

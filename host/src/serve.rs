@@ -27,6 +27,8 @@ pub struct ServeConfig {
     pub jobs: JobsConfig,
     /// Runtime settings.
     pub runtime: RuntimeConfig,
+    /// Reload a plugin of `runtime.plugins_dir` when its file changes.
+    pub watch_plugins: bool,
     /// How often retention runs.
     pub sweep_interval: Duration,
     /// How long signed content links stay valid.
@@ -120,6 +122,11 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
     if recovered != Default::default() {
         tracing::info!(?recovered, "recovered unfinished jobs");
     }
+    let _watcher = match (&config.runtime.plugins_dir, config.watch_plugins) {
+        (Some(dir), true) => Some(jobs::plugin_watch::start(dir, jobs.clone())?),
+        (None, true) => anyhow::bail!("--watch needs --plugins-dir"),
+        _ => None,
+    };
     jobs.start_workers();
     jobs::retention::start(jobs.clone(), config.sweep_interval);
     let server = match early {

@@ -47,6 +47,8 @@ pub(crate) struct Options {
     pub plugins_dir: Option<PathBuf>,
     /// Token to send.
     pub token: Option<String>,
+    /// File the server's log (stderr, at `info`) goes to, instead of the test's stderr.
+    pub log_file: Option<PathBuf>,
 }
 
 impl Server {
@@ -74,10 +76,13 @@ impl Server {
         if let Some(p) = &options.plugins_dir {
             cmd.arg("--plugins-dir").arg(p);
         }
-        cmd.args(&options.args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .env("WEFT_LOG", "warn");
+        cmd.args(&options.args).stdout(Stdio::piped());
+        match &options.log_file {
+            Some(path) => cmd
+                .stderr(std::fs::File::create(path).expect("creating the log file"))
+                .env("WEFT_LOG", "info"),
+            None => cmd.stderr(Stdio::inherit()).env("WEFT_LOG", "warn"),
+        };
         let mut child = cmd.spawn().expect("starting weft");
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();

@@ -191,6 +191,8 @@ pub(super) fn build(
         let mut inputs = Vec::with_capacity(def.inputs.len());
         let mut hasher = blake3::Hasher::new();
         hasher.update(def.class_type.as_bytes());
+        hasher.update(b"\0");
+        hasher.update(def.build.as_bytes());
         let mut cacheable = def.deterministic;
         for spec in &def.inputs {
             let Some(given) = raw.inputs.get(&spec.name) else {

@@ -244,7 +244,9 @@ impl Jobs {
             class_type: None,
             traceback: None,
         };
-        let plan = match graph::validate(&job.workflow, &self.runtime.catalog()) {
+        // The runtime this job runs on to its end, even if a plugin is reloaded meanwhile.
+        let runtime = self.runtime();
+        let plan = match graph::validate(&job.workflow, &runtime.catalog()) {
             Ok(plan) => plan,
             Err(e) => {
                 return Err(fail(
@@ -267,7 +269,7 @@ impl Jobs {
             cancel: cancel.clone(),
             progress: tracker.clone(),
             assets: Arc::new(ResolvedAssets(assets)),
-            memory: self.runtime.job_memory(),
+            memory: runtime.job_memory(),
         };
         tracker.update(true, |p| p.nodes_total = plan.nodes.len() as u32);
         let workflow_text = job.workflow.to_string();
@@ -333,12 +335,12 @@ impl Jobs {
                         };
                         inputs.push((name.clone(), value));
                     }
-                    let runtime = self.runtime.clone();
+                    let call_runtime = runtime.clone();
                     let class = node.class_type.clone();
                     let call_ctx = ctx.clone();
                     let began = Instant::now();
                     let log_start = log.written();
-                    let result = tokio::task::spawn_blocking(move || runtime.call(&class, inputs, &call_ctx))
+                    let result = tokio::task::spawn_blocking(move || call_runtime.call(&class, inputs, &call_ctx))
                         .await
                         .map_err(|e| {
                             node_error("node_execution_error", format!("the node call was lost: {e}"), None)
@@ -352,7 +354,7 @@ impl Jobs {
                     }
                     // The output commit is part of the node's time: it stops at the node's
                     // deadline or at a cancel, between files.
-                    let timeout = self.runtime.limits().node_timeout;
+                    let timeout = runtime.limits().node_timeout;
                     let keep_going = || !cancel.is_canceled() && began.elapsed() < timeout;
                     let stopped = || {
                         if cancel.is_canceled() {

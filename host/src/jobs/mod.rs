@@ -24,6 +24,7 @@ pub mod events;
 mod executor;
 pub mod metrics;
 mod outputs;
+pub mod plugin_watch;
 pub mod queue;
 pub mod recovery;
 pub mod retention;
@@ -131,7 +132,8 @@ struct Running {
 pub struct Jobs {
     store: Arc<dyn Store>,
     assets: Arc<Assets>,
-    runtime: Arc<Runtime>,
+    /// The runtime new jobs start on; replaced whole when a plugin is reloaded.
+    runtime: std::sync::RwLock<Arc<Runtime>>,
     config: JobsConfig,
     queue: queue::Queue,
     hub: Hub,
@@ -149,7 +151,7 @@ impl Jobs {
             cache: cache::NodeCache::new(config.cache_bytes),
             store,
             assets,
-            runtime,
+            runtime: std::sync::RwLock::new(runtime),
             config,
             hub: Hub::default(),
             running: Mutex::new(HashMap::new()),
@@ -199,9 +201,16 @@ impl Jobs {
         }
     }
 
-    /// The runtime.
-    pub fn runtime(&self) -> &Arc<Runtime> {
-        &self.runtime
+    /// The runtime now: its catalogue validates submissions, and a job that starts runs on
+    /// it to the end, whatever replaces it meanwhile.
+    pub fn runtime(&self) -> Arc<Runtime> {
+        self.runtime.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Makes `runtime` the one new submissions and jobs use (a plugin was reloaded). Jobs
+    /// already running keep theirs.
+    pub fn replace_runtime(&self, runtime: Arc<Runtime>) {
+        *self.runtime.write().unwrap_or_else(|e| e.into_inner()) = runtime;
     }
 
     /// The event hub.
@@ -262,7 +271,7 @@ impl Jobs {
                 ));
             }
         }
-        graph::validate(&workflow, &self.runtime.catalog()).map_err(SubmitError::Graph)?;
+        graph::validate(&workflow, &self.runtime().catalog()).map_err(SubmitError::Graph)?;
         let mut missing = Vec::new();
         for (node, asset) in graph::asset_refs(&workflow) {
             match self.store.asset(tenant, &asset.id).await.map_err(SubmitError::Store)? {

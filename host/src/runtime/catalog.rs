@@ -107,6 +107,10 @@ pub struct NodeDef {
     pub deterministic: bool,
     /// The plugin that defines it.
     pub plugin: String,
+    /// The build of the plugin that defines it (the blake3 of its component, once loaded):
+    /// part of every cache key, so results of a replaced build are never reused.
+    #[serde(skip)]
+    pub build: String,
 }
 
 impl NodeDef {
@@ -159,6 +163,7 @@ impl NodeDef {
             output_node: def.output_node,
             deterministic: def.deterministic,
             plugin: plugin.to_string(),
+            build: String::new(),
         })
     }
 

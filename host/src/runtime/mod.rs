@@ -10,9 +10,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wasmtime::component::Linker;
+use wasmtime::component::{Component, Linker};
 use wasmtime::Engine;
 
+use capabilities::CallState;
 mod bindings;
 mod builtin;
 mod call;
@@ -20,11 +21,13 @@ mod capabilities;
 mod catalog;
 mod engine;
 mod guest_text;
+mod inspect;
 mod invoke;
 mod limits;
 mod logs;
 mod memory;
 mod registry;
+mod reload;
 mod value;
 mod worlds;
 
@@ -32,11 +35,12 @@ pub use call::{AssetReader, CallContext, CancelToken, ProgressSink};
 pub use capabilities::diffusion::{DiffusionConfig, Library as ModelLibrary};
 pub use capabilities::{Capabilities, CapabilityConfig, MusicConfig};
 pub use catalog::{Catalog, InputSpec, NodeDef, OutputSpec};
+pub use inspect::PluginReport;
 pub use invoke::{NodeFailure, NodeOutput};
 pub use limits::{default_host_memory, Limits};
 pub use logs::{LogSnapshot, TailLog};
 pub use memory::{Held, HostMemory, JobMemory, MemoryLimit};
-pub use registry::{Manifest, PluginSource};
+pub use registry::{read_source, Manifest, PluginSource};
 pub use value::{AssetRef, FileData, OutputFile, OutputKind, Value};
 
 use registry::LoadedPlugin;
@@ -74,13 +78,16 @@ pub struct RefusedPlugin {
 /// The loaded plugins and the machinery to call them.
 pub struct Runtime {
     engine: Engine,
-    plugins: Vec<LoadedPlugin>,
+    linker: Arc<Linker<CallState>>,
+    plugins: Vec<Arc<LoadedPlugin>>,
     catalog: Catalog,
     limits: Limits,
     capabilities: CapabilityConfig,
     refused: Vec<RefusedPlugin>,
     host_memory: Arc<HostMemory>,
-    _ticker: engine::EpochTicker,
+    /// What it was built from: the cache dir, grants and load timeout serve later reloads.
+    config: RuntimeConfig,
+    _ticker: Arc<engine::EpochTicker>,
 }
 
 impl Runtime {
@@ -121,33 +128,19 @@ impl Runtime {
         capabilities::link_all(&mut linker)?;
         let mut runtime = Runtime {
             engine,
+            linker: Arc::new(linker),
             plugins: Vec::new(),
             catalog: Catalog::default(),
             limits: config.limits.clone(),
             capabilities: config.capabilities.clone(),
             refused: unreadable,
             host_memory: HostMemory::new(config.limits.host_memory_bytes),
-            _ticker: ticker,
+            config,
+            _ticker: Arc::new(ticker),
         };
-        let describe_timeout = if config.plugin_load_timeout.is_zero() {
-            config.limits.node_timeout
-        } else {
-            config.plugin_load_timeout
-        };
-        let compiled = compile_all(&runtime.engine, &sources, config.cache_dir.as_deref());
+        let compiled = compile_all(&runtime.engine, &sources, runtime.config.cache_dir.as_deref());
         for (source, component) in sources.into_iter().zip(compiled) {
-            let granted = config.grants.get(&source.name).cloned().unwrap_or_default();
-            let loaded = component.and_then(|component| {
-                let pre = registry::prelink(&runtime.engine, &linker, &component)
-                    .map_err(|e| anyhow::anyhow!("cannot be linked: {e:#}"))?;
-                let mut plugin = LoadedPlugin {
-                    grants: source.manifest.capabilities.intersect(&granted),
-                    name: source.name.clone(),
-                    origin: source.origin.clone(),
-                    pre,
-                    nodes: Vec::new(),
-                };
-                plugin.nodes = runtime.describe(&plugin, describe_timeout)?;
+            let loaded = runtime.load_plugin(&source, component).and_then(|plugin| {
                 runtime.catalog.check_new(&plugin.nodes).map_err(anyhow::Error::msg)?;
                 Ok(plugin)
             });
@@ -174,9 +167,41 @@ impl Runtime {
                 classes = plugin.nodes.len(),
                 "plugin loaded"
             );
-            runtime.plugins.push(plugin);
+            runtime.plugins.push(Arc::new(plugin));
         }
         Ok(Arc::new(runtime))
+    }
+
+    /// Links `source`'s compiled `component` and asks it to describe itself (within the
+    /// load timeout): the plugin, ready to call, or why it cannot be loaded. The catalogue
+    /// is not consulted.
+    fn load_plugin(&self, source: &PluginSource, component: anyhow::Result<Component>) -> anyhow::Result<LoadedPlugin> {
+        let component = component?;
+        let pre = registry::prelink(&self.engine, &self.linker, &component)
+            .map_err(|e| anyhow::anyhow!("cannot be linked: {e:#}"))?;
+        let granted = self.config.grants.get(&source.name).cloned().unwrap_or_default();
+        let mut plugin = LoadedPlugin {
+            grants: source.manifest.capabilities.intersect(&granted),
+            name: source.name.clone(),
+            origin: source.origin.clone(),
+            pre,
+            nodes: Vec::new(),
+        };
+        let build = blake3::hash(&source.bytes).to_hex().to_string();
+        plugin.nodes = self.describe(&plugin, self.describe_timeout())?;
+        for def in &mut plugin.nodes {
+            def.build.clone_from(&build);
+        }
+        Ok(plugin)
+    }
+
+    /// Time a plugin's `describe()` may take.
+    fn describe_timeout(&self) -> Duration {
+        if self.config.plugin_load_timeout.is_zero() {
+            self.limits.node_timeout
+        } else {
+            self.config.plugin_load_timeout
+        }
     }
 
     /// The plugins that were refused at start-up, with the reason of each.
@@ -208,7 +233,7 @@ impl Runtime {
     }
 
     fn plugin_for(&self, class: &str) -> Option<&LoadedPlugin> {
-        self.catalog.plugin_of(class).map(|i| &self.plugins[i])
+        self.catalog.plugin_of(class).map(|i| &*self.plugins[i])
     }
 
     /// Calls the plugin's `describe()` in a fresh store, under the usual limits but with

@@ -60,23 +60,26 @@ pub(crate) fn scan_dir(dir: &Path) -> anyhow::Result<(Vec<PluginSource>, Vec<Ref
         .collect();
     entries.sort();
     for path in entries {
-        let name = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
-        let origin = path.display().to_string();
-        match read_plugin(&path) {
-            Ok((bytes, manifest)) => sources.push(PluginSource {
-                name,
-                origin,
-                bytes,
-                manifest,
+        match read_source(&path) {
+            Ok(source) => sources.push(source),
+            Err(reason) => refused.push(RefusedPlugin {
+                name: plugin_name(&path),
+                origin: path.display().to_string(),
+                reason,
             }),
-            Err(reason) => refused.push(RefusedPlugin { name, origin, reason }),
         }
     }
     Ok((sources, refused))
 }
 
-/// The bytes of the component at `path` and its manifest (`<stem>.toml`, optional).
-fn read_plugin(path: &Path) -> Result<(Vec<u8>, Manifest), String> {
+/// The name of the plugin at `path`: its file stem.
+fn plugin_name(path: &Path) -> String {
+    path.file_stem().unwrap_or_default().to_string_lossy().into_owned()
+}
+
+/// The plugin at `path` (a `.wasm` file) with its manifest (`<stem>.toml` beside it,
+/// optional), named by its file stem; a message when either cannot be read.
+pub fn read_source(path: &Path) -> Result<PluginSource, String> {
     let manifest_path = path.with_extension("toml");
     let manifest = if manifest_path.exists() {
         let text = std::fs::read_to_string(&manifest_path)
@@ -86,7 +89,12 @@ fn read_plugin(path: &Path) -> Result<(Vec<u8>, Manifest), String> {
         Manifest::default()
     };
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    Ok((bytes, manifest))
+    Ok(PluginSource {
+        name: plugin_name(path),
+        origin: path.display().to_string(),
+        bytes,
+        manifest,
+    })
 }
 
 /// Compiles `bytes`, through the precompiled-code cache in `cache_dir` when given. The cache
