@@ -167,6 +167,7 @@ fn app_state(
         streams: Default::default(),
         tenant_streams: Default::default(),
         stopped: Default::default(),
+        sessions: Default::default(),
         v2m: v2m_engine.clone().and_then(|engine| {
             V2mService::new(&config.api.v2m, engine)
                 .map(Arc::new)
