@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what weft needs on a fresh Debian machine: the wasm32-wasip2 Rust target (to
 # build the plugins), ffmpeg and a General MIDI SoundFont (video-to-music), and
-# componentize-py (the Python example plugin). Safe to run again: it skips what is there.
+# componentize-py (the Python example plugin), and Chromium with its WebDriver (the
+# dashboard's browser tests). Safe to run again: it skips what is there.
 set -euo pipefail
 
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
@@ -11,6 +12,8 @@ fi
 missing=()
 command -v ffmpeg >/dev/null 2>&1 || missing+=(ffmpeg)
 [ -f /usr/share/sounds/sf2/TimGM6mb.sf2 ] || missing+=(timgm6mb-soundfont)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"
