@@ -62,9 +62,22 @@ fn weft_run_against_a_server_writes_the_outputs_and_sets_inputs() {
     let wf = write_json(dir.path(), "wf.json", &image_graph(16));
     let out_dir = dir.path().join("out");
     let out = weft(&[
-        "run", &wf, "--server", &server.base, "--set", "1.width=24", "--out", out_dir.to_str().unwrap(), "--json",
+        "run",
+        &wf,
+        "--server",
+        &server.base,
+        "--set",
+        "1.width=24",
+        "--out",
+        out_dir.to_str().unwrap(),
+        "--json",
     ]);
-    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let job = stdout_json(&out);
     assert_eq!(job["status"], "succeeded");
     let files = job["files"].as_array().unwrap();
@@ -88,7 +101,9 @@ fn weft_run_against_a_server_writes_the_outputs_and_sets_inputs() {
 fn weft_run_in_process_uploads_an_input_and_writes_the_outputs() {
     let dir = tempfile::tempdir().unwrap();
     let picture = dir.path().join("in.png");
-    image::RgbImage::from_pixel(12, 7, image::Rgb([10, 200, 30])).save(&picture).unwrap();
+    image::RgbImage::from_pixel(12, 7, image::Rgb([10, 200, 30]))
+        .save(&picture)
+        .unwrap();
     let wf = write_json(
         dir.path(),
         "wf.json",
@@ -101,9 +116,17 @@ fn weft_run_in_process_uploads_an_input_and_writes_the_outputs() {
     let input = format!("photo={}", picture.display());
     let out = weft(&["run", &wf, "--input", &input, "--out", out_dir.to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}; stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("succeeded"), "{stdout}");
-    let written: Vec<_> = std::fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let written: Vec<_> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     assert_eq!(written.len(), 1);
     let copy = image::open(&written[0]).unwrap().to_rgb8();
     assert_eq!((copy.width(), copy.height()), (12, 7));
@@ -123,18 +146,34 @@ fn exit_codes_tell_failed_canceled_invalid_and_unreachable_apart() {
     let dir = tempfile::tempdir().unwrap();
     // A job that fails: 3, with the error in the JSON.
     let panics = write_json(dir.path(), "panic.json", &support::single("HostilePanic", json!({})));
-    let out = weft(&["run", &panics, "--server", &server.base, "--json", "--out", dir.path().to_str().unwrap()]);
+    let out = weft(&[
+        "run",
+        &panics,
+        "--server",
+        &server.base,
+        "--json",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(3));
     let job = stdout_json(&out);
     assert_eq!(job["status"], "failed");
     assert!(job["error"]["code"].is_string());
     // A workflow that does not validate: 5, with the server's error envelope.
-    let invalid = write_json(dir.path(), "bad.json", &json!({"1": {"class_type": "NoSuchNode", "inputs": {}}}));
+    let invalid = write_json(
+        dir.path(),
+        "bad.json",
+        &json!({"1": {"class_type": "NoSuchNode", "inputs": {}}}),
+    );
     let out = weft(&["run", &invalid, "--server", &server.base, "--json"]);
     assert_eq!(out.status.code(), Some(5));
     assert_eq!(stdout_json(&out)["error"]["code"], "invalid_workflow");
     // A UI-format workflow is refused as such.
-    let ui = write_json(dir.path(), "ui.json", &json!({"nodes": [], "links": [], "version": 0.4}));
+    let ui = write_json(
+        dir.path(),
+        "ui.json",
+        &json!({"nodes": [], "links": [], "version": 0.4}),
+    );
     let out = weft(&["run", &ui, "--server", &server.base, "--json"]);
     assert_eq!(out.status.code(), Some(5));
     assert_eq!(stdout_json(&out)["error"]["code"], "workflow_format_ui");
@@ -154,7 +193,13 @@ fn exit_codes_tell_failed_canceled_invalid_and_unreachable_apart() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let id = loop {
         let page: Value = server.get("/api/v2/jobs").json().unwrap();
-        if let Some(id) = page["jobs"].as_array().unwrap().iter().find(|j| j["status"] == "running").and_then(|j| j["id"].as_str()) {
+        if let Some(id) = page["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["status"] == "running")
+            .and_then(|j| j["id"].as_str())
+        {
             break id.to_string();
         }
         assert!(Instant::now() < deadline, "the slow job never ran");
@@ -163,7 +208,12 @@ fn exit_codes_tell_failed_canceled_invalid_and_unreachable_apart() {
     let cancel = weft(&["jobs", "cancel", &id, "--server", &server.base, "--json"]);
     assert_eq!(cancel.status.code(), Some(0));
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(4), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(stdout_json(&out)["status"], "canceled");
     // `weft jobs watch` of the ended job gives the same code.
     let out = weft(&["jobs", "watch", &id, "--server", &server.base, "--json"]);
@@ -186,12 +236,28 @@ fn assets_upload_and_get_with_json() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("note.txt");
     std::fs::write(&file, b"hello assets").unwrap();
-    let out = weft(&["assets", "upload", file.to_str().unwrap(), "--server", &server.base, "--json"]);
+    let out = weft(&[
+        "assets",
+        "upload",
+        file.to_str().unwrap(),
+        "--server",
+        &server.base,
+        "--json",
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let asset = stdout_json(&out);
     let id = asset["id"].as_str().unwrap();
     let copy = dir.path().join("copy.txt");
-    let out = weft(&["assets", "get", id, "--server", &server.base, "--out", copy.to_str().unwrap(), "--json"]);
+    let out = weft(&[
+        "assets",
+        "get",
+        id,
+        "--server",
+        &server.base,
+        "--out",
+        copy.to_str().unwrap(),
+        "--json",
+    ]);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(stdout_json(&out)["id"], id);
     assert_eq!(std::fs::read(&copy).unwrap(), b"hello assets");
@@ -212,7 +278,9 @@ fn cutting_proxy(upstream: &str) -> (String, Arc<AtomicBool>, Arc<Mutex<Vec<Stri
     std::thread::spawn(move || {
         for client in listener.incoming() {
             let Ok(client) = client else { continue };
-            let Ok(server) = TcpStream::connect(&upstream) else { continue };
+            let Ok(server) = TcpStream::connect(&upstream) else {
+                continue;
+            };
             let (cut, log) = (cut.clone(), log.clone());
             let events_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
             // Client to server: note requests, and when an event stream was asked for.
@@ -244,7 +312,9 @@ fn cutting_proxy(upstream: &str) -> (String, Arc<AtomicBool>, Arc<Mutex<Vec<Stri
                 let mut buf = [0u8; 16384];
                 loop {
                     let started = *events_at.lock().unwrap();
-                    if started.is_some_and(|t| t.elapsed() > Duration::from_secs(1)) && !cut.swap(true, Ordering::SeqCst) {
+                    if started.is_some_and(|t| t.elapsed() > Duration::from_secs(1))
+                        && !cut.swap(true, Ordering::SeqCst)
+                    {
                         let _ = to.shutdown(Shutdown::Both);
                         let _ = from.shutdown(Shutdown::Both);
                         return;
@@ -256,7 +326,8 @@ fn cutting_proxy(upstream: &str) -> (String, Arc<AtomicBool>, Arc<Mutex<Vec<Stri
                                 break;
                             }
                         }
-                        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                        }
                         Err(_) => break,
                     }
                 }
@@ -274,14 +345,21 @@ fn a_stream_dropped_mid_run_resumes_and_the_run_finishes() {
     let dir = tempfile::tempdir().unwrap();
     let wf = write_json(dir.path(), "slow.json", &support::slow_workflow(4.0));
     let out = weft(&["run", &wf, "--server", &proxy, "--json"]);
-    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(stdout_json(&out)["status"], "succeeded");
     assert!(cut.load(Ordering::SeqCst), "the proxy never cut the stream");
     let requests = requests.lock().unwrap();
     let streams: Vec<&String> = requests.iter().filter(|r| r.contains("/events HTTP/1.1")).collect();
     assert!(streams.len() >= 2, "the stream was not reopened: {streams:?}");
     assert!(
-        streams[1..].iter().any(|r| r.to_ascii_lowercase().contains("last-event-id:")),
+        streams[1..]
+            .iter()
+            .any(|r| r.to_ascii_lowercase().contains("last-event-id:")),
         "the stream was not resumed with Last-Event-ID"
     );
 }

@@ -23,7 +23,11 @@ fn log_in(browser: &Browser, server: &Server, key: &str) {
     browser.goto(&server.url("/login"));
     browser.type_into("#key", key);
     browser.click("#login");
-    browser.wait_for(20, "the jobs page after login", "return document.body.dataset.page === 'jobs'");
+    browser.wait_for(
+        20,
+        "the jobs page after login",
+        "return document.body.dataset.page === 'jobs'",
+    );
 }
 
 /// A client that keeps no cookies and follows no redirects.
@@ -54,7 +58,12 @@ fn session_cookie(server: &Server, key: &str) -> String {
 #[test]
 fn login_then_submit_the_image_graph_from_the_page_and_watch_it_succeed_live() {
     let server = Server::with(Options {
-        args: vec!["--token".into(), "secret-token".into(), "--admin-token".into(), "operator-token".into()],
+        args: vec![
+            "--token".into(),
+            "secret-token".into(),
+            "--admin-token".into(),
+            "operator-token".into(),
+        ],
         token: Some("secret-token".into()),
         ..Default::default()
     });
@@ -63,7 +72,11 @@ fn login_then_submit_the_image_graph_from_the_page_and_watch_it_succeed_live() {
 
     // A page needs a session: the browser is sent to log in, and comes back after.
     browser.goto(&server.url("/ui/nodes"));
-    assert!(browser.url().contains("/login?next="), "not sent to log in: {}", browser.url());
+    assert!(
+        browser.url().contains("/login?next="),
+        "not sent to log in: {}",
+        browser.url()
+    );
     browser.screenshot(shots.path(), "login");
     browser.type_into("#key", "wrong");
     browser.click("#login");
@@ -71,9 +84,19 @@ fn login_then_submit_the_image_graph_from_the_page_and_watch_it_succeed_live() {
     browser.type_into("#key", "secret-token");
     browser.click("#login");
     browser.wait_for(20, "the nodes page", "return document.body.dataset.page === 'nodes'");
-    assert!(browser.eval("return document.querySelectorAll('#node-list .node').length").as_u64().unwrap() > 10);
+    assert!(
+        browser
+            .eval("return document.querySelectorAll('#node-list .node').length")
+            .as_u64()
+            .unwrap()
+            > 10
+    );
     browser.set_value("#node-search", "imageinvert");
-    browser.wait_for(10, "the search to filter", "return [...document.querySelectorAll('#node-list .node')].filter(n => !n.hidden).length === 1");
+    browser.wait_for(
+        10,
+        "the search to filter",
+        "return [...document.querySelectorAll('#node-list .node')].filter(n => !n.hidden).length === 1",
+    );
     browser.screenshot(shots.path(), "nodes");
 
     // The jobs list is open, and follows the feed.
@@ -95,7 +118,11 @@ fn login_then_submit_the_image_graph_from_the_page_and_watch_it_succeed_live() {
     browser.goto(&server.url("/ui/submit"));
     browser.set_value("#workflow", &serde_json::to_string_pretty(&image_graph()).unwrap());
     browser.click("#load");
-    browser.wait_for(10, "the generated form", "return !!document.querySelector('#form input[data-node=\"1\"][data-input=\"width\"]')");
+    browser.wait_for(
+        10,
+        "the generated form",
+        "return !!document.querySelector('#form input[data-node=\"1\"][data-input=\"width\"]')",
+    );
     browser.eval(
         "const w = document.querySelector('#form input[data-node=\"1\"][data-input=\"width\"]'); \
          w.value = '48'; w.dispatchEvent(new Event('change')); return true",
@@ -117,8 +144,14 @@ fn login_then_submit_the_image_graph_from_the_page_and_watch_it_succeed_live() {
         "the output image inline",
         "const i = document.querySelector('#outputs img'); return !!i && i.complete && i.naturalWidth === 48",
     );
-    assert_eq!(browser.eval("return document.querySelectorAll('#outputs a[download]').length"), json!(1));
-    assert_eq!(browser.eval("return document.querySelectorAll('#nodes tbody tr').length"), json!(3));
+    assert_eq!(
+        browser.eval("return document.querySelectorAll('#outputs a[download]').length"),
+        json!(1)
+    );
+    assert_eq!(
+        browser.eval("return document.querySelectorAll('#nodes tbody tr').length"),
+        json!(3)
+    );
     browser.screenshot(shots.path(), "job");
 
     // The operator page is the operator's: a tenant session is told so.
@@ -163,7 +196,12 @@ fn cancel_a_slow_job_from_its_page() {
 fn a_job_log_with_markup_shows_as_text() {
     let plugins = plugins_with(&["weft_test_loud"]);
     let server = Server::with(Options {
-        args: vec!["--surface".into(), "serverless".into(), "--initial-credits".into(), "100".into()],
+        args: vec![
+            "--surface".into(),
+            "serverless".into(),
+            "--initial-credits".into(),
+            "100".into(),
+        ],
         plugins_dir: Some(plugins.path().to_path_buf()),
         ..Default::default()
     });
@@ -176,10 +214,17 @@ fn a_job_log_with_markup_shows_as_text() {
     let id = job["id"].as_str().unwrap();
     let browser = Browser::start();
     browser.goto(&server.url(&format!("/ui/jobs/{id}")));
-    browser.wait_for(20, "the html output shown as text", "const p = document.querySelector('#outputs pre'); return !!p && p.textContent.includes('<script>')");
+    browser.wait_for(
+        20,
+        "the html output shown as text",
+        "const p = document.querySelector('#outputs pre'); return !!p && p.textContent.includes('<script>')",
+    );
     let log = browser.text("#logs").unwrap();
     assert!(log.contains("<script>document.title='pwned'</script>"), "log: {log:?}");
-    assert_eq!(browser.eval("return document.querySelectorAll('script').length"), json!(1));
+    assert_eq!(
+        browser.eval("return document.querySelectorAll('script').length"),
+        json!(1)
+    );
     assert_ne!(browser.eval("return document.title"), json!("pwned"));
     assert_eq!(browser.eval("return typeof alert1"), json!("undefined"));
     browser.screenshot(shots.path(), "log");
@@ -203,9 +248,15 @@ fn one_tenant_cannot_open_another_tenants_job_page() {
     log_in(&browser, &server, &bob);
     browser.goto(&server.url(&format!("/ui/jobs/{id}")));
     assert!(browser.text("#page-error").unwrap().contains("no such job"));
-    assert_eq!(browser.eval("return document.querySelectorAll('#jobs tbody tr').length"), json!(0));
+    assert_eq!(
+        browser.eval("return document.querySelectorAll('#outputs, #job').length"),
+        json!(0)
+    );
     browser.goto(&server.url("/"));
-    assert_eq!(browser.eval("return document.querySelectorAll('#jobs tbody tr').length"), json!(0));
+    assert_eq!(
+        browser.eval("return document.querySelectorAll('#jobs tbody tr').length"),
+        json!(0)
+    );
     browser.screenshot(shots.path(), "bob-jobs");
     // Over HTTP too: Bob's session gets a 404 for Alice's job, Alice's gets the page.
     let bob_cookie = session_cookie(&server, &bob);
@@ -235,7 +286,10 @@ fn a_cross_site_request_on_the_session_cookie_is_refused() {
     let cookie = session_cookie(&server, "secret-token");
     let body = json!({"workflow": image_graph()});
     let post = |headers: &[(&str, &str)]| {
-        let mut rb = client.post(server.url("/api/v2/jobs")).header("Cookie", &cookie).json(&body);
+        let mut rb = client
+            .post(server.url("/api/v2/jobs"))
+            .header("Cookie", &cookie)
+            .json(&body);
         for (k, v) in headers {
             rb = rb.header(*k, *v);
         }
@@ -247,7 +301,11 @@ fn a_cross_site_request_on_the_session_cookie_is_refused() {
     assert_eq!(post(&[("Sec-Fetch-Site", "same-origin")]), 201);
     assert_eq!(post(&[("Origin", &server.base)]), 201);
     // Reads need no origin; a bearer request is unaffected by the guard.
-    let r = client.get(server.url("/api/v2/jobs")).header("Cookie", &cookie).send().unwrap();
+    let r = client
+        .get(server.url("/api/v2/jobs"))
+        .header("Cookie", &cookie)
+        .send()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let r = client
         .post(server.url("/api/v2/jobs"))
@@ -287,13 +345,20 @@ fn a_cross_site_request_on_the_session_cookie_is_refused() {
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 303);
-    let r = client.get(server.url("/api/v2/jobs")).header("Cookie", &cookie).send().unwrap();
+    let r = client
+        .get(server.url("/api/v2/jobs"))
+        .header("Cookie", &cookie)
+        .send()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 401);
     let r = client.get(server.url("/")).header("Cookie", &cookie).send().unwrap();
     assert_eq!(r.status().as_u16(), 303);
     // Every page carries the strict policy.
     let r = client.get(server.url("/login")).send().unwrap();
     let csp = r.headers()["content-security-policy"].to_str().unwrap().to_string();
-    assert!(csp.contains("script-src 'self'") && csp.contains("default-src 'none'"), "{csp}");
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("default-src 'none'"),
+        "{csp}"
+    );
     assert!(!csp.contains("unsafe-inline"), "{csp}");
 }

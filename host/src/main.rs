@@ -453,7 +453,16 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
 /// `data_dir`.
 fn embedded_serve_config(data_dir: &std::path::Path) -> anyhow::Result<ServeConfig> {
     let data_dir = data_dir.to_string_lossy().into_owned();
-    let cli = Cli::try_parse_from(["weft", "serve", "--addr", "127.0.0.1:0", "--auth", "none", "--data-dir", &data_dir])?;
+    let cli = Cli::try_parse_from([
+        "weft",
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--auth",
+        "none",
+        "--data-dir",
+        &data_dir,
+    ])?;
     match cli.command {
         Command::Serve(args) => serve_config(*args),
         _ => anyhow::bail!("the in-process server's settings did not parse"),
@@ -522,7 +531,9 @@ fn main() -> anyhow::Result<()> {
         _ => "info,wasmtime=warn,cranelift=warn",
     };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| default_filter.into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| default_filter.into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -21,7 +21,11 @@ pub(crate) struct Browser {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 impl Browser {
@@ -40,7 +44,10 @@ impl Browser {
             .stderr(Stdio::null())
             .spawn()
             .expect("starting chromedriver");
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         let mut browser = Browser {
             runtime,
             client: None,
@@ -58,9 +65,11 @@ impl Browser {
         let deadline = Instant::now() + Duration::from_secs(60);
         let client = loop {
             let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-            let attempt = browser
-                .runtime
-                .block_on(ClientBuilder::new(connector).capabilities(capabilities.clone()).connect(&url));
+            let attempt = browser.runtime.block_on(
+                ClientBuilder::new(connector)
+                    .capabilities(capabilities.clone())
+                    .connect(&url),
+            );
             match attempt {
                 Ok(client) => break client,
                 Err(e) if Instant::now() > deadline => panic!("chromedriver never opened a session: {e}"),
@@ -129,7 +138,10 @@ impl Browser {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        panic!("timed out waiting for {what}; page text: {:?}", self.eval("return document.body.innerText"));
+        panic!(
+            "timed out waiting for {what}; page text: {:?}",
+            self.eval("return document.body.innerText")
+        );
     }
 
     /// Saves a screenshot of the window as `dir/name.png`, checks it is not blank (more than
@@ -140,7 +152,11 @@ impl Browser {
         std::fs::write(&path, &png).unwrap();
         let image = image::load_from_memory(&png).unwrap().to_rgb8();
         let colours: std::collections::HashSet<[u8; 3]> = image.pixels().map(|p| p.0).collect();
-        assert!(colours.len() > 8, "screenshot {name} is blank ({} colours)", colours.len());
+        assert!(
+            colours.len() > 8,
+            "screenshot {name} is blank ({} colours)",
+            colours.len()
+        );
         path
     }
 }

@@ -47,11 +47,7 @@ impl Sessions {
 
     /// Opens a session as `info` and returns its id (256 random bits, hex).
     pub fn create(&self, info: SessionInfo) -> String {
-        let id = format!(
-            "{}{}",
-            uuid::Uuid::new_v4().simple(),
-            uuid::Uuid::new_v4().simple()
-        );
+        let id = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
         let now = Instant::now();
         let mut open = self.lock();
         if open.len() >= MAX_SESSIONS {

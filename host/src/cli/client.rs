@@ -78,7 +78,11 @@ impl Failure {
             println!("{}", self.to_json());
         } else {
             eprintln!("error: {}", self.message);
-            if let Some(nodes) = self.body.as_ref().and_then(|b| b["error"]["details"]["node_errors"].as_object()) {
+            if let Some(nodes) = self
+                .body
+                .as_ref()
+                .and_then(|b| b["error"]["details"]["node_errors"].as_object())
+            {
                 for (node, errors) in nodes {
                     for error in errors.as_array().into_iter().flatten() {
                         let message = error["message"].as_str().unwrap_or("invalid");
@@ -121,7 +125,9 @@ impl Connection {
     pub(crate) fn new(server: &str, key: Option<String>) -> Result<Self, Failure> {
         let url = url::Url::parse(server).map_err(|e| Failure::validation(format!("--server {server:?}: {e}")))?;
         if !matches!(url.scheme(), "http" | "https") {
-            return Err(Failure::validation(format!("--server {server:?} must be an http(s) URL")));
+            return Err(Failure::validation(format!(
+                "--server {server:?} must be an http(s) URL"
+            )));
         }
         // https on Mozilla's roots, with the ring provider the server side uses too.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -164,7 +170,10 @@ impl Connection {
 
     /// `POST path` with a JSON `body` and optional `Idempotency-Key`.
     pub(crate) async fn post(&self, path: &str, body: &Json, idempotency_key: Option<&str>) -> Result<Json, Failure> {
-        let mut rb = self.request(Method::POST, path).json(body).timeout(Duration::from_secs(120));
+        let mut rb = self
+            .request(Method::POST, path)
+            .json(body)
+            .timeout(Duration::from_secs(120));
         if let Some(key) = idempotency_key {
             rb = rb.header("Idempotency-Key", key);
         }
@@ -217,7 +226,9 @@ impl Connection {
         let mut file = tokio::fs::File::create(dest).await.map_err(write_error)?;
         let mut body = response.bytes_stream();
         while let Some(chunk) = body.next().await {
-            file.write_all(&chunk.map_err(Failure::connection)?).await.map_err(write_error)?;
+            file.write_all(&chunk.map_err(Failure::connection)?)
+                .await
+                .map_err(write_error)?;
         }
         file.flush().await.map_err(write_error)?;
         Ok(())

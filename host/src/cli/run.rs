@@ -77,7 +77,8 @@ async fn embedded(data_dir: Option<PathBuf>) -> Result<(SocketAddr, Option<TempD
 
 /// Reads the workflow file: the graph and any labels it carries.
 fn read_workflow(path: &Path) -> Result<(Json, Map<String, Json>), Failure> {
-    let text = std::fs::read_to_string(path).map_err(|e| Failure::validation(format!("cannot read {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::validation(format!("cannot read {}: {e}", path.display())))?;
     let value: Json = serde_json::from_str(&text)
         .map_err(|e| Failure::validation(format!("{} is not valid JSON: {e}", path.display())))?;
     match value {
@@ -133,7 +134,12 @@ fn substitute_asset(workflow: &mut Json, name: &str, id: &str) -> usize {
     }
     let mut count = 0;
     for node in workflow.as_object_mut().into_iter().flat_map(|o| o.values_mut()) {
-        for value in node.get_mut("inputs").and_then(Json::as_object_mut).into_iter().flat_map(|i| i.values_mut()) {
+        for value in node
+            .get_mut("inputs")
+            .and_then(Json::as_object_mut)
+            .into_iter()
+            .flat_map(|i| i.values_mut())
+        {
             if value["__type"] == "core/ASSET" && value["info"]["id"] == name {
                 *value = asset_ref(id);
                 count += 1;
@@ -172,7 +178,13 @@ fn local_name(name: &str, fallback: &str) -> String {
     let last = name.rsplit(['/', '\\']).next().unwrap_or("");
     let clean: String = last
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     if clean.trim_matches('.').is_empty() {
         fallback.to_string()
@@ -192,7 +204,10 @@ pub(crate) async fn download_outputs(conn: &Connection, job: &Json, out: &Path) 
     for (i, output) in outputs.iter().enumerate() {
         let fallback = format!("output_{i}");
         let mut name = local_name(output["name"].as_str().unwrap_or(""), &fallback);
-        if written.iter().any(|p| p.file_name().is_some_and(|f| f.to_string_lossy() == name)) {
+        if written
+            .iter()
+            .any(|p| p.file_name().is_some_and(|f| f.to_string_lossy() == name))
+        {
             name = format!("{i}_{name}");
         }
         let dest = out.join(&name);
@@ -218,7 +233,10 @@ pub(crate) fn print_result(job: &Json, files: &[PathBuf], json_output: bool) {
     println!(
         "job {} {status}{}",
         job["id"].as_str().unwrap_or(""),
-        match (seconds(&job["metrics"]["queue_ms"]), seconds(&job["metrics"]["execution_ms"])) {
+        match (
+            seconds(&job["metrics"]["queue_ms"]),
+            seconds(&job["metrics"]["execution_ms"])
+        ) {
             (Some(q), Some(x)) => format!(" (queued {q}, ran {x})"),
             _ => String::new(),
         }

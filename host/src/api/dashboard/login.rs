@@ -88,12 +88,20 @@ async fn session_for(state: &AppState, key: &str) -> Option<SessionInfo> {
         })
 }
 
-async fn post_login(state: &AppState, headers: &HeaderMap, form_body: HashMap<String, String>) -> warp::reply::Response {
+async fn post_login(
+    state: &AppState,
+    headers: &HeaderMap,
+    form_body: HashMap<String, String>,
+) -> warp::reply::Response {
     let next = safe_next(form_body.get("next").map(String::as_str));
     if !auth::is_same_origin(state, headers) {
         return html::response(
             StatusCode::FORBIDDEN,
-            form(state, &next, Some("This login did not come from this server's own page.")),
+            form(
+                state,
+                &next,
+                Some("This login did not come from this server's own page."),
+            ),
         );
     }
     if state.config.auth == AuthMode::None {
@@ -118,7 +126,11 @@ fn post_logout(state: &AppState, headers: &HeaderMap) -> warp::reply::Response {
     if !auth::is_same_origin(state, headers) {
         return html::response(
             StatusCode::FORBIDDEN,
-            form(state, "/", Some("This logout did not come from this server's own page.")),
+            form(
+                state,
+                "/",
+                Some("This logout did not come from this server's own page."),
+            ),
         );
     }
     if let Some(id) = session::from_headers(headers) {
@@ -143,7 +155,11 @@ pub(super) fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response
     let show = warp::path("login")
         .and(warp::path::end())
         .and(warp::get())
-        .and(warp::query::<HashMap<String, String>>().or(warp::any().map(HashMap::new)).unify())
+        .and(
+            warp::query::<HashMap<String, String>>()
+                .or(warp::any().map(HashMap::new))
+                .unify(),
+        )
         .and(with())
         .map(|query: HashMap<String, String>, state: Arc<AppState>| {
             let next = safe_next(query.get("next").map(String::as_str));
@@ -161,9 +177,11 @@ pub(super) fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response
         .and(warp::body::content_length_limit(MAX_FORM_BYTES))
         .and(warp::body::form::<HashMap<String, String>>())
         .and(with())
-        .and_then(|headers: HeaderMap, body: HashMap<String, String>, state: Arc<AppState>| async move {
-            Ok::<_, warp::Rejection>(secure(&state, post_login(&state, &headers, body).await))
-        });
+        .and_then(
+            |headers: HeaderMap, body: HashMap<String, String>, state: Arc<AppState>| async move {
+                Ok::<_, warp::Rejection>(secure(&state, post_login(&state, &headers, body).await))
+            },
+        );
     let logout = warp::path("logout")
         .and(warp::path::end())
         .and(warp::post())

@@ -128,7 +128,10 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
                     if !query.is_empty() {
                         next = format!("{next}?{query}");
                     }
-                    let target = format!("/login?next={}", url::form_urlencoded::byte_serialize(next.as_bytes()).collect::<String>());
+                    let target = format!(
+                        "/login?next={}",
+                        url::form_urlencoded::byte_serialize(next.as_bytes()).collect::<String>()
+                    );
                     return Ok(secure(&state, see_other(&target)));
                 };
                 let response = match page {

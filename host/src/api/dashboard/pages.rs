@@ -41,8 +41,10 @@ impl Page {
             "/ui/feed" => Some(Page::Feed),
             _ => {
                 let id = path.strip_prefix("/ui/jobs/")?;
-                (!id.is_empty() && id.len() <= 128 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
-                    .then(|| Page::Job(id.to_string()))
+                (!id.is_empty()
+                    && id.len() <= 128
+                    && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+                .then(|| Page::Job(id.to_string()))
             }
         }
     }
@@ -74,7 +76,12 @@ pub(super) async fn render(state: &AppState, viewer: &SessionInfo, page: Page, q
             Ok(body) => (StatusCode::OK, "Operators".into(), "operator", body),
             Err((status, message)) => (status, "Operators".into(), "operator", message_body(&message)),
         },
-        Page::Feed => (StatusCode::NOT_FOUND, "Not found".into(), "error", message_body("not a page")),
+        Page::Feed => (
+            StatusCode::NOT_FOUND,
+            "Not found".into(),
+            "error",
+            message_body("not a page"),
+        ),
     };
     html::response(status, html::page(&title, name, &api, logout, &body))
 }
@@ -86,12 +93,18 @@ fn message_body(message: &str) -> String {
 }
 
 fn not_ready() -> PageError {
-    (StatusCode::SERVICE_UNAVAILABLE, "The server is still loading its plugins; try again in a moment.".into())
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The server is still loading its plugins; try again in a moment.".into(),
+    )
 }
 
 fn store_error(e: impl std::fmt::Display) -> PageError {
     tracing::error!(error = %e, "dashboard read");
-    (StatusCode::INTERNAL_SERVER_ERROR, "The job store could not be read.".into())
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "The job store could not be read.".into(),
+    )
 }
 
 /// The list's filters, from the query string.
@@ -112,14 +125,17 @@ fn filters(query: &str) -> Result<Filters, PageError> {
     for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
         match name.as_ref() {
             "status" if !value.is_empty() => {
-                f.status = Some(JobStatus::parse(&value).ok_or((StatusCode::BAD_REQUEST, format!("unknown status {value:?}")))?);
+                f.status = Some(
+                    JobStatus::parse(&value).ok_or((StatusCode::BAD_REQUEST, format!("unknown status {value:?}")))?,
+                );
             }
             "label" if !value.trim().is_empty() => {
                 f.label_text = value.trim().to_string();
                 for pair in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-                    let (k, v) = pair
-                        .split_once('=')
-                        .ok_or((StatusCode::BAD_REQUEST, format!("label filter {pair:?} is not key=value")))?;
+                    let (k, v) = pair.split_once('=').ok_or((
+                        StatusCode::BAD_REQUEST,
+                        format!("label filter {pair:?} is not key=value"),
+                    ))?;
                     f.labels.insert(k.trim().to_string(), v.trim().to_string());
                 }
                 if f.labels.len() > 16 {
@@ -141,7 +157,10 @@ fn filters(query: &str) -> Result<Filters, PageError> {
 }
 
 fn status_badge(status: JobStatus) -> String {
-    format!("<span class=\"status status-{0}\" data-status=\"{0}\">{0}</span>", status.as_str())
+    format!(
+        "<span class=\"status status-{0}\" data-status=\"{0}\">{0}</span>",
+        status.as_str()
+    )
 }
 
 fn duration_ms(job: &JobRecord) -> Option<i64> {
@@ -221,7 +240,11 @@ async fn jobs_page(state: &AppState, viewer: &SessionInfo, query: &str) -> Resul
             query.append_pair("label", &f.label_text);
         }
         query.append_pair("cursor", &format!("c{next}"));
-        let _ = write!(body, "<p><a id=\"older\" href=\"/?{}\">Older jobs →</a></p>", esc(&query.finish()));
+        let _ = write!(
+            body,
+            "<p><a id=\"older\" href=\"/?{}\">Older jobs →</a></p>",
+            esc(&query.finish())
+        );
     }
     Ok(body)
 }
@@ -239,11 +262,10 @@ fn input_text(value: &Json) -> String {
 
 async fn job_page(state: &AppState, viewer: &SessionInfo, id: &str) -> Result<String, PageError> {
     let jobs = state.jobs().map_err(|_| not_ready())?;
-    let view = jobs
-        .get(&viewer.tenant, id)
-        .await
-        .map_err(store_error)?
-        .ok_or((StatusCode::NOT_FOUND, "There is no such job (or it is not yours).".to_string()))?;
+    let view = jobs.get(&viewer.tenant, id).await.map_err(store_error)?.ok_or((
+        StatusCode::NOT_FOUND,
+        "There is no such job (or it is not yours).".to_string(),
+    ))?;
     let job = &view.job;
     let shows_logs = state.config.surface == crate::api::Surface::Serverless && !state.config.public_demo;
     let rendered = render::job(&state.links, &view, shows_logs);
@@ -257,7 +279,10 @@ async fn job_page(state: &AppState, viewer: &SessionInfo, id: &str) -> Result<St
         cancel = esc(&state.links.api(&format!("/jobs/{}/cancel", job.id))),
     );
     let cancel_hidden = if job.status.is_terminal() { " hidden" } else { "" };
-    let _ = write!(body, "<p><button id=\"cancel\" type=\"button\"{cancel_hidden}>Cancel</button></p>");
+    let _ = write!(
+        body,
+        "<p><button id=\"cancel\" type=\"button\"{cancel_hidden}>Cancel</button></p>"
+    );
     let p = job.progress.as_ref();
     let _ = write!(
         body,
@@ -296,13 +321,28 @@ async fn job_page(state: &AppState, viewer: &SessionInfo, id: &str) -> Result<St
     let _ = write!(
         body,
         "<section><h2>Timings</h2><p id=\"timings\" data-queue-ms=\"{}\" data-execution-ms=\"{}\"></p></section>",
-        rendered["metrics"]["queue_ms"].as_i64().map(|v| v.to_string()).unwrap_or_default(),
-        rendered["metrics"]["execution_ms"].as_i64().map(|v| v.to_string()).unwrap_or_default(),
+        rendered["metrics"]["queue_ms"]
+            .as_i64()
+            .map(|v| v.to_string())
+            .unwrap_or_default(),
+        rendered["metrics"]["execution_ms"]
+            .as_i64()
+            .map(|v| v.to_string())
+            .unwrap_or_default(),
     );
     body.push_str("<section><h2>Outputs</h2><div id=\"outputs\"></div></section>");
     body.push_str("<section><h2>Error</h2><div id=\"error\"></div></section>");
-    let logs = job.logs.as_ref().filter(|_| shows_logs).map(|l| l.text.as_str()).unwrap_or("");
-    let _ = write!(body, "<section><h2>Log</h2><pre id=\"logs\">{}</pre></section>", esc(logs));
+    let logs = job
+        .logs
+        .as_ref()
+        .filter(|_| shows_logs)
+        .map(|l| l.text.as_str())
+        .unwrap_or("");
+    let _ = write!(
+        body,
+        "<section><h2>Log</h2><pre id=\"logs\">{}</pre></section>",
+        esc(logs)
+    );
     // The job as the API renders it, for the script to fill the outputs, error and timings
     // (a JSON document in a data attribute: escaped like any attribute, never executed).
     let _ = write!(
@@ -402,7 +442,9 @@ async fn operator_page(state: &AppState, viewer: &SessionInfo) -> Result<String,
         ));
     }
     let jobs = state.jobs().map_err(|_| not_ready())?;
-    let text = crate::api::operator::metrics_text(state).await.map_err(|_| store_error("metrics"))?;
+    let text = crate::api::operator::metrics_text(state)
+        .await
+        .map_err(|_| store_error("metrics"))?;
     let samples = samples(&text);
     let find = |name: &str, labels: &str| {
         samples
