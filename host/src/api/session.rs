@@ -86,16 +86,6 @@ impl Sessions {
     pub fn end(&self, id: &str) {
         self.lock().remove(&key(id));
     }
-
-    /// Sessions open now (expired ones not yet swept included).
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// Whether no session is open.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// The session id a request's `Cookie` headers carry.

@@ -272,9 +272,9 @@ async fn job_page(state: &AppState, viewer: &SessionInfo, id: &str) -> Result<St
     let mut body = String::new();
     let _ = write!(
         body,
-        "<h1>Job <code>{id}</code> {badge}</h1><div class=\"job\" id=\"job\" data-id=\"{id}\" data-events=\"{events}\" data-cancel=\"{cancel}\">",
+        "<h1>Job <code>{id}</code> <span id=\"job-status\">{badge}</span></h1><div class=\"job\" id=\"job\" data-id=\"{id}\" data-events=\"{events}\" data-cancel=\"{cancel}\">",
         id = esc(&job.id),
-        badge = format!("<span id=\"job-status\">{}</span>", status_badge(job.status)),
+        badge = status_badge(job.status),
         events = esc(&state.links.api(&format!("/jobs/{}/events", job.id))),
         cancel = esc(&state.links.api(&format!("/jobs/{}/cancel", job.id))),
     );
