@@ -207,8 +207,9 @@ fn a_job_log_with_markup_shows_as_text() {
     });
     let shots = tempfile::tempdir().unwrap();
     let job = server.run(json!({
-        "1": {"class_type": "HostileLogMarkup", "inputs": {}},
-        "2": {"class_type": "HostileFileName", "inputs": {"extension": "html", "content_type": "text/html"}}
+        "1": {"class_type": "HostileLogMarkup", "inputs": {"text": "<script>document.title='pwned'</script>"}},
+        "2": {"class_type": "HostileFileName", "inputs": {
+            "content": "<script>alert1 = 1</script>", "extension": "html", "content_type": "text/html"}}
     }));
     assert_eq!(job["status"], "succeeded", "{job}");
     let id = job["id"].as_str().unwrap();
