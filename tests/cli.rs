@@ -185,7 +185,15 @@ fn exit_codes_tell_failed_canceled_invalid_and_unreachable_apart() {
     // A job canceled while `weft run` follows it: 4.
     let slow = write_json(dir.path(), "slow.json", &support::slow_workflow(120.0));
     let child = Command::new(weft_bin())
-        .args(["run", &slow, "--server", &server.base, "--json"])
+        .args([
+            "run",
+            &slow,
+            "--server",
+            &server.base,
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -344,7 +352,16 @@ fn a_stream_dropped_mid_run_resumes_and_the_run_finishes() {
     let (proxy, cut, requests) = cutting_proxy(&server.base);
     let dir = tempfile::tempdir().unwrap();
     let wf = write_json(dir.path(), "slow.json", &support::slow_workflow(4.0));
-    let out = weft(&["run", &wf, "--server", &proxy, "--json"]);
+    let out_dir = dir.path().join("out");
+    let out = weft(&[
+        "run",
+        &wf,
+        "--server",
+        &proxy,
+        "--json",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
     assert_eq!(
         out.status.code(),
         Some(0),
