@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what weft needs on a fresh Debian machine: the wasm32-wasip2 Rust target (to
 # build the plugins), ffmpeg and a General MIDI SoundFont (video-to-music), and
-# componentize-py (the Python example plugin), and with --with-js Node.js, npm and the pinned
-# componentize-js/jco of scripts/js-toolchain (the JavaScript example plugin), installed
-# into target/js-toolchain. Safe to run again: it skips what is there.
+# componentize-py (the Python example plugin), Chromium with its WebDriver (the browser
+# tests), and with --with-js Node.js, npm and the pinned componentize-js/jco of
+# scripts/js-toolchain (the JavaScript example plugin), installed into target/js-toolchain.
+# Safe to run again: it skips what is there.
 set -euo pipefail
 
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
@@ -17,6 +18,8 @@ if [[ " $* " == *" --with-js "* ]]; then
   command -v npm >/dev/null 2>&1 || missing+=(npm)
 fi
 [ -f /usr/share/sounds/sf2/TimGM6mb.sf2 ] || missing+=(timgm6mb-soundfont)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -1,5 +1,6 @@
-//! The `weft` command: `serve`, `nodes`, `keys`, `credits`, `dev`, `models`. Argument
-//! parsing and dispatch; the longer command bodies live in [`cli`].
+//! The `weft` command: `serve`, `nodes`, `keys`, `credits`, `dev`, `models`, and the client
+//! commands `run`, `jobs` and `assets`. Argument parsing and dispatch; the longer command
+//! bodies live in [`cli`].
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -79,6 +80,8 @@ enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
+    #[command(flatten)]
+    Client(cli::ClientCommand),
 }
 
 #[derive(Subcommand)]
@@ -456,6 +459,27 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
     })
 }
 
+/// The settings `weft run` without `--server` starts its in-process server with: `weft
+/// serve`'s defaults and WEFT_* environment, a free loopback port, no authentication, and
+/// `data_dir`.
+fn embedded_serve_config(data_dir: &std::path::Path) -> anyhow::Result<ServeConfig> {
+    let data_dir = data_dir.to_string_lossy().into_owned();
+    let cli = Cli::try_parse_from([
+        "weft",
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--auth",
+        "none",
+        "--data-dir",
+        &data_dir,
+    ])?;
+    match cli.command {
+        Command::Serve(args) => serve_config(*args),
+        _ => anyhow::bail!("the in-process server's settings did not parse"),
+    }
+}
+
 fn print_nodes(
     plugins_dir: Option<PathBuf>,
     models_dir: Option<PathBuf>,
@@ -511,18 +535,27 @@ fn print_nodes(
 }
 
 fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse_from(args_with_config_file()?);
+    // The client commands print for people: only warnings from the library.
+    let default_filter = match cli.command {
+        Command::Client(_) => "warn",
+        _ => "info,wasmtime=warn,cranelift=warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
-                .unwrap_or_else(|_| "info,wasmtime=warn,cranelift=warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         // Colours only on a terminal: a log file or collector gets plain lines.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse_from(args_with_config_file()?);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
+        Command::Client(command) => {
+            let code = command.run(&runtime);
+            runtime.shutdown_timeout(Duration::from_secs(1));
+            std::process::exit(code);
+        }
         Command::Serve(args) => {
             let config = serve_config(*args)?;
             runtime.block_on(serve::run(config))

@@ -82,7 +82,24 @@ pub fn open_store(data_dir: &Path) -> anyhow::Result<Arc<dyn Store>> {
 /// the port opens once the plugins are loaded and recovery has run, so the first request
 /// is served; on the serverless surface it opens at once and job routes answer
 /// `deployment_not_ready` until then, as a deployment that is still starting does.
-pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
+pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
+    let (_, server) = start(config, true).await?;
+    server.await?;
+    Ok(())
+}
+
+/// Starts a server inside this process (for `weft run` without `--server`): nothing is
+/// printed, Ctrl-C is left to the caller, and it serves until the process ends. Returns
+/// once it is ready, with its address.
+pub async fn start_embedded(config: ServeConfig) -> anyhow::Result<SocketAddr> {
+    let (addr, _server) = start(config, false).await?;
+    Ok(addr)
+}
+
+/// Assembles the server and starts serving; returns its address once jobs are accepted,
+/// and the serving task. A `standalone` server announces its address on stdout and stops
+/// on SIGINT or SIGTERM.
+async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let store = open_store(&config.data_dir)?;
     if config.jobs.job_cost > 0 {
         store
@@ -101,8 +118,9 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
             assets.clone(),
             &v2m_engine,
         )?;
-        let server = listen(listener, state.clone())?;
-        Some((state, server))
+        let addr = listener.local_addr()?;
+        let server = listen(listener, state.clone(), standalone)?;
+        Some((state, server, addr))
     } else {
         None
     };
@@ -129,21 +147,21 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
     };
     jobs.start_workers();
     jobs::retention::start(jobs.clone(), config.sweep_interval);
-    let server = match early {
-        Some((state, server)) => {
+    let (server, addr) = match early {
+        Some((state, server, addr)) => {
             let _ = state.jobs.set(jobs);
-            server
+            (server, addr)
         }
         None => {
             let listener = std::net::TcpListener::bind(config.addr)?;
-            let state = app_state(&config, listener.local_addr()?, store, assets, &v2m_engine)?;
+            let addr = listener.local_addr()?;
+            let state = app_state(&config, addr, store, assets, &v2m_engine)?;
             let _ = state.jobs.set(jobs);
-            listen(listener, state)?
+            (listen(listener, state, standalone)?, addr)
         }
     };
     tracing::info!("ready");
-    server.await?;
-    Ok(())
+    Ok((addr, server))
 }
 
 /// The handlers' shared state, with links on `--public-url` or else on `bound`.
@@ -174,6 +192,7 @@ fn app_state(
         streams: Default::default(),
         tenant_streams: Default::default(),
         stopped: Default::default(),
+        sessions: Default::default(),
         v2m: v2m_engine.clone().and_then(|engine| {
             V2mService::new(&config.api.v2m, engine)
                 .map(Arc::new)
@@ -183,14 +202,28 @@ fn app_state(
     }))
 }
 
-/// Serves `state`'s routes on `listener` until a shutdown signal, and announces the address.
-fn listen(listener: std::net::TcpListener, state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+/// Serves `state`'s routes on `listener`. A `standalone` server announces its address and
+/// stops on a shutdown signal; an embedded one serves until the process ends.
+fn listen(
+    listener: std::net::TcpListener,
+    state: Arc<AppState>,
+    standalone: bool,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let bound = listener.local_addr()?;
     listener.set_nonblocking(true)?;
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(tokio::net::TcpListener::from_std(listener)?);
-    let server = warp::serve(api::routes(state)).serve_incoming_with_graceful_shutdown(incoming, shutdown_signal());
+    let shutdown = async move {
+        if standalone {
+            shutdown_signal().await
+        } else {
+            std::future::pending().await
+        }
+    };
+    let server = warp::serve(api::routes(state)).serve_incoming_with_graceful_shutdown(incoming, shutdown);
     tracing::info!(addr = %bound, "listening");
-    println!("weft listening on http://{bound}");
+    if standalone {
+        println!("weft listening on http://{bound}");
+    }
     Ok(tokio::spawn(server))
 }
 

@@ -1,13 +1,17 @@
 //! Who is calling. `--auth none` (the self-hosted default) treats every caller as the
 //! `default` tenant; `--auth token` accepts one static bearer token; `--auth keys` maps
-//! multi-tenant API keys (stored as blake3 hashes) to their tenants.
+//! multi-tenant API keys (stored as blake3 hashes) to their tenants. A request without an
+//! `Authorization` header may instead carry a dashboard session cookie (see
+//! [`super::session`]).
 
 use std::sync::Arc;
 
+use warp::http::header::AUTHORIZATION;
+use warp::http::{HeaderMap, Method};
 use warp::Filter;
 
 use super::error::ApiError;
-use super::AppState;
+use super::{session, AppState};
 
 /// How callers authenticate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,16 +95,59 @@ pub async fn authenticate(state: &AppState, header: Option<&str>) -> Result<Call
     }
 }
 
-/// A filter that yields the authenticated caller or rejects with 401.
-pub fn caller(state: Arc<AppState>) -> impl Filter<Extract = (Caller,), Error = warp::Rejection> + Clone {
-    warp::header::optional::<String>("authorization").and_then(move |header: Option<String>| {
-        let state = state.clone();
-        async move {
-            authenticate(&state, header.as_deref())
-                .await
-                .map_err(warp::reject::custom)
+/// Whether `method` changes nothing (RFC 9110 safe methods), so needs no CSRF guard.
+fn is_safe(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// Whether a request comes from a page of this server: the browser says
+/// `Sec-Fetch-Site: same-origin`, or its `Origin` is the server's own (`--public-url`, the
+/// listening address, or, with no public URL set, `http://` plus the `Host` it reached).
+pub fn is_same_origin(state: &AppState, headers: &HeaderMap) -> bool {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if header("sec-fetch-site") == Some("same-origin") {
+        return true;
+    }
+    let Some(origin) = header("origin") else {
+        return false;
+    };
+    if origin == state.links.origin() {
+        return true;
+    }
+    state.config.public_url.is_none() && header("host").is_some_and(|host| origin == format!("http://{host}"))
+}
+
+/// Resolves the caller of a request: its bearer token when it sends an `Authorization`
+/// header, else its dashboard session cookie (a state-changing request on a cookie must
+/// come from this server's own pages), else no credentials.
+pub async fn authenticate_request(state: &AppState, method: &Method, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let authorization = headers.get(AUTHORIZATION).map(|v| v.to_str().unwrap_or(""));
+    if authorization.is_none() && state.config.auth != AuthMode::None {
+        if let Some(session) = session::from_headers(headers).and_then(|id| state.sessions.get(id)) {
+            if !is_safe(method) && !is_same_origin(state, headers) {
+                return Err(ApiError::Forbidden(
+                    "a cookie-authenticated request that changes state must come from this server's own pages".into(),
+                ));
+            }
+            return Ok(Caller { tenant: session.tenant });
         }
-    })
+    }
+    authenticate(state, authorization).await
+}
+
+/// A filter that yields the authenticated caller (see [`authenticate_request`]) or rejects
+/// with 401 (403 for a cross-site request on a session cookie).
+pub fn caller(state: Arc<AppState>) -> impl Filter<Extract = (Caller,), Error = warp::Rejection> + Clone {
+    warp::method()
+        .and(warp::header::headers_cloned())
+        .and_then(move |method: Method, headers: HeaderMap| {
+            let state = state.clone();
+            async move {
+                authenticate_request(&state, &method, &headers)
+                    .await
+                    .map_err(warp::reject::custom)
+            }
+        })
 }
 
 #[cfg(test)]

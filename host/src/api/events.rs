@@ -24,7 +24,7 @@ use crate::jobs::JobView;
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// One open stream, counted globally and against its tenant's share; released on drop.
-struct StreamSlot {
+pub(crate) struct StreamSlot {
     state: Arc<AppState>,
     tenant: String,
 }
@@ -32,7 +32,7 @@ struct StreamSlot {
 impl StreamSlot {
     /// Takes a slot for `tenant`, or `too_many_streams` when the server's streams or the
     /// tenant's share of them are all open.
-    fn open(state: &Arc<AppState>, tenant: &str) -> Result<StreamSlot, ApiError> {
+    pub(crate) fn open(state: &Arc<AppState>, tenant: &str) -> Result<StreamSlot, ApiError> {
         let mut by_tenant = state.tenant_streams.lock().unwrap_or_else(|e| e.into_inner());
         let mine = by_tenant.get(tenant).copied().unwrap_or(0);
         if mine >= state.config.tenant_max_streams || state.streams.load(Ordering::SeqCst) >= state.config.max_streams {

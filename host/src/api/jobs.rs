@@ -334,7 +334,7 @@ async fn list(state: Arc<AppState>, caller: Caller, query: String) -> Result<war
         }
     }
     let page = jobs
-        .list(&caller.tenant, limit, before, &labels)
+        .list(&caller.tenant, limit, before, &labels, None)
         .await
         .map_err(|e| ApiError::upstream("listing jobs", e))?;
     let links = state.links.clone();

@@ -30,6 +30,16 @@ impl Links {
         }
     }
 
+    /// `scheme://authority` the server is reached at.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// The mount prefix (empty, or starting with `/`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// `{prefix}/api/v2{path}`.
     pub fn api(&self, path: &str) -> String {
         format!("{}/api/v2{path}", self.prefix)

@@ -11,6 +11,7 @@ use warp::{Filter, Reply};
 
 pub mod assets;
 pub mod auth;
+pub mod dashboard;
 pub mod error;
 pub mod events;
 pub mod jobs;
@@ -18,6 +19,7 @@ pub mod links;
 pub mod openapi;
 pub mod operator;
 pub mod render;
+pub mod session;
 pub mod v2m;
 
 pub use auth::AuthMode;
@@ -88,6 +90,8 @@ pub struct AppState {
     pub stopped: AtomicBool,
     /// The video-to-music service; none when its SoundFont could not be loaded.
     pub v2m: Option<Arc<v2m::V2mService>>,
+    /// Dashboard sessions.
+    pub sessions: session::Sessions,
 }
 
 impl AppState {
@@ -122,7 +126,9 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
     let all = api
         .or(v2m::routes(state.clone()))
         .unify()
-        .or(operator::root_routes(state))
+        .or(operator::root_routes(state.clone()))
+        .unify()
+        .or(dashboard::routes(state))
         .unify()
         .recover(error::recover)
         .unify();

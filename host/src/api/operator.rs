@@ -117,6 +117,12 @@ async fn metrics(state: &AppState, authorization: Option<&str>) -> Result<warp::
     if state.config.auth != super::AuthMode::None {
         operator(state, authorization).await?;
     }
+    let out = metrics_text(state).await?;
+    Ok(warp::reply::with_header(out, "content-type", "text/plain; version=0.0.4").into_response())
+}
+
+/// The Prometheus text of `/metrics` (the operator's view of every tenant's work).
+pub async fn metrics_text(state: &AppState) -> Result<String, ApiError> {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -148,5 +154,5 @@ async fn metrics(state: &AppState, authorization: Option<&str>) -> Result<warp::
         }
         jobs.metrics.render(&mut out);
     }
-    Ok(warp::reply::with_header(out, "content-type", "text/plain; version=0.0.4").into_response())
+    Ok(out)
 }

@@ -51,12 +51,37 @@ struct Channel {
     tx: broadcast::Sender<Arc<Numbered>>,
     next: u64,
     recent: VecDeque<Arc<Numbered>>,
+    /// The job's tenant, once a status event named it.
+    tenant: Option<String>,
+}
+
+/// Items of the feed kept for slow readers; one that falls further behind is told so.
+const FEED: usize = 1024;
+
+/// A status change or progress of some job, for list views (the dashboard's jobs list).
+#[derive(Debug, Clone)]
+pub struct FeedItem {
+    /// The job's tenant.
+    pub tenant: String,
+    /// The job.
+    pub job_id: String,
+    /// The event: only `Status` and `Progress` are fed.
+    pub event: Arc<Numbered>,
 }
 
 /// The hub.
-#[derive(Default)]
 pub struct Hub {
     jobs: Mutex<HashMap<String, Channel>>,
+    feed: broadcast::Sender<Arc<FeedItem>>,
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Self {
+            jobs: Mutex::default(),
+            feed: broadcast::channel(FEED).0,
+        }
+    }
 }
 
 /// A stream's view of a job: events it missed (when resuming) and the live receiver.
@@ -79,6 +104,7 @@ impl Hub {
             tx: broadcast::channel(REPLAY).0,
             next: 1,
             recent: VecDeque::new(),
+            tenant: None,
         })
     }
 
@@ -88,6 +114,10 @@ impl Hub {
         let terminal = matches!(&event, JobEvent::Status(j) if j.status.is_terminal());
         let mut jobs = self.lock();
         let channel = Self::channel(&mut jobs, job);
+        if let JobEvent::Status(record) = &event {
+            channel.tenant = Some(record.tenant.clone());
+        }
+        let fed = matches!(event, JobEvent::Status(_) | JobEvent::Progress(_));
         let numbered = Arc::new(Numbered {
             id: channel.next,
             event,
@@ -97,7 +127,14 @@ impl Hub {
             channel.recent.pop_front();
         }
         channel.recent.push_back(numbered.clone());
-        let _ = channel.tx.send(numbered);
+        let _ = channel.tx.send(numbered.clone());
+        if let (true, Some(tenant)) = (fed && self.feed.receiver_count() > 0, &channel.tenant) {
+            let _ = self.feed.send(Arc::new(FeedItem {
+                tenant: tenant.clone(),
+                job_id: job.to_string(),
+                event: numbered,
+            }));
+        }
         if terminal {
             jobs.remove(job);
         }
@@ -129,6 +166,11 @@ impl Hub {
     /// The id the next event of `job` will get.
     pub fn next_id(&self, job: &str) -> u64 {
         self.lock().get(job).map_or(1, |c| c.next)
+    }
+
+    /// Every job's status changes and progress, as they happen.
+    pub fn feed(&self) -> broadcast::Receiver<Arc<FeedItem>> {
+        self.feed.subscribe()
     }
 
     /// Forgets a job (after it is deleted). Open streams see their channel close.

@@ -235,15 +235,16 @@ impl Jobs {
     }
 
     /// `tenant`'s jobs, newest first: at most `limit`, older than the job at position
-    /// `before`, with every label in `labels`.
+    /// `before`, with every label in `labels`, and in `status` when given.
     pub async fn list(
         &self,
         tenant: &str,
         limit: usize,
         before: Option<i64>,
         labels: &BTreeMap<String, String>,
+        status: Option<JobStatus>,
     ) -> Result<JobPage, StoreError> {
-        self.store.list_jobs(tenant, limit, before, labels).await
+        self.store.list_jobs(tenant, limit, before, labels, status).await
     }
 
     /// Whether `seq` is the position of one of `tenant`'s jobs (a list cursor).

@@ -117,6 +117,7 @@ pub trait Store: Send + Sync {
         limit: usize,
         before: Option<i64>,
         labels: &BTreeMap<String, String>,
+        status: Option<JobStatus>,
     ) -> Result<JobPage, StoreError>;
     /// Whether `seq` is the position of one of `tenant`'s jobs (for cursor checks).
     async fn job_seq_exists(&self, tenant: &str, seq: i64) -> Result<bool, StoreError>;

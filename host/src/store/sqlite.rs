@@ -68,6 +68,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, seq);
 CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, seq);
+CREATE INDEX IF NOT EXISTS jobs_by_tenant_status ON jobs (tenant, status, seq);
 CREATE INDEX IF NOT EXISTS jobs_by_expiry ON jobs (expires_at);
 CREATE TABLE IF NOT EXISTS job_labels (
     job_id TEXT NOT NULL,
@@ -389,12 +390,17 @@ impl Store for SqliteStore {
         limit: usize,
         before: Option<i64>,
         labels: &BTreeMap<String, String>,
+        status: Option<JobStatus>,
     ) -> Result<JobPage, StoreError> {
         let tenant = tenant.to_string();
         let labels = labels.clone();
         self.read(move |c| {
             let mut sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = ?1 AND seq < ?2");
             let mut args: Vec<String> = vec![tenant, before.unwrap_or(i64::MAX).to_string()];
+            if let Some(status) = status {
+                args.push(status.as_str().to_string());
+                sql.push_str(&format!(" AND status = ?{}", args.len()));
+            }
             for (name, value) in &labels {
                 args.push(name.clone());
                 args.push(value.clone());

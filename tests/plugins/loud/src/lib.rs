@@ -1,6 +1,7 @@
 //! `HostileLoudProgress` and `HostileLoudError`: guest strings far larger than anything a
 //! job should store or serve. `HostileFileName`: an output whose extension and media type
-//! the guest chose to harm clients that save or show it.
+//! the guest chose to harm clients that save or show it. `HostileLogMarkup`: a log line
+//! holding markup, for clients that show logs.
 
 use weft_sdk::{NodeError, OutputKind};
 
@@ -68,4 +69,21 @@ weft_sdk::node! {
     }
 }
 
-weft_sdk::export_plugin!(HostileLoudProgress, HostileLoudError, HostileFileName);
+weft_sdk::node! {
+    /// An output node that prints `text` (markup by default) on stdout, into the job's log.
+    pub struct HostileLogMarkup {
+        category: "testing/hostile",
+        deterministic: false,
+        output_node: true,
+        inputs {
+            text: String = input::string().default("<script>document.title='pwned'</script>"),
+        }
+        outputs {}
+        fn execute(_, inp) {
+            println!("{}", inp.text);
+            Ok(())
+        }
+    }
+}
+
+weft_sdk::export_plugin!(HostileLoudProgress, HostileLoudError, HostileFileName, HostileLogMarkup);
