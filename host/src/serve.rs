@@ -12,15 +12,36 @@ use crate::api::{self, ApiConfig, AppState};
 use crate::jobs::assets::Assets;
 use crate::jobs::{self, Jobs, JobsConfig};
 use crate::runtime::{Runtime, RuntimeConfig};
-use crate::store::{sqlite::SqliteStore, Blobs, Store};
+use crate::store::{Blobs, Coordinator, Database, Store};
+
+/// What a process does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Role {
+    /// Serves the HTTP API only; other processes run the jobs.
+    Api,
+    /// Runs jobs only; `/healthz` and `/metrics` stay on the operator address.
+    Worker,
+    /// Both.
+    All,
+}
 
 /// Everything `weft serve` needs.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     /// Address to listen on.
     pub addr: SocketAddr,
-    /// Data directory: database, blobs, compiled-code cache, link key.
+    /// Data directory: database (by default), compiled-code cache, link key.
     pub data_dir: PathBuf,
+    /// The store.
+    pub database: Database,
+    /// The content-addressed blobs, shared by every process of a shared store.
+    pub blob_dir: PathBuf,
+    /// What this process does.
+    pub role: Role,
+    /// Where a worker-only process serves `/healthz` and `/metrics` (default: `addr`).
+    pub operator_addr: Option<SocketAddr>,
+    /// How long a claim on a job lasts unless its process renews it (shared store).
+    pub lease: Duration,
     /// API settings.
     pub api: ApiConfig,
     /// Job service settings.
@@ -68,12 +89,13 @@ fn v2m_engine(settings: &V2mSettings, data_dir: &Path) -> Option<Arc<V2mEngine>>
         .ok()
 }
 
-/// Opens the store of `data_dir`.
-pub fn open_store(data_dir: &Path) -> anyhow::Result<Arc<dyn Store>> {
-    std::fs::create_dir_all(data_dir)?;
-    Ok(Arc::new(
-        SqliteStore::open(&data_dir.join("weft.db")).map_err(|e| anyhow::anyhow!("opening the database: {e}"))?,
-    ))
+/// Opens the store `database` names.
+pub async fn open_store(database: &Database) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(database
+        .open()
+        .await
+        .map_err(|e| anyhow::anyhow!("opening the database: {e}"))?
+        .store)
 }
 
 /// Runs the server until the process is stopped. On the self-hosted and cloud surfaces
@@ -81,15 +103,25 @@ pub fn open_store(data_dir: &Path) -> anyhow::Result<Arc<dyn Store>> {
 /// is served; on the serverless surface it opens at once and job routes answer
 /// `deployment_not_ready` until then, as a deployment that is still starting does.
 pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
-    let store = open_store(&config.data_dir)?;
+    std::fs::create_dir_all(&config.data_dir)?;
+    let opened = config
+        .database
+        .open()
+        .await
+        .map_err(|e| anyhow::anyhow!("opening the database: {e}"))?;
+    let store = opened.store;
+    let coordinator: Option<Arc<dyn Coordinator>> = opened.postgres.map(|pg| {
+        let name = format!("{}-{}", std::process::id(), uuid::Uuid::new_v4());
+        pg.coordinator(name, config.lease) as Arc<dyn Coordinator>
+    });
     if config.jobs.job_cost > 0 {
         store
             .ensure_tenant(api::auth::DEFAULT_TENANT, config.initial_credits)
             .await?;
     }
-    let assets = Arc::new(Assets::new(store.clone(), Blobs::open(&config.data_dir.join("blobs"))?));
+    let assets = Arc::new(Assets::new(store.clone(), Blobs::open(&config.blob_dir)?));
     let v2m_engine = v2m_engine(&config.api.v2m, &config.data_dir);
-    let listen_early = config.api.surface == api::Surface::Serverless;
+    let listen_early = config.api.surface == api::Surface::Serverless && config.role != Role::Worker;
     let early = if listen_early {
         let listener = std::net::TcpListener::bind(config.addr)?;
         let state = app_state(
@@ -115,13 +147,37 @@ pub async fn run(mut config: ServeConfig) -> anyhow::Result<()> {
         refused = runtime.refused().len(),
         "plugins loaded"
     );
-    let jobs = Jobs::new(store.clone(), assets.clone(), runtime, config.jobs.clone());
-    let recovered = jobs::recovery::recover(&jobs).await?;
-    if recovered != Default::default() {
-        tracing::info!(?recovered, "recovered unfinished jobs");
+    let jobs = match coordinator {
+        // Several processes share the store: a dead one's jobs are rescued when their
+        // leases lapse, never at another's start.
+        Some(coordinator) => {
+            let jobs = Jobs::new_shared(store.clone(), assets.clone(), runtime, config.jobs.clone(), coordinator);
+            jobs.start_services();
+            jobs::rescue::start(jobs.clone());
+            jobs
+        }
+        None => {
+            let jobs = Jobs::new(store.clone(), assets.clone(), runtime, config.jobs.clone());
+            let recovered = jobs::recovery::recover(&jobs).await?;
+            if recovered != Default::default() {
+                tracing::info!(?recovered, "recovered unfinished jobs");
+            }
+            jobs
+        }
+    };
+    if config.role != Role::Api {
+        jobs.start_workers();
     }
-    jobs.start_workers();
     jobs::retention::start(jobs.clone(), config.sweep_interval);
+    if config.role == Role::Worker {
+        let listener = std::net::TcpListener::bind(config.operator_addr.unwrap_or(config.addr))?;
+        let state = app_state(&config, listener.local_addr()?, store, assets, &v2m_engine)?;
+        let _ = state.jobs.set(jobs);
+        let server = listen_operator(listener, state)?;
+        tracing::info!("ready");
+        server.await?;
+        return Ok(());
+    }
     let server = match early {
         Some((state, server)) => {
             let _ = state.jobs.set(jobs);
@@ -183,6 +239,20 @@ fn listen(listener: std::net::TcpListener, state: Arc<AppState>) -> anyhow::Resu
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(tokio::net::TcpListener::from_std(listener)?);
     let server = warp::serve(api::routes(state)).serve_incoming_with_graceful_shutdown(incoming, shutdown_signal());
     tracing::info!(addr = %bound, "listening");
+    println!("weft listening on http://{bound}");
+    Ok(tokio::spawn(server))
+}
+
+/// Serves only `/healthz` and `/metrics` on `listener` (a worker-only process).
+fn listen_operator(
+    listener: std::net::TcpListener,
+    state: Arc<AppState>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let bound = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(tokio::net::TcpListener::from_std(listener)?);
+    let server = warp::serve(api::operator_routes(state)).serve_incoming_with_graceful_shutdown(incoming, shutdown_signal());
+    tracing::info!(addr = %bound, "operator routes listening");
     println!("weft listening on http://{bound}");
     Ok(tokio::spawn(server))
 }
