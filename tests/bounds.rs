@@ -176,6 +176,7 @@ fn two_tenants(args: &[&str]) -> (Server, String, String, tempfile::TempDir, tem
         data_dir: Some(dir.path().to_path_buf()),
         plugins_dir: Some(plugins.path().to_path_buf()),
         token: Some(key_a.clone()),
+        database: None,
     });
     (server, key_a, key_b, plugins, dir)
 }

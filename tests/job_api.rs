@@ -590,6 +590,7 @@ fn scheduling_is_fair_across_tenants() {
         data_dir: Some(dir.path().to_path_buf()),
         plugins_dir: Some(plugins.path().to_path_buf()),
         token: Some(key_a.clone()),
+        database: None,
     });
     let blocker = server.submit(slow_workflow(300.0));
     wait_status(&server, blocker["id"].as_str().unwrap(), "running");

@@ -56,24 +56,38 @@ pub struct ServeConfig {
     pub initial_credits: i64,
 }
 
-/// The key that signs content links, made once per data dir.
-fn link_key(data_dir: &Path) -> anyhow::Result<[u8; 32]> {
-    let path = data_dir.join("link.key");
-    if let Ok(bytes) = std::fs::read(&path) {
-        if let Ok(key) = <[u8; 32]>::try_from(bytes.as_slice()) {
-            return Ok(key);
-        }
+/// The key that signs content links, made once per `dir`: the data dir, or with a shared
+/// store the shared blob dir, so a link signed by one process opens on every other. Of
+/// processes starting together, the first to link its key into place wins and the others
+/// read that one.
+fn link_key(dir: &Path) -> anyhow::Result<[u8; 32]> {
+    let path = dir.join("link.key");
+    let read = || -> Option<[u8; 32]> { <[u8; 32]>::try_from(std::fs::read(&path).ok()?.as_slice()).ok() };
+    if let Some(key) = read() {
+        return Ok(key);
     }
+    std::fs::create_dir_all(dir)?;
     let mut key = [0u8; 32];
     key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
     key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-    let tmp = data_dir.join("link.key.tmp");
+    let tmp = dir.join(format!("link.key.{}", uuid::Uuid::new_v4()));
     std::fs::write(&tmp, key)?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
     }
+    let placed = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    if placed.is_ok() {
+        return Ok(key);
+    }
+    if let Some(theirs) = read() {
+        return Ok(theirs);
+    }
+    // An unreadable or short key file (an interrupted write): replace it.
+    let tmp = dir.join(format!("link.key.{}", uuid::Uuid::new_v4()));
+    std::fs::write(&tmp, key)?;
     std::fs::rename(&tmp, &path)?;
     Ok(key)
 }
@@ -211,7 +225,10 @@ fn app_state(
     let links = api::links::Links::new(
         &origin,
         &config.api.mount_prefix,
-        link_key(&config.data_dir)?,
+        link_key(match config.database {
+            Database::Postgres(_) => &config.blob_dir,
+            Database::Sqlite(_) => &config.data_dir,
+        })?,
         config.link_ttl,
     );
     Ok(Arc::new(AppState {

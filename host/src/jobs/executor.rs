@@ -302,7 +302,12 @@ impl Jobs {
                 p.steps = None;
                 p.message = None;
             });
-            let cached = node.cache_key.and_then(|key| self.cache.get(&job.tenant, &key));
+            // The cache is this process's; with a shared blob dir another process may have
+            // collected a blob it names, and then the node runs again.
+            let cached = node
+                .cache_key
+                .and_then(|key| self.cache.get(&job.tenant, &key))
+                .filter(|entry| entry.files.iter().all(|f| self.assets.blob_exists(&f.blob)));
             let entry = match cached {
                 Some(entry) => {
                     for file in &entry.files {

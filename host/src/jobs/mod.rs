@@ -388,6 +388,14 @@ impl Jobs {
         Ok(all < self.queue.capacity() && mine < self.config.tenant_queue_depth)
     }
 
+    /// Jobs waiting to be taken by a worker (of any process, with a shared store).
+    pub async fn queue_len(&self) -> Result<usize, StoreError> {
+        match &self.shared {
+            Some(shared) => Ok(shared.coordinator.queued_counts("").await?.0),
+            None => Ok(self.queue.len()),
+        }
+    }
+
     /// The 0-based position at which queued job `id` of `tenant` will be taken, counting
     /// the tenants' turns; 0 for a job a worker has taken but not started.
     pub async fn queue_position(&self, tenant: &str, id: &str) -> Result<usize, StoreError> {

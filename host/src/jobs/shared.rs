@@ -185,7 +185,10 @@ impl Jobs {
         use futures::FutureExt;
         let Some(shared) = &self.shared else { return };
         loop {
+            // Registered before the claim, so a wake-up sent while claiming is not missed.
             let woken = shared.work.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
             match shared.coordinator.claim().await {
                 Ok(Some((_tenant, id))) => {
                     if let Err(panic) = std::panic::AssertUnwindSafe(self.run(id.clone())).catch_unwind().await {

@@ -52,7 +52,8 @@ async fn listen(config: tokio_postgres::Config, signals: broadcast::Sender<Signa
         match config.connect(NoTls).await {
             Ok((client, mut connection)) => {
                 let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-                let subscribe = client.batch_execute(&format!("LISTEN {WORK}; LISTEN {CANCEL}; LISTEN {EVENT};"));
+                let listen = format!("LISTEN {WORK}; LISTEN {CANCEL}; LISTEN {EVENT};");
+                let subscribe = client.batch_execute(&listen);
                 tokio::pin!(subscribe);
                 let mut subscribed = false;
                 loop {
@@ -209,10 +210,12 @@ impl Coordinator for PgCoordinator {
     }
 
     async fn append_event(&self, job: &str, body: String, progress: Option<String>) -> Result<u64, StoreError> {
-        let conn = self.pool.get().await?;
-        // One statement, so one transaction: the counter's row lock numbers the events of a
-        // job in commit order whichever process appends them, and the wake-up is sent at commit.
-        let row = conn
+        let mut conn = self.pool.get().await?;
+        let tx = conn.transaction().await?;
+        tx.batch_execute(super::RELAXED).await?;
+        // The counter's row lock numbers the events of a job in commit order whichever
+        // process appends them, and the wake-up is sent at commit.
+        let row = tx
             .query_opt(
                 "WITH n AS (
                     UPDATE jobs SET event_seq = event_seq + 1,
@@ -224,6 +227,7 @@ impl Coordinator for PgCoordinator {
                 &[&job, &body, &progress, &EVENT],
             )
             .await?;
+        tx.commit().await?;
         Ok(row.map_or(0, |r| r.get::<_, i64>(0) as u64))
     }
 

@@ -1,6 +1,9 @@
-//! The shared store: PostgreSQL, for many weft processes on many machines. Every write that
-//! a caller hears back about is committed with the server's `synchronous_commit` (on by
-//! default), so a 201 means durably recorded. Sequence numbers come from an identity
+//! The shared store: PostgreSQL, for many weft processes on many machines. A write that
+//! must survive power loss (a submission, an upload, a key, credits) commits with the
+//! server's `synchronous_commit` (on by default), so a 201 means durably recorded. The
+//! state updates that follow (start, outputs, finish, events) commit with
+//! `synchronous_commit = off`, as the SQLite store relaxes them: they survive a process
+//! crash, and after a power cut the worst case is a job that runs again. Sequence numbers come from an identity
 //! column, idempotency keys from a primary key, credits from a guarded `UPDATE`: no
 //! read-then-write races between processes. The cross-process queue, leases, cancel and
 //! event wake-ups are in [`coordinator`].
@@ -23,6 +26,9 @@ pub use coordinator::PgCoordinator;
 
 /// The schema version this build migrates to.
 pub const SCHEMA_VERSION: i64 = schema::LATEST;
+
+/// Makes the current transaction's commit return before its WAL record is flushed.
+pub(crate) const RELAXED: &str = "SET LOCAL synchronous_commit = off";
 
 /// Connections one process keeps open.
 const POOL_SIZE: usize = 16;
@@ -326,6 +332,7 @@ impl Store for PgStore {
     ) -> Result<Option<JobRecord>, StoreError> {
         let mut conn = self.pool.get().await?;
         let tx = conn.transaction().await?;
+        tx.batch_execute(RELAXED).await?;
         let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 FOR UPDATE");
         let Some(job) = tx.query_opt(&sql, &[&id]).await?.as_ref().map(job_from_row) else {
             return Ok(None);
@@ -410,7 +417,13 @@ impl Store for PgStore {
     }
 
     async fn insert_asset(&self, asset: AssetRecord) -> Result<(), StoreError> {
-        self.exec(
+        // An upload is acknowledged to its caller; an output can be made again by a re-run.
+        let mut conn = self.pool.get().await?;
+        let tx = conn.transaction().await?;
+        if asset.job_id.is_some() {
+            tx.batch_execute(RELAXED).await?;
+        }
+        tx.execute(
             "INSERT INTO assets (id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
             &[
@@ -430,6 +443,7 @@ impl Store for PgStore {
             ],
         )
         .await?;
+        tx.commit().await?;
         Ok(())
     }
 
