@@ -50,7 +50,10 @@ impl Cluster {
     fn query(&self, sql: &str) -> Vec<String> {
         let url = self.database.clone();
         let sql = sql.to_string();
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async move {
             let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
             tokio::spawn(conn);
@@ -103,9 +106,8 @@ fn a_thousand_jobs_submitted_round_robin_all_succeed_each_run_once() {
         "SELECT COUNT(*)::text FROM job_events WHERE body LIKE '{\"kind\":\"status\"%' AND body LIKE '%\"status\":\"running\"%' GROUP BY job_id HAVING COUNT(*) <> 1",
     );
     assert!(starts.is_empty(), "jobs started more than once: {starts:?}");
-    let started = cluster.query(
-        "SELECT COUNT(DISTINCT job_id)::text FROM job_events WHERE body LIKE '%\"status\":\"running\"%'",
-    );
+    let started =
+        cluster.query("SELECT COUNT(DISTINCT job_id)::text FROM job_events WHERE body LIKE '%\"status\":\"running\"%'");
     assert_eq!(started, ["1000"]);
     let runners = cluster.query("SELECT COUNT(DISTINCT claimed_by)::text FROM jobs WHERE claimed_by IS NOT NULL");
     assert_eq!(runners, ["0"], "every claim was released");
@@ -146,11 +148,7 @@ fn a_stream_on_one_process_follows_a_job_run_by_another() {
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids not rising: {ids:?}");
     // Resuming on a third process with Last-Event-ID replays what came after, from the log.
     let replayed = Sse::open(&other_api, &id, Some(resume_at)).rest();
-    let after: Vec<u64> = frames
-        .iter()
-        .filter_map(|f| f.id)
-        .filter(|n| *n > resume_at)
-        .collect();
+    let after: Vec<u64> = frames.iter().filter_map(|f| f.id).filter(|n| *n > resume_at).collect();
     let replayed_ids: Vec<u64> = replayed
         .iter()
         .filter(|f| f.event != "status" || f.id != replayed.last().and_then(|l| l.id))
@@ -171,7 +169,9 @@ fn a_killed_process_jobs_are_rescued_and_finish() {
     let id = id_of(&job);
     support::wait_running(&api, &id);
     // Accepted while the worker dies: queued behind the running job.
-    let waiting: Vec<String> = (0..3).map(|i| id_of(&api.submit(save_text(&format!("w{i}"))))).collect();
+    let waiting: Vec<String> = (0..3)
+        .map(|i| id_of(&api.submit(save_text(&format!("w{i}")))))
+        .collect();
     let killed_at = Instant::now();
     doomed.kill();
     let _rescuer = cluster.process("worker", &["--workers", "2"]);
@@ -229,7 +229,10 @@ fn a_cancel_sent_to_one_process_stops_the_job_running_on_another() {
     let sent = Instant::now();
     let done = api.wait(&id);
     assert_eq!(done["status"], "canceled", "{done}");
-    println!("the node on the other process stopped {:?} after the cancel", sent.elapsed());
+    println!(
+        "the node on the other process stopped {:?} after the cancel",
+        sent.elapsed()
+    );
 }
 
 #[test]
@@ -272,7 +275,14 @@ fn db_migrate_applies_the_schema_and_refuses_a_newer_one() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("newer"));
     let data: PathBuf = tempfile::tempdir().unwrap().keep();
     let serve = std::process::Command::new(support::weft_bin())
-        .args(["serve", "--addr", "127.0.0.1:0", "--database", &cluster.database, "--data-dir"])
+        .args([
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--database",
+            &cluster.database,
+            "--data-dir",
+        ])
         .arg(&data)
         .output()
         .unwrap();

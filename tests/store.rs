@@ -107,10 +107,7 @@ async fn a_job_reads_back_as_written_and_only_by_its_tenant(f: Fixture) {
     assert_eq!(read.workflow.to_string(), j.workflow.to_string(), "key order is kept");
     assert_eq!(read.labels, j.labels);
     assert_eq!(read.status, JobStatus::Queued);
-    assert_eq!(
-        read.created_at.timestamp_micros(),
-        j.created_at.timestamp_micros()
-    );
+    assert_eq!(read.created_at.timestamp_micros(), j.created_at.timestamp_micros());
     assert!(f.store.job("b", "j1").await.unwrap().is_none());
     assert!(f.store.job_by_id("j1").await.unwrap().is_some());
     assert!(matches!(
@@ -168,7 +165,10 @@ both!(concurrent_inserts_get_distinct_positions);
 async fn idempotency_keys_last_24_hours_and_name_their_job(f: Fixture) {
     let then = Utc::now() - TimeDelta::hours(30);
     let at = |h| then + TimeDelta::hours(h);
-    f.store.insert_job(job("j1", "t", then), Some("k".into()), 0).await.unwrap();
+    f.store
+        .insert_job(job("j1", "t", then), Some("k".into()), 0)
+        .await
+        .unwrap();
     assert_eq!(
         f.store.idempotency_claim("t", "k", at(23)).await.unwrap(),
         Some(Some("j1".into()))
@@ -179,22 +179,41 @@ async fn idempotency_keys_last_24_hours_and_name_their_job(f: Fixture) {
         Err(StoreError::IdempotencyReuse { job_id }) => assert_eq!(job_id.as_deref(), Some("j1")),
         other => panic!("expected reuse, got {other:?}"),
     }
-    assert!(f.store.job_by_id("j2").await.unwrap().is_none(), "a refused job is not written");
-    f.store.insert_job(job("j3", "t", at(25)), Some("k".into()), 0).await.unwrap();
-    match f.store.insert_job(job("j4", "t", Utc::now()), Some("k".into()), 0).await {
+    assert!(
+        f.store.job_by_id("j2").await.unwrap().is_none(),
+        "a refused job is not written"
+    );
+    f.store
+        .insert_job(job("j3", "t", at(25)), Some("k".into()), 0)
+        .await
+        .unwrap();
+    match f
+        .store
+        .insert_job(job("j4", "t", Utc::now()), Some("k".into()), 0)
+        .await
+    {
         Err(StoreError::IdempotencyReuse { job_id }) => assert_eq!(job_id.as_deref(), Some("j3")),
         other => panic!("expected reuse, got {other:?}"),
     }
     assert_eq!(
-        f.store.purge_idempotency(Utc::now() + TimeDelta::hours(1)).await.unwrap(),
+        f.store
+            .purge_idempotency(Utc::now() + TimeDelta::hours(1))
+            .await
+            .unwrap(),
         1
     );
-    f.store.insert_job(job("j5", "t", Utc::now()), Some("k".into()), 0).await.unwrap();
+    f.store
+        .insert_job(job("j5", "t", Utc::now()), Some("k".into()), 0)
+        .await
+        .unwrap();
 }
 both!(idempotency_keys_last_24_hours_and_name_their_job);
 
 async fn concurrent_duplicate_keys_make_exactly_one_job(f: Fixture) {
-    let attempts = (0..20).map(|i| f.store.insert_job(job(&format!("j{i}"), "t", Utc::now()), Some("same".into()), 0));
+    let attempts = (0..20).map(|i| {
+        f.store
+            .insert_job(job(&format!("j{i}"), "t", Utc::now()), Some("same".into()), 0)
+    });
     let results = futures::future::join_all(attempts).await;
     let made: Vec<usize> = (0..20).filter(|i| results[*i].is_ok()).collect();
     assert_eq!(made.len(), 1, "{results:?}");
@@ -209,7 +228,10 @@ both!(concurrent_duplicate_keys_make_exactly_one_job);
 
 async fn concurrent_submissions_never_overspend_credits(f: Fixture) {
     assert_eq!(f.store.add_credits("t", 3).await.unwrap(), 3);
-    let attempts = (0..12).map(|i| f.store.insert_job(job(&format!("j{i}"), "t", Utc::now()), Some(format!("k{i}")), 1));
+    let attempts = (0..12).map(|i| {
+        f.store
+            .insert_job(job(&format!("j{i}"), "t", Utc::now()), Some(format!("k{i}")), 1)
+    });
     let results = futures::future::join_all(attempts).await;
     assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 3);
     for refused in results.iter().filter(|r| r.is_err()) {
@@ -221,7 +243,10 @@ async fn concurrent_submissions_never_overspend_credits(f: Fixture) {
     assert_eq!(f.store.tenant("t").await.unwrap().unwrap().credits, 0);
     let refused = (0..12).find(|i| results[*i].is_err()).unwrap();
     assert_eq!(
-        f.store.idempotency_claim("t", &format!("k{refused}"), Utc::now()).await.unwrap(),
+        f.store
+            .idempotency_claim("t", &format!("k{refused}"), Utc::now())
+            .await
+            .unwrap(),
         None,
         "a refused job claims no key"
     );
@@ -247,7 +272,12 @@ async fn a_status_moves_only_from_where_it_is(f: Fixture) {
         .unwrap();
     assert_eq!(started.status, JobStatus::Running);
     assert!(started.started_at.is_some());
-    assert!(f.store.update_job("j", &start, JobUpdate::default()).await.unwrap().is_none());
+    assert!(f
+        .store
+        .update_job("j", &start, JobUpdate::default())
+        .await
+        .unwrap()
+        .is_none());
     let done = f
         .store
         .update_job(
@@ -268,25 +298,46 @@ async fn a_status_moves_only_from_where_it_is(f: Fixture) {
     let read = f.store.job_by_id("j").await.unwrap().unwrap();
     assert_eq!(read.status, JobStatus::Succeeded);
     assert_eq!(read.progress.unwrap().value, 1.0);
-    assert!(f.store.update_job("missing", &start, JobUpdate::default()).await.unwrap().is_none());
+    assert!(f
+        .store
+        .update_job("missing", &start, JobUpdate::default())
+        .await
+        .unwrap()
+        .is_none());
     let counts = f.store.count_by_status().await.unwrap();
     assert_eq!(counts, [(JobStatus::Succeeded, 1)]);
     assert!(f.store.jobs_with_status(&[JobStatus::Queued]).await.unwrap().is_empty());
-    assert_eq!(f.store.jobs_with_status(&[JobStatus::Succeeded]).await.unwrap().len(), 1);
+    assert_eq!(
+        f.store.jobs_with_status(&[JobStatus::Succeeded]).await.unwrap().len(),
+        1
+    );
 }
 both!(a_status_moves_only_from_where_it_is);
 
 async fn assets_outputs_and_their_lifetimes(f: Fixture) {
     f.store.insert_job(job("j", "t", Utc::now()), None, 0).await.unwrap();
     f.store.insert_asset(asset("up", "t", "b1", None, None)).await.unwrap();
-    f.store.insert_asset(asset("o1", "t", "b2", Some("j"), Some(1))).await.unwrap();
-    f.store.insert_asset(asset("o0", "t", "b3", Some("j"), Some(0))).await.unwrap();
+    f.store
+        .insert_asset(asset("o1", "t", "b2", Some("j"), Some(1)))
+        .await
+        .unwrap();
+    f.store
+        .insert_asset(asset("o0", "t", "b3", Some("j"), Some(0)))
+        .await
+        .unwrap();
     assert_eq!(f.store.asset("t", "up").await.unwrap().unwrap().tags, ["t"]);
     assert!(f.store.asset("u", "up").await.unwrap().is_none());
     assert!(f.store.asset_any("up").await.unwrap().is_some());
     assert_eq!(f.store.asset_by_blob("t", "b1").await.unwrap().unwrap().id, "up");
     assert!(f.store.asset_by_blob("u", "b1").await.unwrap().is_none());
-    let outputs: Vec<String> = f.store.job_outputs("j").await.unwrap().into_iter().map(|a| a.id).collect();
+    let outputs: Vec<String> = f
+        .store
+        .job_outputs("j")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
     assert_eq!(outputs, ["o0", "o1"]);
     assert!(matches!(f.store.delete_asset("t", "o0").await, Err(StoreError::InUse)));
     assert_eq!(f.store.delete_asset("u", "up").await.unwrap(), Deleted::NotFound);
@@ -306,10 +357,16 @@ async fn assets_outputs_and_their_lifetimes(f: Fixture) {
     assert_eq!(f.store.delete_expired_assets(Utc::now()).await.unwrap(), ["b4"]);
     f.store.delete_job_outputs("j").await.unwrap();
     assert!(f.store.job_outputs("j").await.unwrap().is_empty());
-    f.store.insert_asset(asset("o2", "t", "b5", Some("j"), Some(0))).await.unwrap();
+    f.store
+        .insert_asset(asset("o2", "t", "b5", Some("j"), Some(0)))
+        .await
+        .unwrap();
     f.store.delete_job("j").await.unwrap();
     assert!(f.store.job_by_id("j").await.unwrap().is_none());
-    assert!(f.store.asset_any("o2").await.unwrap().is_none(), "a job's outputs go with it");
+    assert!(
+        f.store.asset_any("o2").await.unwrap().is_none(),
+        "a job's outputs go with it"
+    );
 }
 both!(assets_outputs_and_their_lifetimes);
 
@@ -379,7 +436,10 @@ fn coordinator(store: &PgStore, name: &str, lease: Duration) -> Arc<dyn Coordina
 async fn every_queued_job_is_claimed_by_exactly_one_of_several_processes() {
     let (store, url) = pg().await;
     for i in 0..60 {
-        store.insert_job(job(&format!("j{i}"), "t", Utc::now()), None, 0).await.unwrap();
+        store
+            .insert_job(job(&format!("j{i}"), "t", Utc::now()), None, 0)
+            .await
+            .unwrap();
     }
     // Three "processes": separate stores (pools) and coordinators on one database.
     let mut claimers = Vec::new();
@@ -412,13 +472,20 @@ async fn every_queued_job_is_claimed_by_exactly_one_of_several_processes() {
 async fn claims_take_tenants_in_turn_like_the_local_queue() {
     let (store, _) = pg().await;
     for i in 0..3 {
-        store.insert_job(job(&format!("a{i}"), "a", Utc::now()), None, 0).await.unwrap();
+        store
+            .insert_job(job(&format!("a{i}"), "a", Utc::now()), None, 0)
+            .await
+            .unwrap();
     }
     store.insert_job(job("b0", "b", Utc::now()), None, 0).await.unwrap();
     store.insert_job(job("c0", "c", Utc::now()), None, 0).await.unwrap();
     let c = coordinator(&store, "p", Duration::from_secs(30));
     let queued: Vec<String> = c.queued().await.unwrap().into_iter().map(|(_, id)| id).collect();
-    assert_eq!(queued, ["a0", "a1", "a2", "b0", "c0"], "grouped by tenant, tenants by turn");
+    assert_eq!(
+        queued,
+        ["a0", "a1", "a2", "b0", "c0"],
+        "grouped by tenant, tenants by turn"
+    );
     assert_eq!(c.queued_counts("a").await.unwrap(), (5, 3));
     let mut order = Vec::new();
     while let Some((_, id)) = c.claim().await.unwrap() {
@@ -452,7 +519,11 @@ async fn a_lapsed_claim_is_taken_over_by_exactly_one_process() {
     }
     assert!(!a.lapsed().await.unwrap().contains(&"k".to_string()));
     live.release("k").await.unwrap();
-    assert_eq!(a.claim().await.unwrap().map(|c| c.1).as_deref(), Some("k"), "a released job can be claimed");
+    assert_eq!(
+        a.claim().await.unwrap().map(|c| c.1).as_deref(),
+        Some("k"),
+        "a released job can be claimed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -480,17 +551,31 @@ async fn events_of_one_job_are_numbered_once_across_processes_and_wake_the_other
     numbers.sort();
     assert_eq!(numbers, (1..=20).collect::<Vec<u64>>());
     loop {
-        let s = tokio::time::timeout(Duration::from_secs(10), woken.recv()).await.unwrap().unwrap();
+        let s = tokio::time::timeout(Duration::from_secs(10), woken.recv())
+            .await
+            .unwrap()
+            .unwrap();
         if s == Signal::Event("j".into()) {
             break;
         }
     }
     let after = a.events_after("j", 15, 100).await.unwrap();
     assert_eq!(after.iter().map(|e| e.0).collect::<Vec<_>>(), [16, 17, 18, 19, 20]);
-    assert_eq!(a.latest_events("j", 2).await.unwrap().iter().map(|e| e.0).collect::<Vec<_>>(), [19, 20]);
+    assert_eq!(
+        a.latest_events("j", 2)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.0)
+            .collect::<Vec<_>>(),
+        [19, 20]
+    );
     a.signal(Signal::Cancel("j".into())).await.unwrap();
     loop {
-        let s = tokio::time::timeout(Duration::from_secs(10), woken.recv()).await.unwrap().unwrap();
+        let s = tokio::time::timeout(Duration::from_secs(10), woken.recv())
+            .await
+            .unwrap()
+            .unwrap();
         if s == Signal::Cancel("j".into()) {
             break;
         }

@@ -619,8 +619,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }),
         Command::Credits {
-            command:
-                CreditsCommand::Add { store, tenant, amount },
+            command: CreditsCommand::Add { store, tenant, amount },
         } => runtime.block_on(async {
             let store = serve::open_store(&store.database()).await?;
             let balance = store.add_credits(&tenant, amount).await?;

@@ -268,7 +268,8 @@ fn listen_operator(
     let bound = listener.local_addr()?;
     listener.set_nonblocking(true)?;
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(tokio::net::TcpListener::from_std(listener)?);
-    let server = warp::serve(api::operator_routes(state)).serve_incoming_with_graceful_shutdown(incoming, shutdown_signal());
+    let server =
+        warp::serve(api::operator_routes(state)).serve_incoming_with_graceful_shutdown(incoming, shutdown_signal());
     tracing::info!(addr = %bound, "operator routes listening");
     println!("weft listening on http://{bound}");
     Ok(tokio::spawn(server))

@@ -112,7 +112,11 @@ fn start_cluster() -> Cluster {
                 .arg(&data)
                 .output()
                 .expect("running initdb");
-            assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let options = format!(
                 "-p {port} -k {} -c listen_addresses=127.0.0.1 -c max_connections=400 -c fsync=off -c full_page_writes=off",
                 sockets.display()
@@ -128,7 +132,11 @@ fn start_cluster() -> Cluster {
                 .stderr(Stdio::null())
                 .status()
                 .expect("running pg_ctl");
-            assert!(status.success(), "postgres did not start; see {}", root.join("postgres.log").display());
+            assert!(
+                status.success(),
+                "postgres did not start; see {}",
+                root.join("postgres.log").display()
+            );
             spawn_watchdog(&root, &data);
             std::fs::write(&port_file, &port).unwrap();
             port
@@ -145,7 +153,11 @@ fn start_cluster() -> Cluster {
 fn spawn_watchdog(root: &Path, data: &Path) {
     let pg_ctl = bin_dir().join("pg_ctl");
     let stop = if is_root() {
-        format!("runuser -u postgres -- {} stop -m immediate -D {}", pg_ctl.display(), data.display())
+        format!(
+            "runuser -u postgres -- {} stop -m immediate -D {}",
+            pg_ctl.display(),
+            data.display()
+        )
     } else {
         format!("{} stop -m immediate -D {}", pg_ctl.display(), data.display())
     };
@@ -172,7 +184,12 @@ fn cluster_base() -> &'static str {
     static CLUSTER: OnceLock<(String, Option<Cluster>)> = OnceLock::new();
     &CLUSTER
         .get_or_init(|| match std::env::var("WEFT_TEST_DATABASE_URL") {
-            Ok(url) => (url.trim_end_matches('/').rsplit_once('/').map_or(url.clone(), |(b, _)| b.to_string()), None),
+            Ok(url) => (
+                url.trim_end_matches('/')
+                    .rsplit_once('/')
+                    .map_or(url.clone(), |(b, _)| b.to_string()),
+                None,
+            ),
             Err(_) => {
                 let cluster = start_cluster();
                 (cluster.base.clone(), Some(cluster))
@@ -186,7 +203,10 @@ pub(crate) fn fresh_database() -> String {
     let base = cluster_base();
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
     let admin = format!("{base}/postgres");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let (client, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
             .await

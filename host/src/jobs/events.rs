@@ -45,11 +45,24 @@ pub enum JobEvent {
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 enum Logged {
-    Status { job: Box<JobRecord> },
-    Progress { progress: Progress },
-    Output { asset: Box<AssetRecord> },
-    Preview { node_id: String, content_type: String, data_base64: String },
-    Log { level: String, message: String },
+    Status {
+        job: Box<JobRecord>,
+    },
+    Progress {
+        progress: Progress,
+    },
+    Output {
+        asset: Box<AssetRecord>,
+    },
+    Preview {
+        node_id: String,
+        content_type: String,
+        data_base64: String,
+    },
+    Log {
+        level: String,
+        message: String,
+    },
 }
 
 impl JobEvent {

@@ -192,7 +192,9 @@ impl Database {
     pub fn parse(url: Option<&str>, data_dir: &Path) -> Self {
         match url.map(str::trim) {
             None | Some("") => Database::Sqlite(data_dir.join("weft.db")),
-            Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => Database::Postgres(u.to_string()),
+            Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => {
+                Database::Postgres(u.to_string())
+            }
             Some(u) => Database::Sqlite(PathBuf::from(u.strip_prefix("sqlite://").unwrap_or(u))),
         }
     }
