@@ -210,15 +210,26 @@ impl Jobs {
     }
 }
 
-/// Writes queued events to the shared log, in the order they were published.
+/// Most events written in one transaction.
+const EVENT_BATCH: usize = 256;
+
+/// Writes queued events to the shared log, in the order they were published, all those
+/// waiting in one transaction.
 async fn write_events(coordinator: Arc<dyn Coordinator>, mut rx: mpsc::Receiver<(String, JobEvent)>) {
-    while let Some((job, event)) = rx.recv().await {
-        let progress = match &event {
-            JobEvent::Progress(p) => serde_json::to_string(p).ok(),
-            _ => None,
-        };
-        if let Err(e) = coordinator.append_event(&job, event.to_log(), progress).await {
-            tracing::warn!(job = %job, error = %e, "cannot write an event to the log");
+    let mut batch = Vec::with_capacity(EVENT_BATCH);
+    while rx.recv_many(&mut batch, EVENT_BATCH).await > 0 {
+        let events: Vec<(String, String, Option<String>)> = batch
+            .drain(..)
+            .map(|(job, event)| {
+                let progress = match &event {
+                    JobEvent::Progress(p) => serde_json::to_string(p).ok(),
+                    _ => None,
+                };
+                (job, event.to_log(), progress)
+            })
+            .collect();
+        if let Err(e) = coordinator.append_events(events).await {
+            tracing::warn!(error = %e, "cannot write events to the log");
         }
     }
 }

@@ -51,6 +51,9 @@ pub trait Coordinator: Send + Sync {
     /// Appends an event (its JSON `body`) to job `job`'s log and wakes the listeners;
     /// `progress`, if any, also becomes the running job's stored progress. Returns its number.
     async fn append_event(&self, job: &str, body: String, progress: Option<String>) -> Result<u64, StoreError>;
+    /// Appends several events, each `(job, body, progress)` as for
+    /// [`append_event`](Self::append_event), in order, in one transaction.
+    async fn append_events(&self, events: Vec<(String, String, Option<String>)>) -> Result<(), StoreError>;
     /// Job `job`'s events numbered above `after`, oldest first, at most `limit`.
     async fn events_after(&self, job: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError>;
     /// The newest `limit` events of job `job`, oldest first.

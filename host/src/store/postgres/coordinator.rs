@@ -19,6 +19,17 @@ const WORK: &str = "weft_work";
 const CANCEL: &str = "weft_cancel";
 const EVENT: &str = "weft_event";
 
+/// Appends event `$2` to job `$1`'s log (numbered by the job row's counter, whose lock
+/// orders the appends of every process), sets the running job's progress to `$3` if given,
+/// and notifies channel `$4` at commit.
+const APPEND: &str = "WITH n AS (
+        UPDATE jobs SET event_seq = event_seq + 1,
+            progress = CASE WHEN $3::text IS NOT NULL AND status IN ('running', 'canceling') THEN $3 ELSE progress END
+        WHERE id = $1 RETURNING event_seq)
+     INSERT INTO job_events (job_id, n, body)
+     SELECT $1, n.event_seq, $2 FROM n, (SELECT pg_notify($4, $1)) AS woken
+     RETURNING n";
+
 /// The PostgreSQL coordinator of one process.
 pub struct PgCoordinator {
     pool: Pool,
@@ -215,20 +226,24 @@ impl Coordinator for PgCoordinator {
         tx.batch_execute(super::RELAXED).await?;
         // The counter's row lock numbers the events of a job in commit order whichever
         // process appends them, and the wake-up is sent at commit.
-        let row = tx
-            .query_opt(
-                "WITH n AS (
-                    UPDATE jobs SET event_seq = event_seq + 1,
-                        progress = CASE WHEN $3::text IS NOT NULL AND status IN ('running', 'canceling') THEN $3 ELSE progress END
-                    WHERE id = $1 RETURNING event_seq)
-                 INSERT INTO job_events (job_id, n, body)
-                 SELECT $1, n.event_seq, $2 FROM n, (SELECT pg_notify($4, $1)) AS woken
-                 RETURNING n",
-                &[&job, &body, &progress, &EVENT],
-            )
-            .await?;
+        let row = tx.query_opt(APPEND, &[&job, &body, &progress, &EVENT]).await?;
         tx.commit().await?;
         Ok(row.map_or(0, |r| r.get::<_, i64>(0) as u64))
+    }
+
+    async fn append_events(&self, events: Vec<(String, String, Option<String>)>) -> Result<(), StoreError> {
+        let mut conn = self.pool.get().await?;
+        let tx = conn.transaction().await?;
+        tx.batch_execute(super::RELAXED).await?;
+        let append = tx.prepare(APPEND).await?;
+        // Sent together (the client pipelines them) and run in order, committed once.
+        let params: Vec<[&(dyn tokio_postgres::types::ToSql + Sync); 4]> = events
+            .iter()
+            .map(|(job, body, progress)| [job as _, body as _, progress as _, &EVENT as _])
+            .collect();
+        futures::future::try_join_all(params.iter().map(|p| tx.execute(&append, p))).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn events_after(&self, job: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
