@@ -367,11 +367,9 @@ impl Jobs {
             Err(e) => return Err(SubmitError::Store(e)),
         }
         // The job is durable now: it is queued even if a race filled the queue meanwhile.
-        match &self.shared {
-            Some(shared) => shared.wake_workers().await,
-            None => {
-                let _ = self.queue.push(tenant, job.id.clone(), true);
-            }
+        // A shared store woke the workers of every process when it committed the job.
+        if self.shared.is_none() {
+            let _ = self.queue.push(tenant, job.id.clone(), true);
         }
         self.metrics.submitted();
         self.publish(&job.id, JobEvent::Status(Box::new(job.clone())));

@@ -59,13 +59,6 @@ impl Shared {
             }
         });
     }
-
-    /// Wakes idle workers of every process.
-    pub(crate) async fn wake_workers(&self) {
-        if let Err(e) = self.coordinator.signal(Signal::Work).await {
-            tracing::warn!(error = %e, "cannot wake the workers");
-        }
-    }
 }
 
 impl Jobs {

@@ -15,7 +15,8 @@ use tokio_postgres::{AsyncMessage, NoTls};
 use crate::store::coordinator::{Coordinator, Signal};
 use crate::store::StoreError;
 
-const WORK: &str = "weft_work";
+/// The channel that wakes idle workers (a job was queued or released).
+pub(super) const WORK: &str = "weft_work";
 const CANCEL: &str = "weft_cancel";
 const EVENT: &str = "weft_event";
 

@@ -254,6 +254,8 @@ impl Store for PgStore {
             )
             .await?;
         }
+        // Idle workers of every process wake when the job commits (see `coordinator`).
+        tx.execute("SELECT pg_notify($1, '')", &[&coordinator::WORK]).await?;
         tx.commit().await?;
         Ok(())
     }
