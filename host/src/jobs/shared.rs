@@ -203,14 +203,20 @@ impl Jobs {
     }
 }
 
+/// Tries to write one batch of events.
+const WRITE_ATTEMPTS: u32 = 5;
+
 /// Most events written in one transaction.
 const EVENT_BATCH: usize = 256;
 
 /// Writes queued events to the shared log, in the order they were published, all those
-/// waiting in one transaction.
+/// waiting in one transaction. The batch is ordered by job (stably: each job's events keep
+/// their order), so every process locks job rows in the same order and two batches cannot
+/// deadlock; a batch that fails anyway is retried, since a failed one wrote nothing.
 async fn write_events(coordinator: Arc<dyn Coordinator>, mut rx: mpsc::Receiver<(String, JobEvent)>) {
     let mut batch = Vec::with_capacity(EVENT_BATCH);
     while rx.recv_many(&mut batch, EVENT_BATCH).await > 0 {
+        batch.sort_by(|a, b| a.0.cmp(&b.0));
         let events: Vec<(String, String, Option<String>)> = batch
             .drain(..)
             .map(|(job, event)| {
@@ -221,8 +227,17 @@ async fn write_events(coordinator: Arc<dyn Coordinator>, mut rx: mpsc::Receiver<
                 (job, event.to_log(), progress)
             })
             .collect();
-        if let Err(e) = coordinator.append_events(events).await {
-            tracing::warn!(error = %e, "cannot write events to the log");
+        for attempt in 1..=WRITE_ATTEMPTS {
+            match coordinator.append_events(events.clone()).await {
+                Ok(()) => break,
+                Err(e) if attempt == WRITE_ATTEMPTS => {
+                    tracing::warn!(error = %e, events = events.len(), "cannot write events to the log; they are lost")
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, attempt, "writing events failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
+                }
+            }
         }
     }
 }
