@@ -262,6 +262,7 @@ def rescue(binary, pg, blobs, plugins):
         time.sleep(0.02)
     for p in [api] + [w for w in workers if w is not doomed]:
         p.stop()
+    shutil.rmtree(doomed.data, ignore_errors=True)
     print(f"kill -9 of the worker running a job -> rescued {requeued:.2f} s, running on another worker "
           f"{running:.2f} s (lease 2 s; rescue checks every 0.5 s)")
 
@@ -296,6 +297,7 @@ def main():
             only = tempfile.mkdtemp(prefix="weft-bench-plugins-")
             shutil.copy(f"{plugins}/weft_test_counter.wasm", only)
             rescue(binary, pg, blobs, only)
+            shutil.rmtree(only, ignore_errors=True)
         else:
             print("kill -9 -> rescue: skipped (build the test plugins: ./scripts/build-wasm.sh test)")
     finally:
