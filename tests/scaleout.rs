@@ -104,9 +104,9 @@ fn a_thousand_jobs_submitted_round_robin_all_succeed_each_run_once() {
     // Each job was started exactly once: one `running` status event in its log. The log is
     // written behind the jobs' own rows: wait for it to hold every start.
     let deadline = Instant::now() + std::time::Duration::from_secs(120);
-    while cluster.query(
-        "SELECT COUNT(DISTINCT job_id)::text FROM job_events WHERE body LIKE '%\"status\":\"running\"%'",
-    ) != ["1000"]
+    while cluster
+        .query("SELECT COUNT(DISTINCT job_id)::text FROM job_events WHERE body LIKE '%\"status\":\"running\"%'")
+        != ["1000"]
         && Instant::now() < deadline
     {
         std::thread::sleep(std::time::Duration::from_millis(200));
