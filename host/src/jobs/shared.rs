@@ -13,8 +13,8 @@ use super::events::{JobEvent, Subscription, REPLAY};
 use super::Jobs;
 use crate::store::{Coordinator, Signal, StoreError};
 
-/// Events waiting to be written to the shared log; beyond it progress, preview and log
-/// events are dropped (status and outputs are read from the job itself on the next snapshot).
+/// Events waiting to be written to the shared log; beyond it new events are dropped, with a
+/// warning (a stream that reconnects re-syncs from the job's stored snapshot).
 const EVENT_BACKLOG: usize = 4096;
 
 /// How long an idle worker waits for a wake-up before it polls the database anyway.
