@@ -15,7 +15,8 @@ use weft::jobs::JobsConfig;
 use weft::runtime::{
     default_host_memory, Capabilities, CapabilityConfig, DiffusionConfig, Limits, ModelLibrary, Runtime, RuntimeConfig,
 };
-use weft::serve::{self, ServeConfig};
+use weft::serve::{self, Role, ServeConfig};
+use weft::store::Database;
 
 use cli::models::ModelsCommand;
 use cli::plugin::PluginCommand;
@@ -82,6 +83,39 @@ enum Command {
     },
     #[command(flatten)]
     Client(cli::ClientCommand),
+    /// The database.
+    Db {
+        #[command(subcommand)]
+        command: DbCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DbCommand {
+    /// Applies the schema migrations the database lacks (`serve` also does at start), and
+    /// prints the schema version. Refuses a database migrated by a newer weft.
+    Migrate {
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+/// Where the store is.
+#[derive(Args)]
+struct StoreArgs {
+    /// Data directory of the server.
+    #[arg(long, env = "WEFT_DATA_DIR", default_value = "./data")]
+    data_dir: PathBuf,
+    /// The store: a path or sqlite://PATH (the embedded store, one process; default
+    /// DATA_DIR/weft.db), or postgres://USER@HOST/DB (PostgreSQL, shared by many processes).
+    #[arg(long, env = "WEFT_DATABASE")]
+    database: Option<String>,
+}
+
+impl StoreArgs {
+    fn database(&self) -> Database {
+        Database::parse(self.database.as_deref(), &self.data_dir)
+    }
 }
 
 #[derive(Subcommand)]
@@ -98,9 +132,8 @@ enum DevCommand {
 enum KeysCommand {
     /// Creates an API key for a tenant and prints it on the last line.
     Create {
-        /// Data directory of the server.
-        #[arg(long, env = "WEFT_DATA_DIR")]
-        data_dir: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
         /// Tenant name (created if new).
         #[arg(long)]
         tenant: String,
@@ -111,9 +144,8 @@ enum KeysCommand {
 enum CreditsCommand {
     /// Adds credits to a tenant and prints the new balance.
     Add {
-        /// Data directory of the server.
-        #[arg(long, env = "WEFT_DATA_DIR")]
-        data_dir: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
         /// Tenant name.
         #[arg(long)]
         tenant: String,
@@ -135,6 +167,25 @@ struct ServeArgs {
     /// Data directory (database, blobs, caches).
     #[arg(long, env = "WEFT_DATA_DIR", default_value = "./data")]
     data_dir: PathBuf,
+    /// The store: a path or sqlite://PATH (the embedded store, one process; default
+    /// DATA_DIR/weft.db), or postgres://USER@HOST/DB (PostgreSQL, shared by many processes).
+    #[arg(long, env = "WEFT_DATABASE")]
+    database: Option<String>,
+    /// The content-addressed blobs (default DATA_DIR/blobs). Processes sharing a database
+    /// share it: a local folder on one machine, a network mount across machines.
+    #[arg(long, env = "WEFT_BLOB_DIR")]
+    blob_dir: Option<PathBuf>,
+    /// api serves HTTP only, worker runs jobs only (with /healthz and /metrics on
+    /// --operator-addr), all does both. api and worker need a shared (postgres://) database.
+    #[arg(long, env = "WEFT_ROLE", value_enum, default_value = "all")]
+    role: Role,
+    /// Where a worker-only process serves /healthz and /metrics (default: --addr).
+    #[arg(long, env = "WEFT_OPERATOR_ADDR")]
+    operator_addr: Option<SocketAddr>,
+    /// Seconds a claim on a job lasts unless its process renews it (PostgreSQL); a dead
+    /// process's jobs are rescued this long after it stopped.
+    #[arg(long, env = "WEFT_LEASE_SECS", default_value_t = 30)]
+    lease_secs: u64,
     /// Extra plugins: every *.wasm in this directory, with its optional <name>.toml manifest.
     #[arg(long, env = "WEFT_PLUGINS_DIR")]
     plugins_dir: Option<PathBuf>,
@@ -399,8 +450,17 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
     let tenant_max_streams = args.tenant_max_streams.unwrap_or(share(args.max_streams)).max(1);
     let tenant_queue_depth = args.tenant_queue_depth.unwrap_or(share(args.queue_depth)).max(1);
     let limits = limits(&args);
+    let database = Database::parse(args.database.as_deref(), &args.data_dir);
+    if args.role != Role::All && !matches!(database, Database::Postgres(_)) {
+        anyhow::bail!("--role api and --role worker need a shared database: pass --database postgres://...");
+    }
     Ok(ServeConfig {
         addr: args.addr,
+        blob_dir: args.blob_dir.unwrap_or_else(|| args.data_dir.join("blobs")),
+        database,
+        role: args.role,
+        operator_addr: args.operator_addr,
+        lease: Duration::from_secs(args.lease_secs.max(1)),
         data_dir: args.data_dir,
         api: ApiConfig {
             auth,
@@ -572,9 +632,9 @@ fn main() -> anyhow::Result<()> {
             Duration::from_millis(plugin_load_timeout_ms.max(1)),
         ),
         Command::Keys {
-            command: KeysCommand::Create { data_dir, tenant },
+            command: KeysCommand::Create { store, tenant },
         } => runtime.block_on(async {
-            let store = serve::open_store(&data_dir)?;
+            let store = serve::open_store(&store.database()).await?;
             store.ensure_tenant(&tenant, 0).await?;
             let key = weft::api::auth::new_key();
             store.add_api_key(&tenant, &weft::api::auth::hash_key(&key)).await?;
@@ -599,15 +659,21 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Credits {
-            command:
-                CreditsCommand::Add {
-                    data_dir,
-                    tenant,
-                    amount,
-                },
+        Command::Db {
+            command: DbCommand::Migrate { store },
         } => runtime.block_on(async {
-            let store = serve::open_store(&data_dir)?;
+            let version = store
+                .database()
+                .migrate()
+                .await
+                .map_err(|e| anyhow::anyhow!("migrating the database: {e}"))?;
+            println!("the database schema is at version {version}");
+            Ok(())
+        }),
+        Command::Credits {
+            command: CreditsCommand::Add { store, tenant, amount },
+        } => runtime.block_on(async {
+            let store = serve::open_store(&store.database()).await?;
             let balance = store.add_credits(&tenant, amount).await?;
             println!("{balance}");
             Ok(())

@@ -12,15 +12,36 @@ use crate::api::{self, ApiConfig, AppState};
 use crate::jobs::assets::Assets;
 use crate::jobs::{self, Jobs, JobsConfig};
 use crate::runtime::{Runtime, RuntimeConfig};
-use crate::store::{sqlite::SqliteStore, Blobs, Store};
+use crate::store::{Blobs, Coordinator, Database, Store};
+
+/// What a process does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Role {
+    /// Serves the HTTP API only; other processes run the jobs.
+    Api,
+    /// Runs jobs only; `/healthz` and `/metrics` stay on the operator address.
+    Worker,
+    /// Both.
+    All,
+}
 
 /// Everything `weft serve` needs.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     /// Address to listen on.
     pub addr: SocketAddr,
-    /// Data directory: database, blobs, compiled-code cache, link key.
+    /// Data directory: database (by default), compiled-code cache, link key.
     pub data_dir: PathBuf,
+    /// The store.
+    pub database: Database,
+    /// The content-addressed blobs, shared by every process of a shared store.
+    pub blob_dir: PathBuf,
+    /// What this process does.
+    pub role: Role,
+    /// Where a worker-only process serves `/healthz` and `/metrics` (default: `addr`).
+    pub operator_addr: Option<SocketAddr>,
+    /// How long a claim on a job lasts unless its process renews it (shared store).
+    pub lease: Duration,
     /// API settings.
     pub api: ApiConfig,
     /// Job service settings.
@@ -37,24 +58,38 @@ pub struct ServeConfig {
     pub initial_credits: i64,
 }
 
-/// The key that signs content links, made once per data dir.
-fn link_key(data_dir: &Path) -> anyhow::Result<[u8; 32]> {
-    let path = data_dir.join("link.key");
-    if let Ok(bytes) = std::fs::read(&path) {
-        if let Ok(key) = <[u8; 32]>::try_from(bytes.as_slice()) {
-            return Ok(key);
-        }
+/// The key that signs content links, made once per `dir`: the data dir, or with a shared
+/// store the shared blob dir, so a link signed by one process opens on every other. Of
+/// processes starting together, the first to link its key into place wins and the others
+/// read that one.
+fn link_key(dir: &Path) -> anyhow::Result<[u8; 32]> {
+    let path = dir.join("link.key");
+    let read = || -> Option<[u8; 32]> { <[u8; 32]>::try_from(std::fs::read(&path).ok()?.as_slice()).ok() };
+    if let Some(key) = read() {
+        return Ok(key);
     }
+    std::fs::create_dir_all(dir)?;
     let mut key = [0u8; 32];
     key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
     key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-    let tmp = data_dir.join("link.key.tmp");
+    let tmp = dir.join(format!("link.key.{}", uuid::Uuid::new_v4()));
     std::fs::write(&tmp, key)?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
     }
+    let placed = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    if placed.is_ok() {
+        return Ok(key);
+    }
+    if let Some(theirs) = read() {
+        return Ok(theirs);
+    }
+    // An unreadable or short key file (an interrupted write): replace it.
+    let tmp = dir.join(format!("link.key.{}", uuid::Uuid::new_v4()));
+    std::fs::write(&tmp, key)?;
     std::fs::rename(&tmp, &path)?;
     Ok(key)
 }
@@ -70,12 +105,13 @@ fn v2m_engine(settings: &V2mSettings, data_dir: &Path) -> Option<Arc<V2mEngine>>
         .ok()
 }
 
-/// Opens the store of `data_dir`.
-pub fn open_store(data_dir: &Path) -> anyhow::Result<Arc<dyn Store>> {
-    std::fs::create_dir_all(data_dir)?;
-    Ok(Arc::new(
-        SqliteStore::open(&data_dir.join("weft.db")).map_err(|e| anyhow::anyhow!("opening the database: {e}"))?,
-    ))
+/// Opens the store `database` names.
+pub async fn open_store(database: &Database) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(database
+        .open()
+        .await
+        .map_err(|e| anyhow::anyhow!("opening the database: {e}"))?
+        .store)
 }
 
 /// Runs the server until the process is stopped. On the self-hosted and cloud surfaces
@@ -100,15 +136,25 @@ pub async fn start_embedded(config: ServeConfig) -> anyhow::Result<SocketAddr> {
 /// and the serving task. A `standalone` server announces its address on stdout and stops
 /// on SIGINT or SIGTERM.
 async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let store = open_store(&config.data_dir)?;
+    std::fs::create_dir_all(&config.data_dir)?;
+    let opened = config
+        .database
+        .open()
+        .await
+        .map_err(|e| anyhow::anyhow!("opening the database: {e}"))?;
+    let store = opened.store;
+    let coordinator: Option<Arc<dyn Coordinator>> = opened.postgres.map(|pg| {
+        let name = format!("{}-{}", std::process::id(), uuid::Uuid::new_v4());
+        pg.coordinator(name, config.lease) as Arc<dyn Coordinator>
+    });
     if config.jobs.job_cost > 0 {
         store
             .ensure_tenant(api::auth::DEFAULT_TENANT, config.initial_credits)
             .await?;
     }
-    let assets = Arc::new(Assets::new(store.clone(), Blobs::open(&config.data_dir.join("blobs"))?));
+    let assets = Arc::new(Assets::new(store.clone(), Blobs::open(&config.blob_dir)?));
     let v2m_engine = v2m_engine(&config.api.v2m, &config.data_dir);
-    let listen_early = config.api.surface == api::Surface::Serverless;
+    let listen_early = config.api.surface == api::Surface::Serverless && config.role != Role::Worker;
     let early = if listen_early {
         let listener = std::net::TcpListener::bind(config.addr)?;
         let state = app_state(
@@ -135,30 +181,61 @@ async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<(Soc
         refused = runtime.refused().len(),
         "plugins loaded"
     );
-    let jobs = Jobs::new(store.clone(), assets.clone(), runtime, config.jobs.clone());
-    let recovered = jobs::recovery::recover(&jobs).await?;
-    if recovered != Default::default() {
-        tracing::info!(?recovered, "recovered unfinished jobs");
+    let jobs = match coordinator {
+        // Several processes share the store: a dead one's jobs are rescued when their
+        // leases lapse, never at another's start.
+        Some(coordinator) => {
+            let jobs = Jobs::new_shared(store.clone(), assets.clone(), runtime, config.jobs.clone(), coordinator);
+            jobs.start_services();
+            jobs::rescue::start(jobs.clone());
+            jobs
+        }
+        None => {
+            let jobs = Jobs::new(store.clone(), assets.clone(), runtime, config.jobs.clone());
+            let recovered = jobs::recovery::recover(&jobs).await?;
+            if recovered != Default::default() {
+                tracing::info!(?recovered, "recovered unfinished jobs");
+            }
+            jobs
+        }
+    };
+    if config.role != Role::Api {
+        jobs.start_workers();
     }
-    let _watcher = match (&config.runtime.plugins_dir, config.watch_plugins) {
+    let watcher = match (&config.runtime.plugins_dir, config.watch_plugins) {
         (Some(dir), true) => Some(jobs::plugin_watch::start(dir, jobs.clone())?),
         (None, true) => anyhow::bail!("--watch needs --plugins-dir"),
         _ => None,
     };
-    jobs.start_workers();
     jobs::retention::start(jobs.clone(), config.sweep_interval);
-    let (server, addr) = match early {
-        Some((state, server, addr)) => {
-            let _ = state.jobs.set(jobs);
-            (server, addr)
+    let (server, addr) = if config.role == Role::Worker {
+        let listener = std::net::TcpListener::bind(config.operator_addr.unwrap_or(config.addr))?;
+        let addr = listener.local_addr()?;
+        let state = app_state(&config, addr, store, assets, &v2m_engine)?;
+        let _ = state.jobs.set(jobs);
+        (listen_operator(listener, state)?, addr)
+    } else {
+        match early {
+            Some((state, server, addr)) => {
+                let _ = state.jobs.set(jobs);
+                (server, addr)
+            }
+            None => {
+                let listener = std::net::TcpListener::bind(config.addr)?;
+                let addr = listener.local_addr()?;
+                let state = app_state(&config, addr, store, assets, &v2m_engine)?;
+                let _ = state.jobs.set(jobs);
+                (listen(listener, state, standalone)?, addr)
+            }
         }
-        None => {
-            let listener = std::net::TcpListener::bind(config.addr)?;
-            let addr = listener.local_addr()?;
-            let state = app_state(&config, addr, store, assets, &v2m_engine)?;
-            let _ = state.jobs.set(jobs);
-            (listen(listener, state, standalone)?, addr)
-        }
+    };
+    // The plugin watcher lives as long as the server serves.
+    let server = match watcher {
+        Some(watcher) => tokio::spawn(async move {
+            let _watcher = watcher;
+            let _ = server.await;
+        }),
+        None => server,
     };
     tracing::info!("ready");
     Ok((addr, server))
@@ -180,7 +257,10 @@ fn app_state(
     let links = api::links::Links::new(
         &origin,
         &config.api.mount_prefix,
-        link_key(&config.data_dir)?,
+        link_key(match config.database {
+            Database::Postgres(_) => &config.blob_dir,
+            Database::Sqlite(_) => &config.data_dir,
+        })?,
         config.link_ttl,
     );
     Ok(Arc::new(AppState {
@@ -224,6 +304,21 @@ fn listen(
     if standalone {
         println!("weft listening on http://{bound}");
     }
+    Ok(tokio::spawn(server))
+}
+
+/// Serves only `/healthz` and `/metrics` on `listener` (a worker-only process).
+fn listen_operator(
+    listener: std::net::TcpListener,
+    state: Arc<AppState>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let bound = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(tokio::net::TcpListener::from_std(listener)?);
+    let server =
+        warp::serve(api::operator_routes(state)).serve_incoming_with_graceful_shutdown(incoming, shutdown_signal());
+    tracing::info!(addr = %bound, "operator routes listening");
+    println!("weft listening on http://{bound}");
     Ok(tokio::spawn(server))
 }
 

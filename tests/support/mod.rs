@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod browser;
+pub(crate) mod postgres;
 pub(crate) mod sse;
 
 use std::io::{BufRead, BufReader};
@@ -50,6 +51,37 @@ pub(crate) struct Options {
     pub token: Option<String>,
     /// File the server's log (stderr, at `info`) goes to, instead of the test's stderr.
     pub log_file: Option<PathBuf>,
+    /// `--database` (default: the data dir's own SQLite store, or with
+    /// `WEFT_TEST_STORE=postgres` a fresh PostgreSQL database kept with the data dir).
+    pub database: Option<String>,
+}
+
+/// The file in a data dir that names the PostgreSQL database its tests use.
+const TEST_DATABASE_FILE: &str = "test-database-url";
+
+/// Whether the black-box tests run against PostgreSQL (`WEFT_TEST_STORE=postgres`).
+pub(crate) fn on_postgres() -> bool {
+    std::env::var("WEFT_TEST_STORE").is_ok_and(|s| s == "postgres")
+}
+
+/// The `--database` arguments for a server or command on `data_dir`: none with SQLite;
+/// with `WEFT_TEST_STORE=postgres`, the data dir's database, made on first use.
+pub(crate) fn database_args(data_dir: &Path) -> Vec<String> {
+    if !on_postgres() {
+        return Vec::new();
+    }
+    let file = data_dir.join(TEST_DATABASE_FILE);
+    let url = match std::fs::read_to_string(&file) {
+        Ok(url) => url.trim().to_string(),
+        Err(_) => {
+            let url = postgres::fresh_database();
+            std::fs::create_dir_all(data_dir).unwrap();
+            std::fs::write(&file, &url).unwrap();
+            url
+        }
+    };
+    // Short leases: a killed server's jobs are rescued soon after a restart.
+    vec!["--database".into(), url, "--lease-secs".into(), "2".into()]
 }
 
 impl Server {
@@ -76,6 +108,14 @@ impl Server {
             .arg(&data_dir);
         if let Some(p) = &options.plugins_dir {
             cmd.arg("--plugins-dir").arg(p);
+        }
+        match &options.database {
+            Some(database) => {
+                cmd.arg("--database").arg(database);
+            }
+            None => {
+                cmd.args(database_args(&data_dir));
+            }
         }
         cmd.args(&options.args).stdout(Stdio::piped());
         match &options.log_file {
@@ -282,6 +322,7 @@ pub(crate) fn new_key(data_dir: &Path, tenant: &str) -> String {
     let out = Command::new(weft_bin())
         .args(["keys", "create", "--tenant", tenant, "--data-dir"])
         .arg(data_dir)
+        .args(database_args(data_dir).iter().take(2))
         .output()
         .unwrap();
     assert!(out.status.success(), "weft keys create failed");

@@ -99,9 +99,11 @@ pub async fn stream(
     read(jobs.clone(), caller.tenant.clone(), id.clone()).await?;
     let slot = StreamSlot::open(&state, &caller.tenant)?;
     let after = last_event_id.and_then(|s| s.trim().parse::<u64>().ok());
-    let subscription = jobs.hub().subscribe(&id, after);
     // Everything up to `mark` happened before the snapshot below is read, so it is covered.
-    let mark = jobs.hub().next_id(&id).saturating_sub(1);
+    let (subscription, mark) = jobs
+        .subscribe(&id, after)
+        .await
+        .map_err(|e| ApiError::upstream("reading a job's events", e))?;
     let view = read(jobs.clone(), caller.tenant.clone(), id.clone()).await?;
 
     let mut first: Vec<Event> = Vec::new();

@@ -164,7 +164,11 @@ async fn submit(
     match jobs.submit(&caller.tenant, workflow, labels, key).await {
         Ok(job) => {
             // A new job has no outputs yet: no store read on the submit path.
-            let queue_position = Some(jobs.queue().position(&job.tenant, &job.id).unwrap_or(0));
+            let queue_position = Some(
+                jobs.queue_position(&job.tenant, &job.id)
+                    .await
+                    .map_err(|e| ApiError::upstream("reading the queue", e))?,
+            );
             let view = crate::jobs::JobView {
                 job,
                 outputs: Vec::new(),

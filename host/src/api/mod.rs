@@ -110,6 +110,11 @@ fn api_base(prefix: &str) -> BoxedFilter<()> {
     base.and(warp::path("api")).and(warp::path("v2")).boxed()
 }
 
+/// The operator's routes alone (`/healthz`, `/metrics`), for a worker-only process.
+pub fn operator_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
+    operator::root_routes(state).recover(error::recover).unify().boxed()
+}
+
 /// Every route, with the error envelope on every rejection.
 pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
     let base = api_base(&state.config.mount_prefix);

@@ -134,7 +134,11 @@ pub async fn metrics_text(state: &AppState) -> Result<String, ApiError> {
             out,
             "# HELP weft_queue_depth Jobs waiting to run.\n# TYPE weft_queue_depth gauge"
         );
-        let _ = writeln!(out, "weft_queue_depth {}", jobs.queue().len());
+        let depth = jobs
+            .queue_len()
+            .await
+            .map_err(|e| ApiError::upstream("counting queued jobs", e))?;
+        let _ = writeln!(out, "weft_queue_depth {depth}");
         let _ = writeln!(
             out,
             "# HELP weft_queue_capacity Most jobs that may wait.\n# TYPE weft_queue_capacity gauge"

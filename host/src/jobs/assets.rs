@@ -257,6 +257,11 @@ impl Assets {
         self.blobs.put(bytes)
     }
 
+    /// Whether blob `hash` is stored.
+    pub(super) fn blob_exists(&self, hash: &str) -> bool {
+        self.blobs.exists(hash)
+    }
+
     /// Records a job output over a blob stored before (or cached from an earlier run).
     pub(super) async fn commit_output(&self, asset: AssetRecord) -> Result<(), String> {
         let _guard = self.link_lock.lock().await;

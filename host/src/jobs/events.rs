@@ -1,15 +1,18 @@
 //! The in-process event hub: fans a job's events out to every open stream, numbers them,
-//! and keeps a short replay buffer so a stream can resume from `Last-Event-ID`.
+//! and keeps a short replay buffer so a stream can resume from `Last-Event-ID`. When
+//! several processes share a store, the numbers come from the shared event log and the hub
+//! is fed from it ([`Hub::publish_numbered`], [`Hub::seed`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use crate::store::{AssetRecord, JobRecord, Progress};
 
 /// Events kept per job for resuming streams.
-const REPLAY: usize = 256;
+pub(crate) const REPLAY: usize = 256;
 
 /// What happened to a job.
 #[derive(Debug, Clone)]
@@ -36,6 +39,87 @@ pub enum JobEvent {
         /// The text.
         message: String,
     },
+}
+
+/// A [`JobEvent`] as written to the shared event log.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Logged {
+    Status {
+        job: Box<JobRecord>,
+    },
+    Progress {
+        progress: Progress,
+    },
+    Output {
+        asset: Box<AssetRecord>,
+    },
+    Preview {
+        node_id: String,
+        content_type: String,
+        data_base64: String,
+    },
+    Log {
+        level: String,
+        message: String,
+    },
+}
+
+impl JobEvent {
+    /// The event as JSON, for the shared event log.
+    pub(crate) fn to_log(&self) -> String {
+        use base64::Engine;
+        let logged = match self.clone() {
+            JobEvent::Status(job) => Logged::Status { job },
+            JobEvent::Progress(progress) => Logged::Progress { progress },
+            JobEvent::Output(asset) => Logged::Output { asset },
+            JobEvent::Preview {
+                node_id,
+                content_type,
+                data,
+            } => Logged::Preview {
+                node_id,
+                content_type,
+                data_base64: base64::engine::general_purpose::STANDARD.encode(data),
+            },
+            JobEvent::Log { level, message } => Logged::Log {
+                level: level.to_string(),
+                message,
+            },
+        };
+        serde_json::to_string(&logged).expect("events serialize")
+    }
+
+    /// An event read back from the shared event log; `None` if it does not parse.
+    pub(crate) fn from_log(text: &str) -> Option<Self> {
+        use base64::Engine;
+        Some(match serde_json::from_str::<Logged>(text).ok()? {
+            Logged::Status { job } => JobEvent::Status(job),
+            Logged::Progress { progress } => JobEvent::Progress(progress),
+            Logged::Output { asset } => JobEvent::Output(asset),
+            Logged::Preview {
+                node_id,
+                content_type,
+                data_base64,
+            } => JobEvent::Preview {
+                node_id,
+                content_type,
+                data: base64::engine::general_purpose::STANDARD.decode(data_base64).ok()?,
+            },
+            Logged::Log { level, message } => JobEvent::Log {
+                level: match level.as_str() {
+                    "error" => "error",
+                    "warning" => "warning",
+                    _ => "info",
+                },
+                message,
+            },
+        })
+    }
+
+    fn is_terminal_status(&self) -> bool {
+        matches!(self, JobEvent::Status(j) if j.status.is_terminal())
+    }
 }
 
 /// A numbered event.
@@ -171,6 +255,80 @@ impl Hub {
     /// Every job's status changes and progress, as they happen.
     pub fn feed(&self) -> broadcast::Receiver<Arc<FeedItem>> {
         self.feed.subscribe()
+    }
+
+    /// Whether a channel is open for `job` (a stream follows it).
+    pub fn is_watched(&self, job: &str) -> bool {
+        self.lock().contains_key(job)
+    }
+
+    /// The jobs with an open channel.
+    pub fn watched(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    /// Publishes event number `id` of `job`, numbered by the shared event log, if a channel
+    /// is open for it and the number is new. A terminal status closes the channel as
+    /// [`publish`](Self::publish) does; so does finding no stream left.
+    pub fn publish_numbered(&self, job: &str, id: u64, event: JobEvent) {
+        let mut jobs = self.lock();
+        let Some(channel) = jobs.get_mut(job) else {
+            return;
+        };
+        if id < channel.next {
+            return;
+        }
+        let terminal = event.is_terminal_status();
+        let numbered = Arc::new(Numbered { id, event });
+        channel.next = id + 1;
+        if channel.recent.len() == REPLAY {
+            channel.recent.pop_front();
+        }
+        channel.recent.push_back(numbered.clone());
+        let _ = channel.tx.send(numbered);
+        if terminal || channel.tx.receiver_count() == 0 {
+            jobs.remove(job);
+        }
+    }
+
+    /// Opens `job`'s channel, if it is not open, with `backlog` (the newest events of the
+    /// shared log, oldest first) as its replay buffer.
+    pub fn seed(&self, job: &str, backlog: Vec<(u64, JobEvent)>) {
+        let mut jobs = self.lock();
+        if jobs.contains_key(job) {
+            return;
+        }
+        let channel = Self::channel(&mut jobs, job);
+        for (id, event) in backlog {
+            if id < channel.next {
+                continue;
+            }
+            channel.next = id + 1;
+            if channel.recent.len() == REPLAY {
+                channel.recent.pop_front();
+            }
+            channel.recent.push_back(Arc::new(Numbered { id, event }));
+        }
+    }
+
+    /// The newest preview in `job`'s replay buffer sent since its latest status event.
+    pub fn recent_preview(&self, job: &str) -> Option<JobEvent> {
+        let jobs = self.lock();
+        jobs.get(job)?
+            .recent
+            .iter()
+            .rev()
+            .take_while(|e| !matches!(e.event, JobEvent::Status(_)))
+            .find(|e| matches!(e.event, JobEvent::Preview { .. }))
+            .map(|e| e.event.clone())
+    }
+
+    /// Closes `job`'s channel if no stream follows it any more.
+    pub fn close_if_unwatched(&self, job: &str) {
+        let mut jobs = self.lock();
+        if jobs.get(job).is_some_and(|c| c.tx.receiver_count() == 0) {
+            jobs.remove(job);
+        }
     }
 
     /// Forgets a job (after it is deleted). Open streams see their channel close.

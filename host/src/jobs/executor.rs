@@ -63,7 +63,7 @@ impl Tracker {
         if force || last.is_none_or(|t| t.elapsed() >= PROGRESS_INTERVAL) {
             *last = Some(Instant::now());
             drop(last);
-            self.jobs.hub.publish(&self.job_id, JobEvent::Progress(snapshot));
+            self.jobs.publish(&self.job_id, JobEvent::Progress(snapshot));
         }
     }
 }
@@ -98,7 +98,7 @@ impl ProgressSink for Tracker {
             data,
         };
         *self.preview.lock().unwrap_or_else(|e| e.into_inner()) = Some(event.clone());
-        self.jobs.hub.publish(&self.job_id, event);
+        self.jobs.publish(&self.job_id, event);
     }
 }
 
@@ -304,7 +304,12 @@ impl Jobs {
                 p.steps = None;
                 p.message = None;
             });
-            let cached = node.cache_key.and_then(|key| self.cache.get(&job.tenant, &key));
+            // The cache is this process's; with a shared blob dir another process may have
+            // collected a blob it names, and then the node runs again.
+            let cached = node
+                .cache_key
+                .and_then(|key| self.cache.get(&job.tenant, &key))
+                .filter(|entry| entry.files.iter().all(|f| self.assets.blob_exists(&f.blob)));
             let entry = match cached {
                 Some(entry) => {
                     for file in &entry.files {
@@ -444,7 +449,7 @@ impl Jobs {
         }
         let message = log.since(start);
         if !message.is_empty() {
-            self.hub.publish(job_id, JobEvent::Log { level: "info", message });
+            self.publish(job_id, JobEvent::Log { level: "info", message });
         }
     }
 
@@ -498,7 +503,7 @@ impl Jobs {
         self.assets.commit_output(asset.clone()).await?;
         committed.count += 1;
         committed.bytes += size;
-        self.hub.publish(&job.id, JobEvent::Output(Box::new(asset)));
+        self.publish(&job.id, JobEvent::Output(Box::new(asset)));
         Ok(())
     }
 }

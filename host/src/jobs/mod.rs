@@ -14,7 +14,7 @@ use serde_json::Value as Json;
 
 use crate::graph::{self, GraphError};
 use crate::runtime::{CancelToken, Runtime};
-use crate::store::{JobPage, JobUpdate, Progress, Store, StoreError};
+use crate::store::{Coordinator, JobPage, JobUpdate, Progress, Store, StoreError};
 
 pub use crate::store::{AssetRecord, JobRecord, JobStatus};
 
@@ -27,7 +27,9 @@ mod outputs;
 pub mod plugin_watch;
 pub mod queue;
 pub mod recovery;
+pub mod rescue;
 pub mod retention;
+mod shared;
 pub mod state;
 
 use assets::Assets;
@@ -139,6 +141,9 @@ pub struct Jobs {
     hub: Hub,
     cache: cache::NodeCache,
     running: Mutex<HashMap<String, Running>>,
+    /// This process's part when several processes share the store; `None` when the queue,
+    /// the event hub and the running-job map are this process's alone (SQLite).
+    shared: Option<shared::Shared>,
     /// Counters and histograms for `/metrics`.
     pub metrics: metrics::Metrics,
 }
@@ -146,6 +151,28 @@ pub struct Jobs {
 impl Jobs {
     /// A job service over `store`, `assets` (over the same store) and `runtime`.
     pub fn new(store: Arc<dyn Store>, assets: Arc<Assets>, runtime: Arc<Runtime>, config: JobsConfig) -> Arc<Self> {
+        Self::build(store, assets, runtime, config, None)
+    }
+
+    /// A job service shared with the other processes that `coordinator` coordinates: jobs
+    /// are claimed from the store, and events and cancels cross processes.
+    pub fn new_shared(
+        store: Arc<dyn Store>,
+        assets: Arc<Assets>,
+        runtime: Arc<Runtime>,
+        config: JobsConfig,
+        coordinator: Arc<dyn Coordinator>,
+    ) -> Arc<Self> {
+        Self::build(store, assets, runtime, config, Some(shared::Shared::new(coordinator)))
+    }
+
+    fn build(
+        store: Arc<dyn Store>,
+        assets: Arc<Assets>,
+        runtime: Arc<Runtime>,
+        config: JobsConfig,
+        shared: Option<shared::Shared>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             queue: queue::Queue::new(config.queue_depth, config.tenant_queue_depth),
             cache: cache::NodeCache::new(config.cache_bytes),
@@ -155,14 +182,35 @@ impl Jobs {
             config,
             hub: Hub::default(),
             running: Mutex::new(HashMap::new()),
+            shared,
             metrics: metrics::Metrics::default(),
         })
     }
 
-    /// Starts the workers. Call once, after recovery. A job whose run panics fails with
-    /// `internal_error`, and its worker goes on to the next job.
+    /// The coordinator of a shared store, if this service shares one.
+    pub fn coordinator(&self) -> Option<&Arc<dyn Coordinator>> {
+        self.shared.as_ref().map(|s| &s.coordinator)
+    }
+
+    /// Starts what a process that serves the API needs even when it runs no jobs: with a
+    /// shared store, the event writer, the wake-up listener and the lease renewer. Call
+    /// once, before [`start_workers`](Self::start_workers).
+    pub fn start_services(self: &Arc<Self>) {
+        if let Some(shared) = &self.shared {
+            self.start_shared(shared);
+        }
+    }
+
+    /// Starts the workers. Call once, after recovery (and [`start_services`](Self::start_services)).
+    /// A job whose run panics fails with `internal_error`, and its worker goes on to the next job.
     pub fn start_workers(self: &Arc<Self>) {
         use futures::FutureExt;
+        if self.shared.is_some() {
+            for _ in 0..self.config.workers.max(1) {
+                tokio::spawn(self.clone().work_shared());
+            }
+            return;
+        }
         for _ in 0..self.config.workers.max(1) {
             let jobs = self.clone();
             tokio::spawn(async move {
@@ -283,7 +331,7 @@ impl Jobs {
         if !missing.is_empty() {
             return Err(SubmitError::MissingAsset(missing));
         }
-        if self.queue.has_room(tenant).is_err() {
+        if !self.has_room(tenant).await.map_err(SubmitError::Store)? {
             return Err(SubmitError::QueueFull {
                 retry_after: self.retry_after(),
             });
@@ -329,10 +377,53 @@ impl Jobs {
             Err(e) => return Err(SubmitError::Store(e)),
         }
         // The job is durable now: it is queued even if a race filled the queue meanwhile.
-        let _ = self.queue.push(tenant, job.id.clone(), true);
+        // A shared store woke the workers of every process when it committed the job.
+        if self.shared.is_none() {
+            let _ = self.queue.push(tenant, job.id.clone(), true);
+        }
         self.metrics.submitted();
-        self.hub.publish(&job.id, JobEvent::Status(Box::new(job.clone())));
+        self.publish(&job.id, JobEvent::Status(Box::new(job.clone())));
         Ok(job)
+    }
+
+    /// Whether `tenant` may queue another job (see [`queue::Queue::has_room`]); with a
+    /// shared store the jobs waiting in it are counted.
+    async fn has_room(&self, tenant: &str) -> Result<bool, StoreError> {
+        let Some(shared) = &self.shared else {
+            return Ok(self.queue.has_room(tenant).is_ok());
+        };
+        let (all, mine) = shared.coordinator.queued_counts(tenant).await?;
+        Ok(all < self.queue.capacity() && mine < self.config.tenant_queue_depth)
+    }
+
+    /// Jobs waiting to be taken by a worker (of any process, with a shared store).
+    pub async fn queue_len(&self) -> Result<usize, StoreError> {
+        match &self.shared {
+            Some(shared) => Ok(shared.coordinator.queued_counts("").await?.0),
+            None => Ok(self.queue.len()),
+        }
+    }
+
+    /// The 0-based position at which queued job `id` of `tenant` will be taken, counting
+    /// the tenants' turns; 0 for a job a worker has taken but not started.
+    pub async fn queue_position(&self, tenant: &str, id: &str) -> Result<usize, StoreError> {
+        let Some(shared) = &self.shared else {
+            return Ok(self.queue.position(tenant, id).unwrap_or(0));
+        };
+        // The shared queue's order, replayed into a local queue that answers the same way.
+        let waiting = queue::Queue::new(usize::MAX, usize::MAX);
+        for (t, job) in shared.coordinator.queued().await? {
+            let _ = waiting.push(&t, job, true);
+        }
+        Ok(waiting.position(tenant, id).unwrap_or(0))
+    }
+
+    /// Publishes an event of job `id` to the streams following it, in every process.
+    pub(crate) fn publish(&self, id: &str, event: JobEvent) {
+        match &self.shared {
+            Some(shared) => shared.publish(id, event),
+            None => self.hub.publish(id, event),
+        }
     }
 
     /// Seconds a caller should wait when the queue is full: the time the workers need to
@@ -362,7 +453,7 @@ impl Jobs {
         let queue_position = match job.status {
             // A queued job no longer in the queue has been taken by a worker that is
             // about to start it: it is next.
-            JobStatus::Queued => Some(self.queue.position(&job.tenant, &job.id).unwrap_or(0)),
+            JobStatus::Queued => Some(self.queue_position(&job.tenant, &job.id).await?),
             _ => None,
         };
         Ok(JobView {
@@ -375,12 +466,11 @@ impl Jobs {
     /// The latest `preview` event of running job `id`, if it sent one.
     pub fn latest_preview(&self, id: &str) -> Option<JobEvent> {
         let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        let preview = running
-            .get(id)?
-            .preview
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let Some(here) = running.get(id) else {
+            // Run by another process: the newest preview its stream has seen.
+            return self.shared.as_ref().and_then(|_| self.hub.recent_preview(id));
+        };
+        let preview = here.preview.lock().unwrap_or_else(|e| e.into_inner()).clone();
         preview
     }
 
@@ -419,13 +509,21 @@ impl Jobs {
         let updated = self.store.update_job(id, &state::moves(trigger), update).await?;
         if let Some(job) = &updated {
             self.metrics.transition(job.status);
-            self.hub.publish(id, JobEvent::Status(Box::new(job.clone())));
+            self.publish(id, JobEvent::Status(Box::new(job.clone())));
         }
         Ok(updated)
     }
 
-    /// Stops a running job's node (cancel and retention).
+    /// Stops a running job's node (cancel and retention), whichever process runs it.
     pub(crate) fn interrupt(&self, id: &str) {
+        self.interrupt_here(id);
+        if let Some(shared) = &self.shared {
+            shared.cancel(id);
+        }
+    }
+
+    /// Stops job `id`'s node if this process runs it.
+    fn interrupt_here(&self, id: &str) {
         if let Some(r) = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
             r.cancel.cancel();
         }

@@ -19,12 +19,24 @@ pub struct BlobWriter {
     blobs: Blobs,
 }
 
+/// How old a temp file must be before it counts as left by a crash: writes in progress
+/// touch theirs far more often.
+pub const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(3600);
+
 impl Blobs {
-    /// Opens (creating) the blob directory `dir`, and removes temp files a crash left.
+    /// Opens (creating) the blob directory `dir`, and removes temp files a crash left. The
+    /// directory may be shared by several processes (one PostgreSQL store): a temp file
+    /// is removed only when it is [`STALE_TEMP`] old, so no other process is writing it.
     pub fn open(dir: &Path) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir.join("tmp"))?;
+        let cutoff = std::time::SystemTime::now()
+            .checked_sub(STALE_TEMP)
+            .unwrap_or(std::time::UNIX_EPOCH);
         for entry in std::fs::read_dir(dir.join("tmp"))? {
-            let _ = std::fs::remove_file(entry?.path());
+            let entry = entry?;
+            if entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t < cutoff) {
+                let _ = std::fs::remove_file(entry.path());
+            }
         }
         Ok(Self { dir: dir.to_path_buf() })
     }

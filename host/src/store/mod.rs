@@ -6,15 +6,20 @@
 //! default.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 pub mod blobs;
+pub mod coordinator;
+pub mod postgres;
 mod records;
 pub mod sqlite;
 
 pub use blobs::Blobs;
+pub use coordinator::{Coordinator, Signal};
 pub use records::*;
 
 /// How long an idempotency key stays claimed after its first use. An older claim no longer
@@ -171,6 +176,76 @@ pub trait Store: Send + Sync {
     async fn tenant(&self, name: &str) -> Result<Option<TenantRecord>, StoreError>;
     /// Adds `delta` credits (negative to draw down); returns the new balance.
     async fn add_credits(&self, tenant: &str, delta: i64) -> Result<i64, StoreError>;
+}
+
+/// Where the store lives, as `--database` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Database {
+    /// The embedded SQLite store in this file (one process).
+    Sqlite(PathBuf),
+    /// A PostgreSQL database shared by any number of processes (`postgres://...`).
+    Postgres(String),
+}
+
+impl Database {
+    /// Reads `--database`: a `postgres://` or `postgresql://` URL, a `sqlite://PATH` or a
+    /// plain path; unset, `weft.db` in `data_dir`.
+    pub fn parse(url: Option<&str>, data_dir: &Path) -> Self {
+        match url.map(str::trim) {
+            None | Some("") => Database::Sqlite(data_dir.join("weft.db")),
+            Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => {
+                Database::Postgres(u.to_string())
+            }
+            Some(u) => Database::Sqlite(PathBuf::from(u.strip_prefix("sqlite://").unwrap_or(u))),
+        }
+    }
+
+    /// Opens the store, migrating its schema to the newest version this build knows (and
+    /// refusing a schema newer than that).
+    pub async fn open(&self) -> Result<Opened, StoreError> {
+        match self {
+            Database::Sqlite(path) => {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| StoreError::Backend(format!("creating {}: {e}", dir.display())))?;
+                }
+                Ok(Opened {
+                    store: Arc::new(sqlite::SqliteStore::open(path)?),
+                    postgres: None,
+                })
+            }
+            Database::Postgres(url) => {
+                let pg = Arc::new(postgres::PgStore::connect(url).await?);
+                Ok(Opened {
+                    store: pg.clone(),
+                    postgres: Some(pg),
+                })
+            }
+        }
+    }
+
+    /// Applies the schema migrations the database lacks (`weft db migrate`); returns the
+    /// schema version it is at.
+    pub async fn migrate(&self) -> Result<i64, StoreError> {
+        match self {
+            Database::Sqlite(_) => {
+                self.open().await?;
+                Ok(sqlite::SCHEMA_VERSION)
+            }
+            Database::Postgres(url) => {
+                postgres::PgStore::migrate(url).await?;
+                Ok(postgres::SCHEMA_VERSION)
+            }
+        }
+    }
+}
+
+/// An opened store.
+pub struct Opened {
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// The same store when it is PostgreSQL, which several processes can share.
+    pub postgres: Option<Arc<postgres::PgStore>>,
 }
 
 /// Formats a time for storage: RFC 3339, UTC, microseconds, so text order is time order.

@@ -111,7 +111,7 @@ pub struct JobLogs {
 }
 
 /// A job as stored.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobRecord {
     /// UUID.
     pub id: String,
@@ -144,7 +144,7 @@ pub struct JobRecord {
 }
 
 /// An asset: a UUID record over a content-addressed blob.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AssetRecord {
     /// UUID.
     pub id: String,

@@ -49,6 +49,10 @@ pub struct SqliteStore {
     readers: Arc<Mutex<Vec<Connection>>>,
 }
 
+/// The schema version this build knows, kept in SQLite's `user_version`. Version 1 is the
+/// schema below; a later version adds a step to [`migrate`].
+pub const SCHEMA_VERSION: i64 = 1;
+
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
@@ -123,11 +127,28 @@ fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
+/// Brings the schema to [`SCHEMA_VERSION`]; fails, changing nothing, when the database was
+/// made by a newer weft.
+fn migrate(conn: &Connection) -> Result<(), StoreError> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Backend(format!(
+            "the database schema is at version {version}, newer than this weft knows ({SCHEMA_VERSION}); run a newer weft"
+        )));
+    }
+    if version < 1 {
+        // Version 1 is also what databases made before versioning hold: every statement is
+        // `IF NOT EXISTS`.
+        conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = 1; COMMIT;"))?;
+    }
+    Ok(())
+}
+
 impl SqliteStore {
-    /// Opens (creating) the database at `path` and starts its writer thread.
+    /// Opens (creating) the database at `path`, migrates its schema, and starts its writer thread.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let conn = open_connection(path)?;
-        conn.execute_batch(SCHEMA)?;
+        migrate(&conn)?;
         let (tx, rx) = mpsc::channel::<WriteRequest>();
         std::thread::Builder::new()
             .name("weft-store-writer".into())

@@ -370,7 +370,8 @@ fn submit_page() -> String {
 
 fn nodes_page(state: &AppState) -> Result<String, PageError> {
     let jobs = state.jobs().map_err(|_| not_ready())?;
-    let catalog = jobs.runtime().catalog();
+    let runtime = jobs.runtime();
+    let catalog = runtime.catalog();
     let mut body = String::from(
         "<h1>Nodes</h1><p><input id=\"node-search\" type=\"search\" placeholder=\"Search classes, categories, inputs\"></p><div id=\"node-list\">",
     );

@@ -1,0 +1,61 @@
+//! Rescue: a small service of its own, like retention, run by every process of a shared
+//! store. It wakes a few times per lease and looks for unfinished jobs whose claim lapsed
+//! because the process that held it died (kill -9, machine loss). It takes each such claim
+//! over (one process wins it) and settles the job by the rules of crash
+//! [`recovery`](super::recovery): a queued or running job is queued to run again from the
+//! start (every built-in node is safe to re-run; partial outputs are discarded), a
+//! canceling one is canceled. Then it releases the claim and wakes the workers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::recovery::{recover_one, Recovered};
+use super::Jobs;
+use crate::store::StoreError;
+
+/// Starts the rescue service, if `jobs` shares its store.
+pub fn start(jobs: Arc<Jobs>) {
+    let Some(coordinator) = jobs.coordinator().cloned() else {
+        return;
+    };
+    tokio::spawn(async move {
+        let every = (coordinator.lease() / 4).clamp(Duration::from_millis(200), Duration::from_secs(15));
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match rescue(&jobs).await {
+                Ok(done) if done != Recovered::default() => {
+                    tracing::info!(?done, "rescued the jobs of a process that stopped renewing its leases")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "rescue failed"),
+            }
+        }
+    });
+}
+
+/// One pass: settles every job whose claim lapsed.
+pub async fn rescue(jobs: &Arc<Jobs>) -> Result<Recovered, StoreError> {
+    let mut done = Recovered::default();
+    let Some(coordinator) = jobs.coordinator().cloned() else {
+        return Ok(done);
+    };
+    let mut woke = false;
+    for id in coordinator.lapsed().await? {
+        if !coordinator.take_over(&id).await? {
+            continue;
+        }
+        let settled = match jobs.store.job_by_id(&id).await? {
+            Some(job) => recover_one(jobs, &job, &mut done).await.map(|_| ()),
+            None => Ok(()),
+        };
+        coordinator.release(&id).await?;
+        settled?;
+        woke = true;
+    }
+    if woke {
+        coordinator.signal(crate::store::Signal::Work).await?;
+    }
+    Ok(done)
+}

@@ -1,0 +1,580 @@
+//! The shared store: PostgreSQL, for many weft processes on many machines. A write that
+//! must survive power loss (a submission, an upload, a key, credits) commits with the
+//! server's `synchronous_commit` (on by default), so a 201 means durably recorded. The
+//! state updates that follow (start, outputs, finish, events) commit with
+//! `synchronous_commit = off`, as the SQLite store relaxes them: they survive a process
+//! crash, and after a power cut the worst case is a job that runs again. Sequence numbers come from an identity
+//! column, idempotency keys from a primary key, credits from a guarded `UPDATE`: no
+//! read-then-write races between processes. The cross-process queue, leases, cancel and
+//! event wake-ups are in [`coordinator`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+
+use super::*;
+
+mod coordinator;
+mod schema;
+
+pub use coordinator::PgCoordinator;
+
+/// The schema version this build migrates to.
+pub const SCHEMA_VERSION: i64 = schema::LATEST;
+
+/// Makes the current transaction's commit return before its WAL record is flushed.
+pub(crate) const RELAXED: &str = "SET LOCAL synchronous_commit = off";
+
+/// Connections one process keeps open.
+const POOL_SIZE: usize = 16;
+
+/// The PostgreSQL store.
+pub struct PgStore {
+    pool: Pool,
+    config: tokio_postgres::Config,
+}
+
+/// The text of a database error, with the server's message when there is one.
+fn error_text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        StoreError::Backend(error_text(&e))
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        StoreError::Backend(format!("database connection: {e}"))
+    }
+}
+
+fn is_unique_violation(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+}
+
+impl PgStore {
+    /// Connects to the database at `url` (`postgres://...`), migrating its schema to the
+    /// newest version this build knows; fails if it is newer.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let store = Self::connect_unmigrated(url)?;
+        let mut conn = store.pool.get().await?;
+        schema::migrate(&mut conn).await?;
+        Ok(store)
+    }
+
+    /// Applies the migrations the database at `url` lacks; returns the versions applied.
+    pub async fn migrate(url: &str) -> Result<Vec<i64>, StoreError> {
+        let store = Self::connect_unmigrated(url)?;
+        let mut conn = store.pool.get().await?;
+        schema::migrate(&mut conn).await
+    }
+
+    fn connect_unmigrated(url: &str) -> Result<Self, StoreError> {
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| StoreError::Backend(format!("invalid database URL: {e}")))?;
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::Backend(format!("database pool: {e}")))?;
+        Ok(Self { pool, config })
+    }
+
+    /// The cross-process coordinator over this database, for a process named `process`
+    /// whose claims last `lease` unless renewed.
+    pub fn coordinator(&self, process: String, lease: std::time::Duration) -> Arc<PgCoordinator> {
+        PgCoordinator::start(self.pool.clone(), self.config.clone(), process, lease)
+    }
+
+    async fn rows(&self, sql: &str, args: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, StoreError> {
+        let conn = self.pool.get().await?;
+        let stmt = conn.prepare_cached(sql).await?;
+        Ok(conn.query(&stmt, args).await?)
+    }
+
+    async fn row(&self, sql: &str, args: &[&(dyn ToSql + Sync)]) -> Result<Option<Row>, StoreError> {
+        let conn = self.pool.get().await?;
+        let stmt = conn.prepare_cached(sql).await?;
+        Ok(conn.query_opt(&stmt, args).await?)
+    }
+
+    async fn exec(&self, sql: &str, args: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
+        let conn = self.pool.get().await?;
+        let stmt = conn.prepare_cached(sql).await?;
+        Ok(conn.execute(&stmt, args).await?)
+    }
+}
+
+fn json_col<T: serde::de::DeserializeOwned>(s: Option<String>) -> Option<T> {
+    s.and_then(|s| serde_json::from_str(&s).ok())
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("records serialize")
+}
+
+const JOB_COLUMNS: &str = "id, seq, tenant, status, workflow, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs";
+
+fn job_from_row(row: &Row) -> JobRecord {
+    let status: String = row.get(3);
+    let workflow: String = row.get(4);
+    let labels: String = row.get(5);
+    JobRecord {
+        id: row.get(0),
+        seq: row.get(1),
+        tenant: row.get(2),
+        status: JobStatus::parse(&status).unwrap_or(JobStatus::Failed),
+        workflow: serde_json::from_str(&workflow).unwrap_or(serde_json::Value::Null),
+        labels: serde_json::from_str(&labels).unwrap_or_default(),
+        created_at: row.get(6),
+        updated_at: row.get(7),
+        started_at: row.get(8),
+        completed_at: row.get(9),
+        expires_at: row.get(10),
+        progress: json_col(row.get(11)),
+        error: json_col(row.get(12)),
+        logs: json_col(row.get(13)),
+    }
+}
+
+const ASSET_COLUMNS: &str =
+    "id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index";
+
+fn asset_from_row(row: &Row) -> AssetRecord {
+    let tags: String = row.get(9);
+    AssetRecord {
+        id: row.get(0),
+        tenant: row.get(1),
+        blob: row.get(2),
+        size_bytes: row.get(3),
+        content_type: row.get(4),
+        file_path: row.get(5),
+        job_id: row.get(6),
+        node_id: row.get(7),
+        kind: row.get(8),
+        tags: serde_json::from_str(&tags).unwrap_or_default(),
+        created_at: row.get(10),
+        expires_at: row.get(11),
+        output_index: row.get(12),
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>, cost: i64) -> Result<(), StoreError> {
+        let mut conn = self.pool.get().await?;
+        let tx = conn.transaction().await?;
+        if cost > 0 {
+            // The row lock taken by the UPDATE serialises concurrent charges of one tenant.
+            let charged = tx
+                .execute(
+                    "UPDATE tenants SET credits = credits - $2 WHERE name = $1 AND credits >= $2",
+                    &[&job.tenant, &cost],
+                )
+                .await?;
+            if charged == 0 {
+                let balance = tx
+                    .query_opt("SELECT credits FROM tenants WHERE name = $1", &[&job.tenant])
+                    .await?
+                    .map_or(0, |r| r.get::<_, i64>(0));
+                return Err(StoreError::InsufficientCredits { balance });
+            }
+        }
+        if let Some(key) = &idempotency_key {
+            // A key lives IDEMPOTENCY_TTL from its first use: an older claim is replaced. The
+            // primary key makes a concurrent claim of the same key wait for this transaction
+            // and then find it.
+            let live_after = job.created_at - IDEMPOTENCY_TTL;
+            let claimed = tx
+                .query_opt(
+                    "INSERT INTO idempotency_keys (tenant, key, job_id, created_at) VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (tenant, key) DO UPDATE SET job_id = excluded.job_id, created_at = excluded.created_at
+                     WHERE idempotency_keys.created_at < $5
+                     RETURNING 1",
+                    &[&job.tenant, key, &job.id, &job.created_at, &live_after],
+                )
+                .await?;
+            if claimed.is_none() {
+                let job_id = tx
+                    .query_opt(
+                        "SELECT job_id FROM idempotency_keys WHERE tenant = $1 AND key = $2",
+                        &[&job.tenant, key],
+                    )
+                    .await?
+                    .and_then(|r| r.get::<_, Option<String>>(0));
+                return Err(StoreError::IdempotencyReuse { job_id });
+            }
+        }
+        tx.execute(
+            "INSERT INTO jobs (id, tenant, status, workflow, labels, created_at, updated_at, expires_at, progress)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            &[
+                &job.id,
+                &job.tenant,
+                &job.status.as_str(),
+                &job.workflow.to_string(),
+                &to_json(&job.labels),
+                &job.created_at,
+                &job.updated_at,
+                &job.expires_at,
+                &job.progress.as_ref().map(to_json),
+            ],
+        )
+        .await
+        .map_err(|e| {
+            if is_unique_violation(&e) {
+                StoreError::Conflict("a job with this id exists".into())
+            } else {
+                e.into()
+            }
+        })?;
+        for (name, value) in &job.labels {
+            tx.execute(
+                "INSERT INTO job_labels (job_id, name, value) VALUES ($1, $2, $3)",
+                &[&job.id, name, value],
+            )
+            .await?;
+        }
+        // Idle workers of every process wake when the job commits (see `coordinator`).
+        tx.execute("SELECT pg_notify($1, '')", &[&coordinator::WORK]).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn idempotency_claim(
+        &self,
+        tenant: &str,
+        key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Option<String>>, StoreError> {
+        let live_after = now - IDEMPOTENCY_TTL;
+        Ok(self
+            .row(
+                "SELECT job_id FROM idempotency_keys WHERE tenant = $1 AND key = $2 AND created_at >= $3",
+                &[&tenant, &key, &live_after],
+            )
+            .await?
+            .map(|r| r.get(0)))
+    }
+
+    async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 AND tenant = $2");
+        Ok(self.row(&sql, &[&id, &tenant]).await?.as_ref().map(job_from_row))
+    }
+
+    async fn job_by_id(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1");
+        Ok(self.row(&sql, &[&id]).await?.as_ref().map(job_from_row))
+    }
+
+    async fn list_jobs(
+        &self,
+        tenant: &str,
+        limit: usize,
+        before: Option<i64>,
+        labels: &BTreeMap<String, String>,
+        status: Option<JobStatus>,
+    ) -> Result<JobPage, StoreError> {
+        let before = before.unwrap_or(i64::MAX);
+        let limit_plus = (limit as i64).saturating_add(1);
+        let status = status.map(|s| s.as_str());
+        let mut sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = $1 AND seq < $2");
+        let mut args: Vec<&(dyn ToSql + Sync)> = vec![&tenant, &before];
+        if let Some(status) = &status {
+            args.push(status);
+            sql.push_str(&format!(" AND status = ${}", args.len()));
+        }
+        let pairs: Vec<(&String, &String)> = labels.iter().collect();
+        for (name, value) in &pairs {
+            args.push(*name);
+            args.push(*value);
+            sql.push_str(&format!(
+                " AND EXISTS (SELECT 1 FROM job_labels l WHERE l.job_id = jobs.id AND l.name = ${} AND l.value = ${})",
+                args.len() - 1,
+                args.len()
+            ));
+        }
+        args.push(&limit_plus);
+        sql.push_str(&format!(" ORDER BY seq DESC LIMIT ${}", args.len()));
+        let mut jobs: Vec<JobRecord> = self.rows(&sql, &args).await?.iter().map(job_from_row).collect();
+        let next = if jobs.len() > limit {
+            jobs.truncate(limit);
+            jobs.last().map(|j| j.seq)
+        } else {
+            None
+        };
+        Ok(JobPage { jobs, next })
+    }
+
+    async fn job_seq_exists(&self, tenant: &str, seq: i64) -> Result<bool, StoreError> {
+        Ok(self
+            .row("SELECT 1 FROM jobs WHERE tenant = $1 AND seq = $2", &[&tenant, &seq])
+            .await?
+            .is_some())
+    }
+
+    async fn update_job(
+        &self,
+        id: &str,
+        moves: &[(JobStatus, JobStatus)],
+        update: JobUpdate,
+    ) -> Result<Option<JobRecord>, StoreError> {
+        let mut conn = self.pool.get().await?;
+        let tx = conn.transaction().await?;
+        tx.batch_execute(RELAXED).await?;
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 FOR UPDATE");
+        let Some(job) = tx.query_opt(&sql, &[&id]).await?.as_ref().map(job_from_row) else {
+            return Ok(None);
+        };
+        let Some(&(_, to)) = moves.iter().find(|(from, _)| *from == job.status) else {
+            return Ok(None);
+        };
+        let now = Utc::now();
+        let mut next = job;
+        next.status = to;
+        if let Some(t) = update.started_at {
+            next.started_at = Some(t);
+        }
+        if let Some(t) = update.completed_at {
+            next.completed_at = Some(t);
+        }
+        if let Some(p) = update.progress {
+            next.progress = Some(p);
+        }
+        if let Some(e) = update.error {
+            next.error = Some(e);
+        }
+        if let Some(l) = update.logs {
+            next.logs = Some(l);
+        }
+        if to.is_terminal() && next.completed_at.is_none() {
+            next.completed_at = Some(now);
+        }
+        next.updated_at = now;
+        tx.execute(
+            "UPDATE jobs SET status = $2, started_at = $3, completed_at = $4, progress = $5, error = $6, logs = $7, updated_at = $8 WHERE id = $1",
+            &[
+                &next.id,
+                &next.status.as_str(),
+                &next.started_at,
+                &next.completed_at,
+                &next.progress.as_ref().map(to_json),
+                &next.error.as_ref().map(to_json),
+                &next.logs.as_ref().map(to_json),
+                &now,
+            ],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Some(next))
+    }
+
+    async fn jobs_with_status(&self, statuses: &[JobStatus]) -> Result<Vec<JobRecord>, StoreError> {
+        let names: Vec<&str> = statuses.iter().map(|s| s.as_str()).collect();
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE status = ANY($1) ORDER BY seq");
+        Ok(self.rows(&sql, &[&names]).await?.iter().map(job_from_row).collect())
+    }
+
+    async fn jobs_expiring(&self, now: DateTime<Utc>) -> Result<Vec<(String, JobStatus)>, StoreError> {
+        Ok(self
+            .rows("SELECT id, status FROM jobs WHERE expires_at < $1", &[&now])
+            .await?
+            .iter()
+            .map(|r| {
+                let status: String = r.get(1);
+                (r.get(0), JobStatus::parse(&status).unwrap_or(JobStatus::Failed))
+            })
+            .collect())
+    }
+
+    async fn delete_job(&self, id: &str) -> Result<(), StoreError> {
+        let mut conn = self.pool.get().await?;
+        let tx = conn.transaction().await?;
+        tx.execute("DELETE FROM assets WHERE job_id = $1", &[&id]).await?;
+        tx.execute("DELETE FROM jobs WHERE id = $1", &[&id]).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn count_by_status(&self) -> Result<Vec<(JobStatus, i64)>, StoreError> {
+        Ok(self
+            .rows("SELECT status, COUNT(*) FROM jobs GROUP BY status", &[])
+            .await?
+            .iter()
+            .filter_map(|r| JobStatus::parse(r.get(0)).map(|s| (s, r.get(1))))
+            .collect())
+    }
+
+    async fn insert_asset(&self, asset: AssetRecord) -> Result<(), StoreError> {
+        // An upload is acknowledged to its caller; an output can be made again by a re-run.
+        let mut conn = self.pool.get().await?;
+        let tx = conn.transaction().await?;
+        if asset.job_id.is_some() {
+            tx.batch_execute(RELAXED).await?;
+        }
+        tx.execute(
+            "INSERT INTO assets (id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+            &[
+                &asset.id,
+                &asset.tenant,
+                &asset.blob,
+                &asset.size_bytes,
+                &asset.content_type,
+                &asset.file_path,
+                &asset.job_id,
+                &asset.node_id,
+                &asset.kind,
+                &to_json(&asset.tags),
+                &asset.created_at,
+                &asset.expires_at,
+                &asset.output_index,
+            ],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn asset(&self, tenant: &str, id: &str) -> Result<Option<AssetRecord>, StoreError> {
+        let sql = format!("SELECT {ASSET_COLUMNS} FROM assets WHERE id = $1 AND tenant = $2");
+        Ok(self.row(&sql, &[&id, &tenant]).await?.as_ref().map(asset_from_row))
+    }
+
+    async fn asset_any(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
+        let sql = format!("SELECT {ASSET_COLUMNS} FROM assets WHERE id = $1");
+        Ok(self.row(&sql, &[&id]).await?.as_ref().map(asset_from_row))
+    }
+
+    async fn asset_by_blob(&self, tenant: &str, blob: &str) -> Result<Option<AssetRecord>, StoreError> {
+        let sql =
+            format!("SELECT {ASSET_COLUMNS} FROM assets WHERE blob = $1 AND tenant = $2 ORDER BY created_at LIMIT 1");
+        Ok(self.row(&sql, &[&blob, &tenant]).await?.as_ref().map(asset_from_row))
+    }
+
+    async fn job_outputs(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        let sql = format!("SELECT {ASSET_COLUMNS} FROM assets WHERE job_id = $1 ORDER BY output_index");
+        Ok(self.rows(&sql, &[&job_id]).await?.iter().map(asset_from_row).collect())
+    }
+
+    async fn delete_asset(&self, tenant: &str, id: &str) -> Result<Deleted, StoreError> {
+        let mut conn = self.pool.get().await?;
+        let tx = conn.transaction().await?;
+        let found = tx
+            .query_opt(
+                "SELECT job_id, blob FROM assets WHERE id = $1 AND tenant = $2 FOR UPDATE",
+                &[&id, &tenant],
+            )
+            .await?;
+        let Some(found) = found else {
+            return Ok(Deleted::NotFound);
+        };
+        if found.get::<_, Option<String>>(0).is_some() {
+            return Err(StoreError::InUse);
+        }
+        tx.execute("DELETE FROM assets WHERE id = $1", &[&id]).await?;
+        tx.commit().await?;
+        Ok(Deleted::Yes { blob: found.get(1) })
+    }
+
+    async fn delete_expired_assets(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .rows(
+                "DELETE FROM assets WHERE job_id IS NULL AND expires_at IS NOT NULL AND expires_at < $1 RETURNING blob",
+                &[&now],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    async fn delete_job_outputs(&self, job_id: &str) -> Result<(), StoreError> {
+        self.exec("DELETE FROM assets WHERE job_id = $1", &[&job_id]).await?;
+        Ok(())
+    }
+
+    async fn unreferenced_blobs(&self, candidates: Vec<String>) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .rows(
+                "SELECT c FROM unnest($1::text[]) AS c WHERE NOT EXISTS (SELECT 1 FROM assets WHERE blob = c)",
+                &[&candidates],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    async fn purge_idempotency(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        self.exec("DELETE FROM idempotency_keys WHERE created_at < $1", &[&before])
+            .await
+    }
+
+    async fn ensure_tenant(&self, name: &str, credits: i64) -> Result<(), StoreError> {
+        self.exec(
+            "INSERT INTO tenants (name, credits, created_at) VALUES ($1, $2, now()) ON CONFLICT (name) DO NOTHING",
+            &[&name, &credits],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn add_api_key(&self, tenant: &str, key_hash: &str) -> Result<(), StoreError> {
+        self.exec(
+            "INSERT INTO api_keys (key_hash, tenant, created_at) VALUES ($1, $2, now())",
+            &[&key_hash, &tenant],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn tenant_for_key(&self, key_hash: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .row("SELECT tenant FROM api_keys WHERE key_hash = $1", &[&key_hash])
+            .await?
+            .map(|r| r.get(0)))
+    }
+
+    async fn tenant(&self, name: &str) -> Result<Option<TenantRecord>, StoreError> {
+        Ok(self
+            .row("SELECT name, credits FROM tenants WHERE name = $1", &[&name])
+            .await?
+            .map(|r| TenantRecord {
+                name: r.get(0),
+                credits: r.get(1),
+            }))
+    }
+
+    async fn add_credits(&self, tenant: &str, delta: i64) -> Result<i64, StoreError> {
+        let row = self
+            .row(
+                "INSERT INTO tenants (name, credits, created_at) VALUES ($1, $2, now())
+                 ON CONFLICT (name) DO UPDATE SET credits = tenants.credits + excluded.credits
+                 RETURNING credits",
+                &[&tenant, &delta],
+            )
+            .await?;
+        row.map(|r| r.get(0))
+            .ok_or_else(|| StoreError::Backend("adding credits returned nothing".into()))
+    }
+}

@@ -1,0 +1,591 @@
+//! One contract, two stores: every case here runs against the embedded SQLite store and
+//! against PostgreSQL (a throw-away cluster the tests start, see `support::postgres`).
+//! The cross-process coordination that only the PostgreSQL store offers is tested at the end.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use weft::store::postgres::PgStore;
+use weft::store::{
+    AssetRecord, Coordinator, Database, Deleted, JobRecord, JobStatus, JobUpdate, Signal, Store, StoreError,
+};
+
+/// A store of each kind, fresh: SQLite in a temp dir, PostgreSQL in a new database.
+enum Kind {
+    Sqlite,
+    Postgres,
+}
+
+struct Fixture {
+    store: Arc<dyn Store>,
+    database: Database,
+    _dir: tempfile::TempDir,
+}
+
+async fn open(kind: Kind) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let database = match kind {
+        Kind::Sqlite => Database::Sqlite(dir.path().join("weft.db")),
+        Kind::Postgres => {
+            let url = tokio::task::spawn_blocking(support::postgres::fresh_database)
+                .await
+                .unwrap();
+            Database::Postgres(url)
+        }
+    };
+    let store = database.open().await.unwrap().store;
+    Fixture {
+        store,
+        database,
+        _dir: dir,
+    }
+}
+
+/// Runs `case` against both stores, as two tests.
+macro_rules! both {
+    ($case:ident) => {
+        mod $case {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$case(open(Kind::Sqlite).await).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                super::$case(open(Kind::Postgres).await).await;
+            }
+        }
+    };
+}
+
+fn job(id: &str, tenant: &str, created_at: DateTime<Utc>) -> JobRecord {
+    JobRecord {
+        id: id.into(),
+        tenant: tenant.into(),
+        status: JobStatus::Queued,
+        workflow: serde_json::json!({"1": {"class_type": "X", "inputs": {"b": 1, "a": 2}}}),
+        labels: Default::default(),
+        created_at,
+        updated_at: created_at,
+        started_at: None,
+        completed_at: None,
+        expires_at: created_at + TimeDelta::days(7),
+        progress: None,
+        error: None,
+        logs: None,
+        seq: 0,
+    }
+}
+
+fn asset(id: &str, tenant: &str, blob: &str, job_id: Option<&str>, index: Option<i64>) -> AssetRecord {
+    AssetRecord {
+        id: id.into(),
+        tenant: tenant.into(),
+        blob: blob.into(),
+        size_bytes: 3,
+        content_type: "text/plain".into(),
+        file_path: "a.txt".into(),
+        job_id: job_id.map(Into::into),
+        node_id: job_id.map(|_| "1".into()),
+        kind: None,
+        tags: vec!["t".into()],
+        created_at: Utc::now(),
+        expires_at: None,
+        output_index: index,
+    }
+}
+
+async fn a_job_reads_back_as_written_and_only_by_its_tenant(f: Fixture) {
+    let mut j = job("j1", "a", Utc::now());
+    j.labels = BTreeMap::from([("k".to_string(), "v".to_string())]);
+    f.store.insert_job(j.clone(), None, 0).await.unwrap();
+    let read = f.store.job("a", "j1").await.unwrap().unwrap();
+    assert_eq!(read.workflow.to_string(), j.workflow.to_string(), "key order is kept");
+    assert_eq!(read.labels, j.labels);
+    assert_eq!(read.status, JobStatus::Queued);
+    assert_eq!(read.created_at.timestamp_micros(), j.created_at.timestamp_micros());
+    assert!(f.store.job("b", "j1").await.unwrap().is_none());
+    assert!(f.store.job_by_id("j1").await.unwrap().is_some());
+    assert!(matches!(
+        f.store.insert_job(j, None, 0).await,
+        Err(StoreError::Conflict(_) | StoreError::Backend(_))
+    ));
+}
+both!(a_job_reads_back_as_written_and_only_by_its_tenant);
+
+async fn positions_grow_and_pages_follow_them_with_label_filters(f: Fixture) {
+    let now = Utc::now();
+    for i in 0..5 {
+        let mut j = job(&format!("j{i}"), "a", now);
+        j.labels = BTreeMap::from([("even".to_string(), (i % 2 == 0).to_string())]);
+        f.store.insert_job(j, None, 0).await.unwrap();
+    }
+    f.store.insert_job(job("other", "b", now), None, 0).await.unwrap();
+    let page = f.store.list_jobs("a", 2, None, &BTreeMap::new(), None).await.unwrap();
+    let ids: Vec<_> = page.jobs.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(ids, ["j4", "j3"]);
+    assert!(page.jobs[0].seq > page.jobs[1].seq);
+    let next = page.next.unwrap();
+    assert!(f.store.job_seq_exists("a", next).await.unwrap());
+    assert!(!f.store.job_seq_exists("b", next).await.unwrap());
+    let rest = f
+        .store
+        .list_jobs("a", 10, Some(next), &BTreeMap::new(), None)
+        .await
+        .unwrap();
+    let ids: Vec<_> = rest.jobs.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(ids, ["j2", "j1", "j0"]);
+    assert_eq!(rest.next, None);
+    let even = BTreeMap::from([("even".to_string(), "true".to_string())]);
+    let ids: Vec<String> = f
+        .store
+        .list_jobs("a", 10, None, &even, None)
+        .await
+        .unwrap()
+        .jobs
+        .into_iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(ids, ["j4", "j2", "j0"]);
+    let any_label = BTreeMap::new();
+    let by_status = |status| f.store.list_jobs("a", 10, None, &any_label, Some(status));
+    assert_eq!(by_status(JobStatus::Queued).await.unwrap().jobs.len(), 5);
+    assert!(by_status(JobStatus::Succeeded).await.unwrap().jobs.is_empty());
+}
+both!(positions_grow_and_pages_follow_them_with_label_filters);
+
+async fn concurrent_inserts_get_distinct_positions(f: Fixture) {
+    let inserts = (0..40).map(|i| f.store.insert_job(job(&format!("j{i}"), "a", Utc::now()), None, 0));
+    for r in futures::future::join_all(inserts).await {
+        r.unwrap();
+    }
+    let page = f.store.list_jobs("a", 100, None, &BTreeMap::new(), None).await.unwrap();
+    let mut seqs: Vec<i64> = page.jobs.iter().map(|j| j.seq).collect();
+    seqs.dedup();
+    assert_eq!(seqs.len(), 40);
+}
+both!(concurrent_inserts_get_distinct_positions);
+
+async fn idempotency_keys_last_24_hours_and_name_their_job(f: Fixture) {
+    let then = Utc::now() - TimeDelta::hours(30);
+    let at = |h| then + TimeDelta::hours(h);
+    f.store
+        .insert_job(job("j1", "t", then), Some("k".into()), 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        f.store.idempotency_claim("t", "k", at(23)).await.unwrap(),
+        Some(Some("j1".into()))
+    );
+    assert_eq!(f.store.idempotency_claim("t", "k", at(25)).await.unwrap(), None);
+    assert_eq!(f.store.idempotency_claim("other", "k", at(1)).await.unwrap(), None);
+    match f.store.insert_job(job("j2", "t", at(23)), Some("k".into()), 0).await {
+        Err(StoreError::IdempotencyReuse { job_id }) => assert_eq!(job_id.as_deref(), Some("j1")),
+        other => panic!("expected reuse, got {other:?}"),
+    }
+    assert!(
+        f.store.job_by_id("j2").await.unwrap().is_none(),
+        "a refused job is not written"
+    );
+    f.store
+        .insert_job(job("j3", "t", at(25)), Some("k".into()), 0)
+        .await
+        .unwrap();
+    match f
+        .store
+        .insert_job(job("j4", "t", Utc::now()), Some("k".into()), 0)
+        .await
+    {
+        Err(StoreError::IdempotencyReuse { job_id }) => assert_eq!(job_id.as_deref(), Some("j3")),
+        other => panic!("expected reuse, got {other:?}"),
+    }
+    assert_eq!(
+        f.store
+            .purge_idempotency(Utc::now() + TimeDelta::hours(1))
+            .await
+            .unwrap(),
+        1
+    );
+    f.store
+        .insert_job(job("j5", "t", Utc::now()), Some("k".into()), 0)
+        .await
+        .unwrap();
+}
+both!(idempotency_keys_last_24_hours_and_name_their_job);
+
+async fn concurrent_duplicate_keys_make_exactly_one_job(f: Fixture) {
+    let attempts = (0..20).map(|i| {
+        f.store
+            .insert_job(job(&format!("j{i}"), "t", Utc::now()), Some("same".into()), 0)
+    });
+    let results = futures::future::join_all(attempts).await;
+    let made: Vec<usize> = (0..20).filter(|i| results[*i].is_ok()).collect();
+    assert_eq!(made.len(), 1, "{results:?}");
+    for r in results.iter().filter(|r| r.is_err()) {
+        match r {
+            Err(StoreError::IdempotencyReuse { job_id }) => assert_eq!(job_id, &Some(format!("j{}", made[0]))),
+            other => panic!("expected reuse, got {other:?}"),
+        }
+    }
+}
+both!(concurrent_duplicate_keys_make_exactly_one_job);
+
+async fn concurrent_submissions_never_overspend_credits(f: Fixture) {
+    assert_eq!(f.store.add_credits("t", 3).await.unwrap(), 3);
+    let attempts = (0..12).map(|i| {
+        f.store
+            .insert_job(job(&format!("j{i}"), "t", Utc::now()), Some(format!("k{i}")), 1)
+    });
+    let results = futures::future::join_all(attempts).await;
+    assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 3);
+    for refused in results.iter().filter(|r| r.is_err()) {
+        assert!(
+            matches!(refused, Err(StoreError::InsufficientCredits { balance: 0 })),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(f.store.tenant("t").await.unwrap().unwrap().credits, 0);
+    let refused = (0..12).find(|i| results[*i].is_err()).unwrap();
+    assert_eq!(
+        f.store
+            .idempotency_claim("t", &format!("k{refused}"), Utc::now())
+            .await
+            .unwrap(),
+        None,
+        "a refused job claims no key"
+    );
+    assert_eq!(f.store.add_credits("t", -1).await.unwrap(), -1);
+}
+both!(concurrent_submissions_never_overspend_credits);
+
+async fn a_status_moves_only_from_where_it_is(f: Fixture) {
+    f.store.insert_job(job("j", "t", Utc::now()), None, 0).await.unwrap();
+    let start = [(JobStatus::Queued, JobStatus::Running)];
+    let started = f
+        .store
+        .update_job(
+            "j",
+            &start,
+            JobUpdate {
+                started_at: Some(Utc::now()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(started.status, JobStatus::Running);
+    assert!(started.started_at.is_some());
+    assert!(f
+        .store
+        .update_job("j", &start, JobUpdate::default())
+        .await
+        .unwrap()
+        .is_none());
+    let done = f
+        .store
+        .update_job(
+            "j",
+            &[(JobStatus::Running, JobStatus::Succeeded)],
+            JobUpdate {
+                progress: Some(weft::store::Progress {
+                    value: 1.0,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(done.completed_at.is_some());
+    let read = f.store.job_by_id("j").await.unwrap().unwrap();
+    assert_eq!(read.status, JobStatus::Succeeded);
+    assert_eq!(read.progress.unwrap().value, 1.0);
+    assert!(f
+        .store
+        .update_job("missing", &start, JobUpdate::default())
+        .await
+        .unwrap()
+        .is_none());
+    let counts = f.store.count_by_status().await.unwrap();
+    assert_eq!(counts, [(JobStatus::Succeeded, 1)]);
+    assert!(f.store.jobs_with_status(&[JobStatus::Queued]).await.unwrap().is_empty());
+    assert_eq!(
+        f.store.jobs_with_status(&[JobStatus::Succeeded]).await.unwrap().len(),
+        1
+    );
+}
+both!(a_status_moves_only_from_where_it_is);
+
+async fn assets_outputs_and_their_lifetimes(f: Fixture) {
+    f.store.insert_job(job("j", "t", Utc::now()), None, 0).await.unwrap();
+    f.store.insert_asset(asset("up", "t", "b1", None, None)).await.unwrap();
+    f.store
+        .insert_asset(asset("o1", "t", "b2", Some("j"), Some(1)))
+        .await
+        .unwrap();
+    f.store
+        .insert_asset(asset("o0", "t", "b3", Some("j"), Some(0)))
+        .await
+        .unwrap();
+    assert_eq!(f.store.asset("t", "up").await.unwrap().unwrap().tags, ["t"]);
+    assert!(f.store.asset("u", "up").await.unwrap().is_none());
+    assert!(f.store.asset_any("up").await.unwrap().is_some());
+    assert_eq!(f.store.asset_by_blob("t", "b1").await.unwrap().unwrap().id, "up");
+    assert!(f.store.asset_by_blob("u", "b1").await.unwrap().is_none());
+    let outputs: Vec<String> = f
+        .store
+        .job_outputs("j")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    assert_eq!(outputs, ["o0", "o1"]);
+    assert!(matches!(f.store.delete_asset("t", "o0").await, Err(StoreError::InUse)));
+    assert_eq!(f.store.delete_asset("u", "up").await.unwrap(), Deleted::NotFound);
+    let orphans = f
+        .store
+        .unreferenced_blobs(vec!["b1".into(), "b2".into(), "zz".into()])
+        .await
+        .unwrap();
+    assert_eq!(orphans, ["zz"]);
+    assert_eq!(
+        f.store.delete_asset("t", "up").await.unwrap(),
+        Deleted::Yes { blob: "b1".into() }
+    );
+    let mut expiring = asset("old", "t", "b4", None, None);
+    expiring.expires_at = Some(Utc::now() - TimeDelta::seconds(1));
+    f.store.insert_asset(expiring).await.unwrap();
+    assert_eq!(f.store.delete_expired_assets(Utc::now()).await.unwrap(), ["b4"]);
+    f.store.delete_job_outputs("j").await.unwrap();
+    assert!(f.store.job_outputs("j").await.unwrap().is_empty());
+    f.store
+        .insert_asset(asset("o2", "t", "b5", Some("j"), Some(0)))
+        .await
+        .unwrap();
+    f.store.delete_job("j").await.unwrap();
+    assert!(f.store.job_by_id("j").await.unwrap().is_none());
+    assert!(
+        f.store.asset_any("o2").await.unwrap().is_none(),
+        "a job's outputs go with it"
+    );
+}
+both!(assets_outputs_and_their_lifetimes);
+
+async fn expiring_jobs_are_found(f: Fixture) {
+    let mut old = job("old", "t", Utc::now() - TimeDelta::days(8));
+    old.expires_at = Utc::now() - TimeDelta::seconds(5);
+    f.store.insert_job(old, None, 0).await.unwrap();
+    f.store.insert_job(job("new", "t", Utc::now()), None, 0).await.unwrap();
+    assert_eq!(
+        f.store.jobs_expiring(Utc::now()).await.unwrap(),
+        [("old".to_string(), JobStatus::Queued)]
+    );
+}
+both!(expiring_jobs_are_found);
+
+async fn tenants_and_keys(f: Fixture) {
+    f.store.ensure_tenant("a", 5).await.unwrap();
+    f.store.ensure_tenant("a", 99).await.unwrap();
+    assert_eq!(f.store.tenant("a").await.unwrap().unwrap().credits, 5);
+    assert!(f.store.tenant("b").await.unwrap().is_none());
+    f.store.add_api_key("a", "hash").await.unwrap();
+    assert_eq!(f.store.tenant_for_key("hash").await.unwrap().as_deref(), Some("a"));
+    assert_eq!(f.store.tenant_for_key("other").await.unwrap(), None);
+    assert!(f.store.add_api_key("b", "hash").await.is_err(), "a key hash is unique");
+}
+both!(tenants_and_keys);
+
+async fn a_schema_newer_than_this_build_is_refused(f: Fixture) {
+    match &f.database {
+        Database::Sqlite(path) => {
+            let conn = rusqlite::Connection::open(path).unwrap();
+            conn.pragma_update(None, "user_version", 999).unwrap();
+        }
+        Database::Postgres(url) => {
+            let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(conn);
+            client
+                .batch_execute("INSERT INTO weft_schema (version) VALUES (999)")
+                .await
+                .unwrap();
+        }
+    }
+    drop(f.store);
+    let refused = f.database.open().await.err().expect("a newer schema is refused");
+    assert!(refused.to_string().contains("newer"), "{refused}");
+    assert!(f.database.migrate().await.is_err(), "migrate refuses it too");
+}
+both!(a_schema_newer_than_this_build_is_refused);
+
+// ---- PostgreSQL only: coordination between processes ----
+
+async fn pg() -> (Arc<PgStore>, String) {
+    let url = tokio::task::spawn_blocking(support::postgres::fresh_database)
+        .await
+        .unwrap();
+    let Database::Postgres(_) = Database::parse(Some(&url), std::path::Path::new(".")) else {
+        panic!("a postgres URL")
+    };
+    (Arc::new(PgStore::connect(&url).await.unwrap()), url)
+}
+
+fn coordinator(store: &PgStore, name: &str, lease: Duration) -> Arc<dyn Coordinator> {
+    store.coordinator(name.to_string(), lease)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_queued_job_is_claimed_by_exactly_one_of_several_processes() {
+    let (store, url) = pg().await;
+    for i in 0..60 {
+        store
+            .insert_job(job(&format!("j{i}"), "t", Utc::now()), None, 0)
+            .await
+            .unwrap();
+    }
+    // Three "processes": separate stores (pools) and coordinators on one database.
+    let mut claimers = Vec::new();
+    for p in 0..3 {
+        let other = Arc::new(PgStore::connect(&url).await.unwrap());
+        let c = coordinator(&other, &format!("p{p}"), Duration::from_secs(30));
+        for _ in 0..4 {
+            let c = c.clone();
+            claimers.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                while let Some((_, id)) = c.claim().await.unwrap() {
+                    got.push(id);
+                }
+                got
+            }));
+        }
+    }
+    let mut all = Vec::new();
+    for c in claimers {
+        all.extend(c.await.unwrap());
+    }
+    all.sort();
+    let before = all.len();
+    all.dedup();
+    assert_eq!(before, 60, "every job claimed");
+    assert_eq!(all.len(), 60, "no job claimed twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_take_tenants_in_turn_like_the_local_queue() {
+    let (store, _) = pg().await;
+    for i in 0..3 {
+        store
+            .insert_job(job(&format!("a{i}"), "a", Utc::now()), None, 0)
+            .await
+            .unwrap();
+    }
+    store.insert_job(job("b0", "b", Utc::now()), None, 0).await.unwrap();
+    store.insert_job(job("c0", "c", Utc::now()), None, 0).await.unwrap();
+    let c = coordinator(&store, "p", Duration::from_secs(30));
+    let queued: Vec<String> = c.queued().await.unwrap().into_iter().map(|(_, id)| id).collect();
+    assert_eq!(
+        queued,
+        ["a0", "a1", "a2", "b0", "c0"],
+        "grouped by tenant, tenants by turn"
+    );
+    assert_eq!(c.queued_counts("a").await.unwrap(), (5, 3));
+    let mut order = Vec::new();
+    while let Some((_, id)) = c.claim().await.unwrap() {
+        order.push(id);
+    }
+    assert_eq!(order, ["a0", "b0", "c0", "a1", "a2"]);
+    assert_eq!(c.queued_counts("a").await.unwrap(), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_claim_is_taken_over_by_exactly_one_process() {
+    let (store, _) = pg().await;
+    store.insert_job(job("j", "t", Utc::now()), None, 0).await.unwrap();
+    let dead = coordinator(&store, "dead", Duration::from_millis(300));
+    assert!(dead.claim().await.unwrap().is_some());
+    let a = coordinator(&store, "a", Duration::from_secs(30));
+    let b = coordinator(&store, "b", Duration::from_secs(30));
+    assert!(a.lapsed().await.unwrap().is_empty(), "a live lease is not lapsed");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(a.lapsed().await.unwrap(), ["j"]);
+    let (ta, tb) = tokio::join!(a.take_over("j"), b.take_over("j"));
+    assert!(ta.unwrap() ^ tb.unwrap(), "exactly one takes it over");
+    assert!(a.lapsed().await.unwrap().is_empty());
+    // A renewed lease does not lapse.
+    store.insert_job(job("k", "t", Utc::now()), None, 0).await.unwrap();
+    let live = coordinator(&store, "live", Duration::from_millis(500));
+    assert_eq!(live.claim().await.unwrap().map(|c| c.1).as_deref(), Some("k"));
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(live.renew_leases().await.unwrap(), 1);
+    }
+    assert!(!a.lapsed().await.unwrap().contains(&"k".to_string()));
+    live.release("k").await.unwrap();
+    assert_eq!(
+        a.claim().await.unwrap().map(|c| c.1).as_deref(),
+        Some("k"),
+        "a released job can be claimed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_of_one_job_are_numbered_once_across_processes_and_wake_the_others() {
+    let (store, url) = pg().await;
+    store.insert_job(job("j", "t", Utc::now()), None, 0).await.unwrap();
+    let other = Arc::new(PgStore::connect(&url).await.unwrap());
+    let a = coordinator(&store, "a", Duration::from_secs(30));
+    let b = coordinator(&other, "b", Duration::from_secs(30));
+    let mut woken = b.signals();
+    // Wait until b's listening connection is up: a wake-up from a reaches it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(tokio::time::Instant::now() < deadline, "b never heard a wake-up");
+        a.signal(Signal::Work).await.unwrap();
+        if let Ok(Ok(Signal::Work)) = tokio::time::timeout(Duration::from_millis(200), woken.recv()).await {
+            break;
+        }
+    }
+    let appends = (0..20).map(|i| {
+        let c = if i % 2 == 0 { a.clone() } else { b.clone() };
+        async move { c.append_event("j", format!("{{\"i\":{i}}}"), None).await.unwrap() }
+    });
+    let mut numbers = futures::future::join_all(appends).await;
+    numbers.sort();
+    assert_eq!(numbers, (1..=20).collect::<Vec<u64>>());
+    loop {
+        let s = tokio::time::timeout(Duration::from_secs(10), woken.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        if s == Signal::Event("j".into()) {
+            break;
+        }
+    }
+    let after = a.events_after("j", 15, 100).await.unwrap();
+    assert_eq!(after.iter().map(|e| e.0).collect::<Vec<_>>(), [16, 17, 18, 19, 20]);
+    assert_eq!(
+        a.latest_events("j", 2)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.0)
+            .collect::<Vec<_>>(),
+        [19, 20]
+    );
+    a.signal(Signal::Cancel("j".into())).await.unwrap();
+    loop {
+        let s = tokio::time::timeout(Duration::from_secs(10), woken.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        if s == Signal::Cancel("j".into()) {
+            break;
+        }
+    }
+}
