@@ -23,7 +23,7 @@ pub mod cache;
 pub mod events;
 mod executor;
 pub mod metrics;
-mod outputs;
+pub(crate) mod outputs;
 pub mod queue;
 pub mod recovery;
 pub mod retention;

@@ -17,7 +17,7 @@ mod bindings;
 mod builtin;
 mod call;
 mod capabilities;
-mod catalog;
+pub(crate) mod catalog;
 mod engine;
 mod guest_text;
 mod invoke;
@@ -26,7 +26,7 @@ mod logs;
 mod memory;
 mod registry;
 mod value;
-mod worlds;
+pub(crate) mod worlds;
 
 pub use call::{AssetReader, CallContext, CancelToken, ProgressSink};
 pub use capabilities::diffusion::{DiffusionConfig, Library as ModelLibrary};
