@@ -137,8 +137,21 @@ pub struct Jobs {
     hub: Hub,
     cache: cache::NodeCache,
     running: Mutex<HashMap<String, Running>>,
+    /// Workers running now, and how many were restarted after a panic.
+    workers: (std::sync::atomic::AtomicUsize, std::sync::atomic::AtomicU64),
     /// Counters and histograms for `/metrics`.
     pub metrics: metrics::Metrics,
+}
+
+/// How the job workers are doing, as `/healthz` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WorkerHealth {
+    /// Workers started (`--workers`).
+    pub configured: usize,
+    /// Workers running now: fewer only for the moment a panicked one takes to restart.
+    pub running: usize,
+    /// How many times a worker was restarted after a panic outside a job's run.
+    pub restarts: u64,
 }
 
 impl Jobs {
@@ -153,24 +166,53 @@ impl Jobs {
             config,
             hub: Hub::default(),
             running: Mutex::new(HashMap::new()),
+            workers: Default::default(),
             metrics: metrics::Metrics::default(),
         })
     }
 
     /// Starts the workers. Call once, after recovery. A job whose run panics fails with
-    /// `internal_error`, and its worker goes on to the next job.
+    /// `internal_error`, and its worker goes on to the next job; a worker that panics
+    /// anywhere else is restarted (and counted in [`worker_health`](Self::worker_health)).
     pub fn start_workers(self: &Arc<Self>) {
-        use futures::FutureExt;
+        use std::sync::atomic::Ordering;
         for _ in 0..self.config.workers.max(1) {
             let jobs = self.clone();
             tokio::spawn(async move {
                 loop {
-                    let (_tenant, id) = jobs.queue.pop().await;
-                    if let Err(panic) = std::panic::AssertUnwindSafe(jobs.run(id.clone())).catch_unwind().await {
-                        jobs.fail_after_panic(&id, panic).await;
+                    jobs.workers.0.fetch_add(1, Ordering::SeqCst);
+                    let ended = tokio::spawn(jobs.clone().work()).await;
+                    jobs.workers.0.fetch_sub(1, Ordering::SeqCst);
+                    match ended {
+                        Err(e) if e.is_panic() => {
+                            jobs.workers.1.fetch_add(1, Ordering::SeqCst);
+                            tracing::error!(error = %e, "a job worker panicked; it is restarted");
+                        }
+                        _ => return,
                     }
                 }
             });
+        }
+    }
+
+    /// One worker: takes queued jobs one at a time, for ever.
+    async fn work(self: Arc<Self>) {
+        use futures::FutureExt;
+        loop {
+            let (_tenant, id) = self.queue.pop().await;
+            if let Err(panic) = std::panic::AssertUnwindSafe(self.run(id.clone())).catch_unwind().await {
+                self.fail_after_panic(&id, panic).await;
+            }
+        }
+    }
+
+    /// How the workers are doing.
+    pub fn worker_health(&self) -> WorkerHealth {
+        use std::sync::atomic::Ordering;
+        WorkerHealth {
+            configured: self.config.workers.max(1),
+            running: self.workers.0.load(Ordering::SeqCst),
+            restarts: self.workers.1.load(Ordering::SeqCst),
         }
     }
 
