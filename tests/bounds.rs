@@ -340,7 +340,10 @@ fn encoded_png_and_latent_outputs_count_against_the_output_bytes() {
     assert_eq!(pngs["error"]["code"], "job_output_limit", "{pngs}");
     let sizes = committed_sizes(&pngs);
     assert!(!sizes.is_empty() && sizes.len() < 16, "{} PNGs committed", sizes.len());
-    assert!(sizes.iter().all(|&s| s > 100 << 10), "each PNG counted as encoded: {sizes:?}");
+    assert!(
+        sizes.iter().all(|&s| s > 100 << 10),
+        "each PNG counted as encoded: {sizes:?}"
+    );
     assert!(sizes.iter().sum::<i64>() <= 1 << 20, "{sizes:?} past a 1 MiB bound");
 
     // Latents are counted as the .latent files they are saved as: 8 x 4 x 64 x 64 floats fit,
@@ -369,7 +372,10 @@ fn a_batch_embeds_a_small_workflow_in_every_png_and_a_big_one_in_none() {
     assert_eq!(small["status"], "succeeded", "{small}");
     for output in small["outputs"].as_array().unwrap() {
         let png = server.download(output["url"].as_str().unwrap());
-        assert!(has_prompt(&png), "ComfyUI's `prompt` chunk is kept for a small workflow");
+        assert!(
+            has_prompt(&png),
+            "ComfyUI's `prompt` chunk is kept for a small workflow"
+        );
     }
 
     // A 200 KiB workflow is not copied into each of 32 PNGs.

@@ -24,7 +24,10 @@ impl Tmpfs {
             .arg(dir.path())
             .status()
             .expect("running mount");
-        assert!(status.success(), "mounting a tmpfs failed (the test runs as root, as CI does)");
+        assert!(
+            status.success(),
+            "mounting a tmpfs failed (the test runs as root, as CI does)"
+        );
         Tmpfs {
             path: dir.path().to_path_buf(),
             _dir: dir,
@@ -60,7 +63,10 @@ fn text_job() -> Value {
 
 #[test]
 fn healthz_reports_a_store_that_cannot_write_until_it_can_again() {
-    let is_root = Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0\n"));
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0\n"));
     if !matches!(is_root, Ok(true)) {
         eprintln!("skipped: mounting a tmpfs needs root");
         return;

@@ -81,7 +81,10 @@ pub fn workflow(data: &[u8]) {
         return;
     };
     let _ = crate::graph::asset_refs(&json);
-    if let Err(crate::graph::GraphError::Invalid { node_errors, errors, .. }) = crate::graph::validate(&json, catalog()) {
+    if let Err(crate::graph::GraphError::Invalid {
+        node_errors, errors, ..
+    }) = crate::graph::validate(&json, catalog())
+    {
         let listed = node_errors.values().map(Vec::len).sum::<usize>() + errors.len();
         assert!(listed <= 100, "{listed} errors listed, over the cap");
         let body = serde_json::to_string(&node_errors).expect("errors serialise");
@@ -103,7 +106,7 @@ pub fn upload_form(data: &[u8]) {
         let form = warp::test::request()
             .method("POST")
             .header("content-type", format!("multipart/form-data; boundary={BOUNDARY}"))
-            .body(data.to_vec())
+            .body(data)
             .filter(&filter)
             .await;
         let Ok(form) = form else { return };
@@ -130,7 +133,8 @@ pub fn v2m_form(data: &[u8]) {
     let content_type = format!("multipart/form-data; boundary={BOUNDARY}");
     context.tokio.block_on(async {
         let form =
-            crate::api::v2m::form::read_form(temp, MAX_UPLOAD, Some(&content_type), futures::stream::iter(chunks)).await;
+            crate::api::v2m::form::read_form(temp, MAX_UPLOAD, Some(&content_type), futures::stream::iter(chunks))
+                .await;
         if let Ok(form) = form {
             if let Some((video, _)) = &form.upload {
                 let size = std::fs::metadata(video.path()).map(|m| m.len()).unwrap_or(0);
@@ -144,7 +148,9 @@ pub fn v2m_form(data: &[u8]) {
 /// detection, as `weft models` and the checkpoint loaders read it) and as a ComfyUI
 /// `.latent` file (`LoadLatent`).
 pub fn safetensors(data: &[u8]) {
-    let path = context().dir.join(format!("checkpoint-{:?}.safetensors", std::thread::current().id()));
+    let path = context()
+        .dir
+        .join(format!("checkpoint-{:?}.safetensors", std::thread::current().id()));
     std::fs::write(&path, data).expect("writing the fuzz checkpoint");
     if let Ok(index) = weft_compute::models::SafetensorsIndex::open(&path, 1024 * 1024) {
         for info in index.tensors.values() {
@@ -157,7 +163,11 @@ pub fn safetensors(data: &[u8]) {
     let _ = weft_compute::diffusion::detect_layout(&path);
     if let Ok(latent) = weft_compute::diffusion::latent::read_latent_file(data) {
         let values: u64 = latent.shape.iter().map(|&d| u64::from(d)).product();
-        assert_eq!(values, latent.data.len() as u64, "a latent's data does not match its shape");
+        assert_eq!(
+            values,
+            latent.data.len() as u64,
+            "a latent's data does not match its shape"
+        );
     }
 }
 
@@ -208,7 +218,11 @@ fn wit_values_from(u: &mut Unstructured) -> arbitrary::Result<()> {
                         "output name {:?} escapes its folder",
                         f.name
                     );
-                    assert!(!f.name.chars().any(char::is_control), "output name {:?} has a control", f.name);
+                    assert!(
+                        !f.name.chars().any(char::is_control),
+                        "output name {:?} has a control",
+                        f.name
+                    );
                 }
             }
         }
@@ -258,7 +272,11 @@ fn input_spec(u: &mut Unstructured) -> arbitrary::Result<wit::InputSpec> {
 
 /// A small host value of any kind, as a node input.
 fn host_value(u: &mut Unstructured) -> arbitrary::Result<Value> {
-    let charge = |bytes: u64| JobMemory::unlimited().charge(bytes, String::new).expect("an unlimited budget");
+    let charge = |bytes: u64| {
+        JobMemory::unlimited()
+            .charge(bytes, String::new)
+            .expect("an unlimited budget")
+    };
     let side = u.int_in_range(1..=4u32)?;
     let batch = u.int_in_range(1..=3u32)?;
     let pixels = (side * side * batch) as usize;

@@ -77,7 +77,12 @@ fn clean_prefix(prefix: &str) -> String {
 /// [`FileData::files`](crate::runtime::FileData::files)), so that a batch is encoded, checked
 /// against the job's bounds and stored one file at a time. `workflow` goes into PNG text
 /// chunks within the job's embedding bounds.
-pub(crate) fn encode(file: &OutputFile, index: usize, job: &mut JobFiles, workflow: &str) -> Result<EncodedFile, String> {
+pub(crate) fn encode(
+    file: &OutputFile,
+    index: usize,
+    job: &mut JobFiles,
+    workflow: &str,
+) -> Result<EncodedFile, String> {
     Ok(match &file.data {
         FileData::Bytes(bytes) => {
             let extension = if is_plain_extension(&file.extension) {
