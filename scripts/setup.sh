@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
 # Installs what weft needs on a fresh Debian machine: the wasm32-wasip2 Rust target (to
 # build the plugins), ffmpeg and a General MIDI SoundFont (video-to-music), PostgreSQL's
-# server binaries (the tests start throw-away clusters; no server is left running),
-# componentize-py (the Python example plugin), Chromium with its WebDriver (the browser
-# tests), and with --with-js Node.js, npm and the pinned componentize-js/jco of
-# scripts/js-toolchain (the JavaScript example plugin), installed into target/js-toolchain.
+# server binaries (the tests start throw-away clusters; no server is left running), and
+# Chromium with its WebDriver (the browser tests). Options add:
+#   --with-python  componentize-py (the Python example plugin);
+#   --with-js      Node.js, npm and the pinned componentize-js/jco of scripts/js-toolchain
+#                  (the JavaScript example plugin), installed into target/js-toolchain;
+#   --with-fuzz    cargo-fuzz (the fuzz targets in fuzz/).
 # Safe to run again: it skips what is there.
 set -euo pipefail
+
+with_python=false
+with_js=false
+with_fuzz=false
+for arg in "$@"; do
+  case "$arg" in
+    --with-python) with_python=true ;;
+    --with-js) with_js=true ;;
+    --with-fuzz) with_fuzz=true ;;
+    *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
 
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
   rustup target add wasm32-wasip2
@@ -14,7 +28,7 @@ fi
 
 missing=()
 command -v ffmpeg >/dev/null 2>&1 || missing+=(ffmpeg)
-if [[ " $* " == *" --with-js "* ]]; then
+if $with_js; then
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
   command -v npm >/dev/null 2>&1 || missing+=(npm)
 fi
@@ -35,10 +49,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-if [[ " $* " == *" --with-python "* ]] && ! command -v componentize-py >/dev/null 2>&1; then
+if $with_python && ! command -v componentize-py >/dev/null 2>&1; then
   python3 -m pip install --quiet componentize-py==0.17.2
 fi
 
-if [[ " $* " == *" --with-js "* ]]; then
+if $with_js; then
   "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/js-toolchain/install.sh"
+fi
+
+# cargo-fuzz drives libFuzzer; on stable rustc it runs with RUSTC_BOOTSTRAP=1 (scripts/fuzz.sh).
+if $with_fuzz && ! cargo fuzz --version 2>/dev/null | grep -q "0\.13\.1"; then
+  cargo install --locked cargo-fuzz --version 0.13.1
 fi

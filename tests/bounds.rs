@@ -309,3 +309,82 @@ fn a_job_commits_at_most_its_output_bytes_and_fails_cleanly_past_them() {
         "two 400 KiB texts fit, the third does not"
     );
 }
+
+/// A workflow saving an 8x8 batch of `batch` images, carrying an unconnected string node of
+/// `padding` bytes (so the workflow embedded in each PNG is that large).
+fn padded_image_batch(batch: u32, padding: usize) -> Value {
+    json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": batch, "color": 0}},
+        "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "padded"}},
+        "9": {"class_type": "PrimitiveString", "inputs": {"value": "p".repeat(padding)}}
+    })
+}
+
+fn committed_sizes(job: &Value) -> Vec<i64> {
+    job["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["size_bytes"].as_i64().unwrap())
+        .collect()
+}
+
+#[test]
+fn encoded_png_and_latent_outputs_count_against_the_output_bytes() {
+    let server = Server::with(Options {
+        args: ["--max-job-output-mib", "1"].map(String::from).to_vec(),
+        ..Default::default()
+    });
+    // Sixteen 8x8 PNGs each carrying a 100 KiB workflow: 1.6 MB encoded, from 3 KiB of pixels.
+    let pngs = server.run(padded_image_batch(16, 100 << 10));
+    assert_eq!(pngs["status"], "failed", "{pngs}");
+    assert_eq!(pngs["error"]["code"], "job_output_limit", "{pngs}");
+    let sizes = committed_sizes(&pngs);
+    assert!(!sizes.is_empty() && sizes.len() < 16, "{} PNGs committed", sizes.len());
+    assert!(
+        sizes.iter().all(|&s| s > 100 << 10),
+        "each PNG counted as encoded: {sizes:?}"
+    );
+    assert!(sizes.iter().sum::<i64>() <= 1 << 20, "{sizes:?} past a 1 MiB bound");
+
+    // Latents are counted as the .latent files they are saved as: 8 x 4 x 64 x 64 floats fit,
+    // 20 do not.
+    let latent = |batch: u32| {
+        json!({
+            "1": {"class_type": "EmptyLatentImage", "inputs": {"width": 512, "height": 512, "batch_size": batch}},
+            "2": {"class_type": "SaveLatent", "inputs": {"samples": ["1", 0], "filename_prefix": "l"}}
+        })
+    };
+    let fits = server.run(latent(8));
+    assert_eq!(fits["status"], "succeeded", "{fits}");
+    assert!(committed_sizes(&fits)[0] >= 8 * 4 * 64 * 64 * 4, "{fits}");
+    let over = server.run(latent(20));
+    assert_eq!(over["status"], "failed", "{over}");
+    assert_eq!(over["error"]["code"], "job_output_limit", "{over}");
+    assert!(committed_sizes(&over).is_empty(), "{over}");
+}
+
+#[test]
+fn a_batch_embeds_a_small_workflow_in_every_png_and_a_big_one_in_none() {
+    let server = Server::start();
+    let has_prompt = |png: &[u8]| png.windows(10).any(|w| w == b"tEXtprompt");
+
+    let small = server.run(padded_image_batch(3, 10));
+    assert_eq!(small["status"], "succeeded", "{small}");
+    for output in small["outputs"].as_array().unwrap() {
+        let png = server.download(output["url"].as_str().unwrap());
+        assert!(
+            has_prompt(&png),
+            "ComfyUI's `prompt` chunk is kept for a small workflow"
+        );
+    }
+
+    // A 200 KiB workflow is not copied into each of 32 PNGs.
+    let big = server.run(padded_image_batch(32, 200 << 10));
+    assert_eq!(big["status"], "succeeded", "{big}");
+    let sizes = committed_sizes(&big);
+    assert_eq!(sizes.len(), 32);
+    assert!(sizes.iter().all(|&s| s < 4096), "{sizes:?}");
+    let png = server.download(big["outputs"][0]["url"].as_str().unwrap());
+    assert!(!has_prompt(&png));
+}

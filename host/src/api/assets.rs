@@ -15,7 +15,7 @@ use warp::{Filter, Reply};
 use super::auth::{self, Caller};
 use super::error::ApiError;
 use super::{render, respond, AppState};
-use crate::jobs::assets::{parse_hash, UploadDetails};
+use crate::jobs::assets::{parse_hash, Assets, Upload, UploadDetails};
 
 /// Bounds of `expires_in`, in seconds.
 const EXPIRES_IN: std::ops::RangeInclusive<i64> = 60..=604_800;
@@ -131,6 +131,25 @@ async fn part_text(part: Part) -> Result<String, ApiError> {
 
 async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<warp::reply::Response, ApiError> {
     state.jobs()?;
+    let (upload, details) = read_upload_form(&state.assets, state.config.max_upload_bytes, caller.tenant, form).await?;
+    let (asset, created_new) = state.assets.upload(upload, details).await?;
+    let status = if created_new {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(reply(status, &render::asset(&state.links, &asset, created_new)))
+}
+
+/// Reads and checks `tenant`'s upload `form`: the `file` part streamed into `assets` (at most
+/// `max` bytes), the text parts checked. Malformed bodies are `invalid_multipart`, never
+/// panics.
+pub(crate) async fn read_upload_form(
+    assets: &Assets,
+    max: u64,
+    tenant: String,
+    form: FormData,
+) -> Result<(Upload, UploadDetails), ApiError> {
     let mut form = form;
     let mut file_path = None;
     let mut content_type = None;
@@ -146,14 +165,14 @@ async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<
                 if file_path.is_none() {
                     file_path = part.filename().filter(|f| !f.is_empty()).map(String::from);
                 }
-                let mut upload = state.assets.receive()?;
+                let mut upload = assets.receive()?;
                 let mut stream = part.stream();
                 while let Some(chunk) = stream.next().await {
                     let chunk = chunk.map_err(multipart_error)?;
-                    if upload.size() + chunk.remaining() as u64 > state.config.max_upload_bytes {
+                    if upload.size() + chunk.remaining() as u64 > max {
                         return Err(ApiError::PayloadTooLarge(format!(
                             "uploads are limited to {} bytes",
-                            state.config.max_upload_bytes
+                            max
                         )));
                     }
                     upload.write(chunk.chunk())?;
@@ -205,20 +224,14 @@ async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<
         given => given.or(part_type.filter(|c| is_media_type(c))),
     };
     let details = UploadDetails {
-        tenant: caller.tenant.clone(),
+        tenant,
         file_path,
         content_type,
         tags,
         expires_at,
         expected_hash,
     };
-    let (asset, created_new) = state.assets.upload(upload, details).await?;
-    let status = if created_new {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok(reply(status, &render::asset(&state.links, &asset, created_new)))
+    Ok((upload, details))
 }
 
 /// Whether `text` is a media type (`type/subtype`, optionally with parameters) that can be

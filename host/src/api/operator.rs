@@ -56,13 +56,24 @@ pub fn root_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)
         .map(move || {
             let ready = s1.jobs.get().is_some();
             let stopped = s1.stopped.load(Ordering::SeqCst);
-            let status = if ready {
+            let store = s1.store.health();
+            let workers = s1.jobs.get().map(|jobs| jobs.worker_health());
+            let failing = !store.is_ok() || workers.as_ref().is_some_and(|w| w.running < w.configured);
+            let status = if ready && !failing {
                 StatusCode::OK
             } else {
                 StatusCode::SERVICE_UNAVAILABLE
             };
-            let mut body =
-                json!({"status": if !ready { "starting" } else if stopped { "stopped" } else { "ok" }, "ready": ready});
+            let word = if !ready {
+                "starting"
+            } else if failing {
+                "failing"
+            } else if stopped {
+                "stopped"
+            } else {
+                "ok"
+            };
+            let mut body = json!({"status": word, "ready": ready, "store": store});
             if let Some(jobs) = s1.jobs.get() {
                 let runtime = jobs.runtime();
                 let refused: Vec<_> = runtime
@@ -71,6 +82,7 @@ pub fn root_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)
                     .map(|p| json!({"name": p.name, "reason": p.reason}))
                     .collect();
                 body["plugins"] = json!({"loaded": runtime.plugins().count(), "refused": refused});
+                body["workers"] = json!(workers);
             }
             warp::reply::with_status(warp::reply::json(&body), status).into_response()
         });

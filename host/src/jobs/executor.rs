@@ -10,7 +10,7 @@ use chrono::Utc;
 
 use super::cache::{CachedFile, Entry};
 use super::events::JobEvent;
-use super::outputs::{self, Numbering};
+use super::outputs::{self, JobFiles};
 use super::state::Trigger;
 use super::{Jobs, Running};
 use crate::graph::{self, PlanInput};
@@ -273,7 +273,7 @@ impl Jobs {
         };
         tracker.update(true, |p| p.nodes_total = plan.nodes.len() as u32);
         let workflow_text = job.workflow.to_string();
-        let mut numbering = Numbering::default();
+        let mut job_files = JobFiles::default();
         let mut committed = Committed::default();
         // Each node's outputs are dropped once the last node that reads them has run, so a
         // chain holds about two values at a time, not all of them (the cache keeps its own).
@@ -384,16 +384,15 @@ impl Jobs {
                             None,
                         ));
                     }
+                    // One file at a time: encoded, checked against the job's bounds, stored
+                    // and committed before the next is encoded.
                     for file in &output.files {
-                        let Some(encoded) = outputs::encode(file, &mut numbering, &workflow_text, &keep_going)
-                            .map_err(|m| node_error("output_encoding_failed", m, None))?
-                        else {
-                            return stopped();
-                        };
-                        for e in encoded {
+                        for index in 0..file.data.files() {
                             if !keep_going() {
                                 return stopped();
                             }
+                            let e = outputs::encode(file, index, &mut job_files, &workflow_text)
+                                .map_err(|m| node_error("output_encoding_failed", m, None))?;
                             self.admit_output(&committed, e.bytes.len() as u64)
                                 .map_err(|m| node_error("job_output_limit", m, None))?;
                             let (blob, size) = self

@@ -23,7 +23,7 @@ pub mod cache;
 pub mod events;
 mod executor;
 pub mod metrics;
-mod outputs;
+pub(crate) mod outputs;
 pub mod plugin_watch;
 pub mod queue;
 pub mod recovery;
@@ -144,8 +144,21 @@ pub struct Jobs {
     /// This process's part when several processes share the store; `None` when the queue,
     /// the event hub and the running-job map are this process's alone (SQLite).
     shared: Option<shared::Shared>,
+    /// Workers running now, and how many were restarted after a panic.
+    workers: (std::sync::atomic::AtomicUsize, std::sync::atomic::AtomicU64),
     /// Counters and histograms for `/metrics`.
     pub metrics: metrics::Metrics,
+}
+
+/// How the job workers are doing, as `/healthz` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WorkerHealth {
+    /// Workers started (`--workers`).
+    pub configured: usize,
+    /// Workers running now: fewer only for the moment a panicked one takes to restart.
+    pub running: usize,
+    /// How many times a worker was restarted after a panic outside a job's run.
+    pub restarts: u64,
 }
 
 impl Jobs {
@@ -183,6 +196,7 @@ impl Jobs {
             hub: Hub::default(),
             running: Mutex::new(HashMap::new()),
             shared,
+            workers: Default::default(),
             metrics: metrics::Metrics::default(),
         })
     }
@@ -202,25 +216,52 @@ impl Jobs {
     }
 
     /// Starts the workers. Call once, after recovery (and [`start_services`](Self::start_services)).
-    /// A job whose run panics fails with `internal_error`, and its worker goes on to the next job.
+    /// A job whose run panics fails with `internal_error`, and its worker goes on to the next
+    /// job; a worker that panics anywhere else is restarted (and counted in
+    /// [`worker_health`](Self::worker_health)).
     pub fn start_workers(self: &Arc<Self>) {
-        use futures::FutureExt;
-        if self.shared.is_some() {
-            for _ in 0..self.config.workers.max(1) {
-                tokio::spawn(self.clone().work_shared());
-            }
-            return;
-        }
+        use std::sync::atomic::Ordering;
         for _ in 0..self.config.workers.max(1) {
             let jobs = self.clone();
             tokio::spawn(async move {
                 loop {
-                    let (_tenant, id) = jobs.queue.pop().await;
-                    if let Err(panic) = std::panic::AssertUnwindSafe(jobs.run(id.clone())).catch_unwind().await {
-                        jobs.fail_after_panic(&id, panic).await;
+                    jobs.workers.0.fetch_add(1, Ordering::SeqCst);
+                    let worker = match jobs.shared {
+                        Some(_) => tokio::spawn(jobs.clone().work_shared()),
+                        None => tokio::spawn(jobs.clone().work()),
+                    };
+                    let ended = worker.await;
+                    jobs.workers.0.fetch_sub(1, Ordering::SeqCst);
+                    match ended {
+                        Err(e) if e.is_panic() => {
+                            jobs.workers.1.fetch_add(1, Ordering::SeqCst);
+                            tracing::error!(error = %e, "a job worker panicked; it is restarted");
+                        }
+                        _ => return,
                     }
                 }
             });
+        }
+    }
+
+    /// One worker: takes queued jobs one at a time, for ever.
+    async fn work(self: Arc<Self>) {
+        use futures::FutureExt;
+        loop {
+            let (_tenant, id) = self.queue.pop().await;
+            if let Err(panic) = std::panic::AssertUnwindSafe(self.run(id.clone())).catch_unwind().await {
+                self.fail_after_panic(&id, panic).await;
+            }
+        }
+    }
+
+    /// How the workers are doing.
+    pub fn worker_health(&self) -> WorkerHealth {
+        use std::sync::atomic::Ordering;
+        WorkerHealth {
+            configured: self.config.workers.max(1),
+            running: self.workers.0.load(Ordering::SeqCst),
+            restarts: self.workers.1.load(Ordering::SeqCst),
         }
     }
 

@@ -1,6 +1,6 @@
 //! Turning what an output node returned into files, named after `filename_prefix` with
 //! ComfyUI's `_%05d_` numbering: PNGs with the workflow in a `prompt` text chunk (as ComfyUI
-//! writes them), WAVs, safetensors latents and guest bytes. The byte encodings are the
+//! writes them, within a size bound), WAVs, safetensors latents and guest bytes. The byte encodings are the
 //! codecs' ([`weft_compute::codecs`], [`weft_v2m::wav`]).
 
 use std::collections::HashMap;
@@ -23,19 +23,38 @@ pub(crate) struct EncodedFile {
     pub bytes: Vec<u8>,
 }
 
-/// Per-job file numbering: each prefix counts from 1.
+/// Largest workflow embedded in a PNG (ComfyUI's `prompt` text chunk). A larger one is left
+/// out of the job's PNGs, so that a batch cannot multiply a big request.
+pub(crate) const MAX_EMBEDDED_WORKFLOW: usize = 128 * 1024;
+
+/// Most workflow bytes embedded across one job's PNGs; the PNGs after that go without.
+pub(crate) const MAX_EMBEDDED_PER_JOB: usize = 8 * 1024 * 1024;
+
+/// What one job's files share: ComfyUI's numbering (each prefix counts from 1), and the
+/// workflow bytes embedded in its PNGs so far.
 #[derive(Default)]
-pub(crate) struct Numbering {
+pub(crate) struct JobFiles {
     next: HashMap<String, u32>,
+    embedded: usize,
 }
 
-impl Numbering {
+impl JobFiles {
     fn name(&mut self, prefix: &str, extension: &str) -> String {
         let prefix = clean_prefix(prefix);
         let n = self.next.entry(prefix.clone()).or_insert(1);
         let name = format!("{prefix}_{:05}_.{extension}", *n);
         *n += 1;
         name
+    }
+
+    /// The text chunks of the job's next PNG: the workflow, while it and the job's total
+    /// stay within [`MAX_EMBEDDED_WORKFLOW`] and [`MAX_EMBEDDED_PER_JOB`]; none after.
+    fn png_text(&mut self, workflow: &str) -> Vec<(String, String)> {
+        if workflow.len() > MAX_EMBEDDED_WORKFLOW || self.embedded + workflow.len() > MAX_EMBEDDED_PER_JOB {
+            return Vec::new();
+        }
+        self.embedded += workflow.len();
+        vec![("prompt".to_string(), workflow.to_string())]
     }
 }
 
@@ -54,16 +73,17 @@ fn clean_prefix(prefix: &str) -> String {
     }
 }
 
-/// Encodes `file`; `workflow` goes into PNG text chunks. `keep_going` is asked before each
-/// image of a batch; when it says no, encoding stops with `None`.
+/// Encodes file `index` of `file` (the images of a PNG batch are its files, one each; see
+/// [`FileData::files`](crate::runtime::FileData::files)), so that a batch is encoded, checked
+/// against the job's bounds and stored one file at a time. `workflow` goes into PNG text
+/// chunks within the job's embedding bounds.
 pub(crate) fn encode(
     file: &OutputFile,
-    numbering: &mut Numbering,
+    index: usize,
+    job: &mut JobFiles,
     workflow: &str,
-    keep_going: &dyn Fn() -> bool,
-) -> Result<Option<Vec<EncodedFile>>, String> {
-    let mut out = Vec::new();
-    match &file.data {
+) -> Result<EncodedFile, String> {
+    Ok(match &file.data {
         FileData::Bytes(bytes) => {
             let extension = if is_plain_extension(&file.extension) {
                 &file.extension
@@ -75,41 +95,39 @@ pub(crate) fn encode(
             } else {
                 file.content_type.clone()
             };
-            out.push(EncodedFile {
-                name: numbering.name(&file.filename_prefix, extension),
+            EncodedFile {
+                name: job.name(&file.filename_prefix, extension),
                 kind: file.kind,
                 content_type,
                 bytes: bytes.clone(),
-            });
-        }
-        FileData::Png(image) => {
-            let text = [("prompt".to_string(), workflow.to_string())];
-            for index in 0..image.batch {
-                if !keep_going() {
-                    return Ok(None);
-                }
-                out.push(EncodedFile {
-                    name: numbering.name(&file.filename_prefix, "png"),
-                    kind: OutputKind::Image,
-                    content_type: "image/png".into(),
-                    bytes: codecs::encode_png(image, index, &text).map_err(|e| e.to_string())?,
-                });
             }
         }
-        FileData::Wav(audio) => out.push(EncodedFile {
-            name: numbering.name(&file.filename_prefix, "wav"),
+        FileData::Png(image) => {
+            let index = u32::try_from(index)
+                .ok()
+                .filter(|&i| i < image.batch)
+                .ok_or_else(|| format!("image {index} of a batch of {}", image.batch))?;
+            let text = job.png_text(workflow);
+            EncodedFile {
+                name: job.name(&file.filename_prefix, "png"),
+                kind: OutputKind::Image,
+                content_type: "image/png".into(),
+                bytes: codecs::encode_png(image, index, &text).map_err(|e| e.to_string())?,
+            }
+        }
+        FileData::Wav(audio) => EncodedFile {
+            name: job.name(&file.filename_prefix, "wav"),
             kind: OutputKind::Audio,
             content_type: "audio/wav".into(),
             bytes: wav(audio)?,
-        }),
-        FileData::Latent(latent) => out.push(EncodedFile {
-            name: numbering.name(&file.filename_prefix, "latent"),
+        },
+        FileData::Latent(latent) => EncodedFile {
+            name: job.name(&file.filename_prefix, "latent"),
             kind: OutputKind::Latent,
             content_type: "application/octet-stream".into(),
             bytes: codecs::encode_latent(latent),
-        }),
-    }
-    Ok(Some(out))
+        },
+    })
 }
 
 /// Whether a plugin's `extension` may end a file name: 1 to 10 ASCII letters and digits, so
@@ -153,11 +171,24 @@ mod tests {
 
     #[test]
     fn numbering_follows_comfyui_and_prefixes_are_contained() {
-        let mut n = Numbering::default();
+        let mut n = JobFiles::default();
         assert_eq!(n.name("ComfyUI", "png"), "ComfyUI_00001_.png");
         assert_eq!(n.name("ComfyUI", "png"), "ComfyUI_00002_.png");
         assert_eq!(n.name("../../etc/x", "txt"), "etc/x_00001_.txt");
         assert_eq!(n.name("", "txt"), "weft_00001_.txt");
+    }
+
+    #[test]
+    fn the_workflow_is_embedded_within_its_bounds() {
+        let mut job = JobFiles::default();
+        assert_eq!(job.png_text("{}").len(), 1, "a small workflow goes into every PNG");
+        assert!(job.png_text(&"x".repeat(MAX_EMBEDDED_WORKFLOW + 1)).is_empty());
+        let big = "x".repeat(MAX_EMBEDDED_WORKFLOW);
+        let fits = (MAX_EMBEDDED_PER_JOB - 2) / MAX_EMBEDDED_WORKFLOW;
+        for _ in 0..fits {
+            assert_eq!(job.png_text(&big).len(), 1);
+        }
+        assert!(job.png_text(&big).is_empty(), "the job's embedding budget is spent");
     }
 
     #[test]

@@ -115,7 +115,7 @@ pub struct NodeDef {
 
 impl NodeDef {
     /// Converts a guest's definition, checking what the host relies on.
-    pub(super) fn from_wit(def: wit::NodeDef, plugin: &str) -> Result<Self, String> {
+    pub(crate) fn from_wit(def: wit::NodeDef, plugin: &str) -> Result<Self, String> {
         if def.class_type.trim().is_empty() {
             return Err("a node definition has an empty class name".into());
         }

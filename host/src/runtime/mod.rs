@@ -18,7 +18,7 @@ mod bindings;
 mod builtin;
 mod call;
 mod capabilities;
-mod catalog;
+pub(crate) mod catalog;
 mod engine;
 mod guest_text;
 mod inspect;
@@ -29,7 +29,7 @@ mod memory;
 mod registry;
 mod reload;
 mod value;
-mod worlds;
+pub(crate) mod worlds;
 
 pub use call::{AssetReader, CallContext, CancelToken, ProgressSink};
 pub use capabilities::diffusion::{DiffusionConfig, Library as ModelLibrary};

@@ -94,9 +94,31 @@ pub enum Deleted {
     NotFound,
 }
 
+/// How the store's writer is doing, as `/healthz` reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StoreHealth {
+    /// Whether the writer is running (it is restarted when it stops on a panic).
+    pub writer_running: bool,
+    /// How many times the writer was restarted after a panic.
+    pub writer_restarts: u64,
+    /// The storage failure of the latest write transaction (a full disk, an I/O error, a
+    /// damaged file), until a later one succeeds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failing: Option<String>,
+}
+
+impl StoreHealth {
+    /// Whether writes are being stored.
+    pub fn is_ok(&self) -> bool {
+        self.writer_running && self.failing.is_none()
+    }
+}
+
 /// Persistent state. Every method is scoped by tenant where the data is.
 #[async_trait]
 pub trait Store: Send + Sync {
+    /// How the writer is doing.
+    fn health(&self) -> StoreHealth;
     /// Records a new job durably; with `idempotency_key`, claims the key in the same
     /// transaction (fails with [`StoreError::IdempotencyReuse`] if it was claimed before);
     /// with a `cost` above zero, draws it from the tenant's credits in the same transaction

@@ -47,6 +47,7 @@ pub struct SqliteStore {
     path: PathBuf,
     writer: mpsc::Sender<WriteRequest>,
     readers: Arc<Mutex<Vec<Connection>>>,
+    health: Arc<Mutex<StoreHealth>>,
 }
 
 /// The schema version this build knows, kept in SQLite's `user_version`. Version 1 is the
@@ -150,14 +151,20 @@ impl SqliteStore {
         let conn = open_connection(path)?;
         migrate(&conn)?;
         let (tx, rx) = mpsc::channel::<WriteRequest>();
+        let health = Arc::new(Mutex::new(StoreHealth {
+            writer_running: true,
+            ..StoreHealth::default()
+        }));
+        let writer_health = health.clone();
         std::thread::Builder::new()
             .name("weft-store-writer".into())
-            .spawn(move || writer_loop(conn, rx))
+            .spawn(move || supervise_writer(&conn, &rx, &writer_health))
             .map_err(|e| StoreError::Backend(e.to_string()))?;
         Ok(Self {
             path: path.to_path_buf(),
             writer: tx,
             readers: Arc::new(Mutex::new(Vec::new())),
+            health,
         })
     }
 
@@ -202,9 +209,30 @@ impl SqliteStore {
     }
 }
 
+/// Runs the writer until every sender is gone, restarting it (with any half-done
+/// transaction rolled back) if it ever panics outside a request; the requests of that batch
+/// get an error. `health` records each restart, and that the writer stopped.
+fn supervise_writer(conn: &Connection, rx: &mpsc::Receiver<WriteRequest>, health: &Mutex<StoreHealth>) {
+    while let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer_loop(conn, rx, health))) {
+        tracing::error!(panic = %panic_text(&panic), "the store writer panicked; it is restarted");
+        let _ = conn.execute_batch("ROLLBACK");
+        health.lock().unwrap_or_else(|e| e.into_inner()).writer_restarts += 1;
+    }
+    health.lock().unwrap_or_else(|e| e.into_inner()).writer_running = false;
+}
+
 /// Takes write requests, folds the queued ones into one transaction, commits, then answers
 /// each. A failing request is rolled back to its savepoint without touching the others.
-fn writer_loop(conn: Connection, rx: mpsc::Receiver<WriteRequest>) {
+/// After each transaction `health` says whether it hit a storage failure (a `Backend` error,
+/// or a transaction that could not begin or commit).
+fn writer_loop(conn: &Connection, rx: &mpsc::Receiver<WriteRequest>, health: &Mutex<StoreHealth>) {
+    let record = |failure: Option<String>| {
+        let mut health = health.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(f), None) = (&failure, &health.failing) {
+            tracing::error!(error = %f, "the store cannot write");
+        }
+        health.failing = failure;
+    };
     let mut full = true;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
@@ -222,23 +250,28 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<WriteRequest>) {
             }
         }
         if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            record(Some(e.to_string()));
             for req in batch {
                 let _ = req.reply.send(Err(StoreError::Backend(e.to_string())));
             }
             continue;
         }
         let mut results = Vec::with_capacity(batch.len());
+        let mut failure = None;
         for req in batch {
             let _ = conn.execute_batch("SAVEPOINT op");
             // A panicking request fails alone: the writer thread lives on for the others.
             let out =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (req.op)(&conn))).unwrap_or_else(|panic| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (req.op)(conn))).unwrap_or_else(|panic| {
                     Err(StoreError::Backend(format!(
                         "a store write panicked: {}",
                         panic_text(&panic)
                     )))
                 });
-            if out.is_err() {
+            if let Err(e) = &out {
+                if let StoreError::Backend(m) = e {
+                    failure = Some(m.clone());
+                }
                 let _ = conn.execute_batch("ROLLBACK TO op");
             }
             let _ = conn.execute_batch("RELEASE op");
@@ -246,11 +279,13 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<WriteRequest>) {
         }
         match conn.execute_batch("COMMIT") {
             Ok(()) => {
+                record(failure);
                 for (reply, out) in results {
                     let _ = reply.send(out);
                 }
             }
             Err(e) => {
+                record(Some(e.to_string()));
                 let _ = conn.execute_batch("ROLLBACK");
                 for (reply, _) in results {
                     let _ = reply.send(Err(StoreError::Backend(format!("commit failed: {e}"))));
@@ -335,6 +370,10 @@ fn job_where(conn: &Connection, clause: &str, args: impl rusqlite::Params) -> Re
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn health(&self) -> StoreHealth {
+        self.health.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>, cost: i64) -> Result<(), StoreError> {
         self.write(Durability::Durable, move |c| {
             if cost > 0 {

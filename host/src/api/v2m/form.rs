@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use tokio::io::AsyncWriteExt;
-use weft_v2m::{Engine, TempVideo};
+use weft_v2m::TempVideo;
 
 use super::DetailError;
 
@@ -15,9 +15,9 @@ const MAX_TEXT_PART: usize = 64 * 1024;
 
 /// The parts of the form, once read.
 #[derive(Default)]
-pub(super) struct Form {
+pub(crate) struct Form {
     /// The `0.video` file, with the blake3 of its bytes.
-    pub(super) upload: Option<(TempVideo, blake3::Hash)>,
+    pub(crate) upload: Option<(TempVideo, blake3::Hash)>,
     /// The `video` reference: an asset id or a URL.
     pub(super) reference: Option<String>,
     /// The `prompt` part.
@@ -91,10 +91,10 @@ where
     Ok((temp, hasher.finalize(), size))
 }
 
-/// Reads the form of `content_type` from `body`, the video part into a temporary file of
-/// `engine`'s, at most `max` bytes.
-pub(super) async fn read_form<S>(
-    engine: &Engine,
+/// Reads the form of `content_type` from `body`, the video part into `temp`, at most `max`
+/// bytes.
+pub(crate) async fn read_form<S>(
+    temp: TempVideo,
     max: u64,
     content_type: Option<&str>,
     body: S,
@@ -109,17 +109,20 @@ where
         .size_limit(multer::SizeLimit::new().whole_stream(max.saturating_add(MULTIPART_SLACK)));
     let mut multipart = multer::Multipart::with_constraints(body, boundary, constraints);
     let mut form = Form::default();
+    let mut temp_slot = Some(temp);
     while let Some(field) = multipart.next_field().await.map_err(|e| multipart_error(e, max))? {
         match field.name() {
             Some("0.video") => {
-                if form.upload.is_some() {
+                let Some(temp) = temp_slot.take() else {
                     return Err(DetailError::InvalidRequest("more than one `0.video` part".into()));
-                }
+                };
                 let chunks = field.map(|r| r.map_err(|e| multipart_error(e, max)));
-                let (temp, hash, size) = stream_to_temp(engine.temp_video(), Box::pin(chunks), max, true).await?;
+                let (temp, hash, size) = stream_to_temp(temp, Box::pin(chunks), max, true).await?;
                 // Browsers send an empty file part when no file was chosen.
                 if size > 0 {
                     form.upload = Some((temp, hash));
+                } else {
+                    temp_slot = Some(temp);
                 }
             }
             Some("video") => form.reference = Some(text_part(field, max).await?),

@@ -32,7 +32,7 @@ use super::{ApiError, AppState};
 mod detail;
 mod events;
 mod fetch;
-mod form;
+pub(crate) mod form;
 
 pub use detail::DetailError;
 
@@ -201,7 +201,7 @@ where
         return Err(too_large(max));
     }
     let body = body.map(|r| r.map(|mut b| b.copy_to_bytes(b.remaining())));
-    let form = read_form(&svc.engine, max, request.content_type.as_deref(), body).await?;
+    let form = read_form(svc.engine.temp_video(), max, request.content_type.as_deref(), body).await?;
 
     let copies = match form.copies.as_deref().map(str::trim).filter(|c| !c.is_empty()) {
         None => 1,

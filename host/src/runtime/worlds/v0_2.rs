@@ -60,7 +60,17 @@ pub(crate) fn execute(
         Ok(result) => result,
         Err(e) => return Ok(Err(super::guest_error(e.code, e.message))),
     };
-    let table = &mut store.data_mut().table;
+    lift_result(&mut store.data_mut().table, result, returned_limit)
+}
+
+/// A guest's `node-result` as a host [`NodeOutput`]: values lifted, file handles taken back
+/// from `table`, and everything the guest had copied out counted against `returned_limit`.
+/// Forged or stale handles are errors, never panics.
+pub(crate) fn lift_result(
+    table: &mut ResourceTable,
+    result: wit::NodeResult,
+    returned_limit: usize,
+) -> wasmtime::Result<Result<NodeOutput, NodeFailure>> {
     let mut values = Vec::with_capacity(result.outputs.len());
     let mut returned = 0usize;
     for value in result.outputs {
@@ -106,7 +116,7 @@ fn output_kind(kind: wit::OutputKind) -> OutputKind {
 }
 
 /// A host value as the guest sees it: literals copied, large values as new handles.
-fn lower(table: &mut ResourceTable, value: Value) -> wasmtime::Result<wit::Value> {
+pub(crate) fn lower(table: &mut ResourceTable, value: Value) -> wasmtime::Result<wit::Value> {
     Ok(match value {
         Value::Int(v) => wit::Value::Int(v),
         Value::Float(v) => wit::Value::Float(v),

@@ -37,7 +37,12 @@ const POOL_SIZE: usize = 16;
 pub struct PgStore {
     pool: Pool,
     config: tokio_postgres::Config,
+    /// Why the latest health probe could not reach the database, until one can again.
+    failing: Arc<std::sync::Mutex<Option<String>>>,
 }
+
+/// How often [`PgStore::health`]'s probe asks the database.
+const HEALTH_PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The text of a database error, with the server's message when there is one.
 fn error_text(e: &tokio_postgres::Error) -> String {
@@ -70,7 +75,31 @@ impl PgStore {
         let store = Self::connect_unmigrated(url)?;
         let mut conn = store.pool.get().await?;
         schema::migrate(&mut conn).await?;
+        store.start_health_probe();
         Ok(store)
+    }
+
+    /// Probes the database every [`HEALTH_PROBE_EVERY`] for as long as the store lives, so
+    /// that `/healthz` reports a database that cannot be reached.
+    fn start_health_probe(&self) {
+        let (pool, failing) = (self.pool.clone(), Arc::downgrade(&self.failing));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(HEALTH_PROBE_EVERY).await;
+                let outcome = match pool.get().await {
+                    Ok(conn) => conn
+                        .simple_query("SELECT 1")
+                        .await
+                        .map(drop)
+                        .map_err(|e| error_text(&e)),
+                    Err(e) => Err(format!("database connection: {e}")),
+                };
+                let Some(failing) = failing.upgrade() else {
+                    return;
+                };
+                *failing.lock().unwrap_or_else(|e| e.into_inner()) = outcome.err();
+            }
+        });
     }
 
     /// Applies the migrations the database at `url` lacks; returns the versions applied.
@@ -96,7 +125,11 @@ impl PgStore {
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::Backend(format!("database pool: {e}")))?;
-        Ok(Self { pool, config })
+        Ok(Self {
+            pool,
+            config,
+            failing: Arc::default(),
+        })
     }
 
     /// The cross-process coordinator over this database, for a process named `process`
@@ -180,6 +213,16 @@ fn asset_from_row(row: &Row) -> AssetRecord {
 
 #[async_trait]
 impl Store for PgStore {
+    /// Writes go straight to the database, so the "writer" is the database itself: running,
+    /// and failing while the health probe cannot reach it.
+    fn health(&self) -> StoreHealth {
+        StoreHealth {
+            writer_running: true,
+            writer_restarts: 0,
+            failing: self.failing.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+        }
+    }
+
     async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>, cost: i64) -> Result<(), StoreError> {
         let mut conn = self.pool.get().await?;
         let tx = conn.transaction().await?;
