@@ -367,16 +367,12 @@ fn idempotency_key_is_released_after_insufficient_credits() {
     let (status, _, body) = submit_with(&server, json!({"workflow": text_workflow("x")}), Some("ck"));
     assert_eq!(status, 402);
     assert_envelope(&body, "insufficient_credits");
-    let balance = weft(&[
-        "credits",
-        "add",
-        "--data-dir",
-        server.data_dir.to_str().unwrap(),
-        "--tenant",
-        "default",
-        "--amount",
-        "1",
-    ]);
+    let mut args: Vec<String> = ["credits", "add", "--data-dir", server.data_dir.to_str().unwrap()]
+        .map(String::from)
+        .into();
+    args.extend(support::database_args(&server.data_dir));
+    args.extend(["--tenant", "default", "--amount", "1"].map(String::from));
+    let balance = weft(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(balance.trim(), "1");
     let (status, _, body) = submit_with(&server, json!({"workflow": text_workflow("x")}), Some("ck"));
     assert_eq!(status, 201, "{}", short(&body));
@@ -707,7 +703,12 @@ fn output_urls_are_signed_expiring_and_work_without_credentials() {
     // signed here as the server signs (keyed blake3 of `asset:expires` with the data dir's
     // link key), so only the expiry check can refuse it.
     let asset = output["id"].as_str().unwrap();
-    let key: [u8; 32] = std::fs::read(server.data_dir.join("link.key"))
+    // On PostgreSQL the key is shared by every process, in the shared blob dir.
+    let key_dir = match support::on_postgres() {
+        true => server.data_dir.join("blobs"),
+        false => server.data_dir.clone(),
+    };
+    let key: [u8; 32] = std::fs::read(key_dir.join("link.key"))
         .unwrap()
         .try_into()
         .unwrap();
