@@ -24,7 +24,7 @@ use crate::jobs::JobView;
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// One open stream, counted globally and against its tenant's share; released on drop.
-struct StreamSlot {
+pub(super) struct StreamSlot {
     state: Arc<AppState>,
     tenant: String,
 }
@@ -32,7 +32,7 @@ struct StreamSlot {
 impl StreamSlot {
     /// Takes a slot for `tenant`, or `too_many_streams` when the server's streams or the
     /// tenant's share of them are all open.
-    fn open(state: &Arc<AppState>, tenant: &str) -> Result<StreamSlot, ApiError> {
+    pub(super) fn open(state: &Arc<AppState>, tenant: &str) -> Result<StreamSlot, ApiError> {
         let mut by_tenant = state.tenant_streams.lock().unwrap_or_else(|e| e.into_inner());
         let mine = by_tenant.get(tenant).copied().unwrap_or(0);
         if mine >= state.config.tenant_max_streams || state.streams.load(Ordering::SeqCst) >= state.config.max_streams {
@@ -69,7 +69,7 @@ fn status_event(links: &Links, view: &JobView) -> Event {
 /// Renders one hub event; `None` for events that need the store (status, handled by caller).
 fn render_event(links: &Links, numbered: &Numbered) -> Option<Event> {
     let event = match &numbered.event {
-        JobEvent::Status(_) => return None,
+        JobEvent::Status(_) | JobEvent::Node { .. } => return None,
         JobEvent::Progress(p) => Event::default().event("progress").json_data(p).ok()?,
         JobEvent::Output(asset) => Event::default().event("output").json_data(render::output(links, asset)).ok()?,
         JobEvent::Preview { node_id, content_type, data } => Event::default()

@@ -11,6 +11,7 @@ use warp::{Filter, Reply};
 
 pub mod assets;
 pub mod auth;
+pub mod comfy;
 pub mod error;
 pub mod events;
 pub mod jobs;
@@ -122,7 +123,9 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
     let all = api
         .or(v2m::routes(state.clone()))
         .unify()
-        .or(operator::root_routes(state))
+        .or(operator::root_routes(state.clone()))
+        .unify()
+        .or(comfy::routes(state))
         .unify()
         .recover(error::recover)
         .unify();

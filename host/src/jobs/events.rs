@@ -29,6 +29,15 @@ pub enum JobEvent {
         /// The image bytes.
         data: Vec<u8>,
     },
+    /// A node of the running job began, was served from the cache, or finished.
+    Node {
+        /// Node id.
+        node_id: String,
+        /// Its class.
+        class_type: String,
+        /// What happened.
+        phase: NodePhase,
+    },
     /// A log line.
     Log {
         /// `info`, `warning` or `error`.
@@ -36,6 +45,17 @@ pub enum JobEvent {
         /// The text.
         message: String,
     },
+}
+
+/// What happened to one node of a running job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodePhase {
+    /// It started running.
+    Started,
+    /// Its result came from the cache (its outputs are committed again).
+    Cached,
+    /// It finished, from the cache or not.
+    Finished,
 }
 
 /// A numbered event.
@@ -53,10 +73,31 @@ struct Channel {
     recent: VecDeque<Arc<Numbered>>,
 }
 
+/// Events of every job, for listeners that follow many jobs at once (ComfyUI's `/ws`).
+const ALL_JOBS_BUFFER: usize = 1024;
+
+/// One event of one job, as every-job listeners receive it.
+#[derive(Debug, Clone)]
+pub struct JobNumbered {
+    /// The job.
+    pub job_id: Arc<str>,
+    /// The event.
+    pub numbered: Arc<Numbered>,
+}
+
 /// The hub.
-#[derive(Default)]
 pub struct Hub {
     jobs: Mutex<HashMap<String, Channel>>,
+    all: broadcast::Sender<JobNumbered>,
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Self {
+            jobs: Mutex::new(HashMap::new()),
+            all: broadcast::channel(ALL_JOBS_BUFFER).0,
+        }
+    }
 }
 
 /// A stream's view of a job: events it missed (when resuming) and the live receiver.
@@ -97,7 +138,13 @@ impl Hub {
             channel.recent.pop_front();
         }
         channel.recent.push_back(numbered.clone());
-        let _ = channel.tx.send(numbered);
+        let _ = channel.tx.send(numbered.clone());
+        if self.all.receiver_count() > 0 {
+            let _ = self.all.send(JobNumbered {
+                job_id: Arc::from(job),
+                numbered,
+            });
+        }
         if terminal {
             jobs.remove(job);
         }
@@ -124,6 +171,12 @@ impl Hub {
                 }
             }
         }
+    }
+
+    /// Subscribes to the events of every job, from now on. A listener that falls more than
+    /// a buffer behind misses events (and is told so by the receiver).
+    pub fn subscribe_all(&self) -> broadcast::Receiver<JobNumbered> {
+        self.all.subscribe()
     }
 
     /// The id the next event of `job` will get.

@@ -9,7 +9,7 @@ use std::time::Instant;
 use chrono::Utc;
 
 use super::cache::{CachedFile, Entry};
-use super::events::JobEvent;
+use super::events::{JobEvent, NodePhase};
 use super::outputs::{self, Numbering};
 use super::state::Trigger;
 use super::{Jobs, Running};
@@ -303,6 +303,12 @@ impl Jobs {
                 p.message = None;
             });
             let cached = node.cache_key.and_then(|key| self.cache.get(&job.tenant, &key));
+            let phase = if cached.is_some() {
+                NodePhase::Cached
+            } else {
+                NodePhase::Started
+            };
+            self.publish_node(&job.id, node, phase);
             let entry = match cached {
                 Some(entry) => {
                     for file in &entry.files {
@@ -430,8 +436,19 @@ impl Jobs {
                 p.step = None;
                 p.steps = None;
             });
+            self.publish_node(&job.id, node, NodePhase::Finished);
         }
         Ok(())
+    }
+
+    /// Announces that `node` of job `job_id` reached `phase`.
+    fn publish_node(&self, job_id: &str, node: &graph::PlannedNode, phase: NodePhase) {
+        let event = JobEvent::Node {
+            node_id: node.id.clone(),
+            class_type: node.class_type.clone(),
+            phase,
+        };
+        self.hub.publish(job_id, event);
     }
 
     /// Announces what a node wrote to the log since byte `start` (as much as the log still

@@ -93,6 +93,7 @@ CREATE TABLE IF NOT EXISTS assets (
 );
 CREATE INDEX IF NOT EXISTS assets_by_blob ON assets (blob, tenant);
 CREATE INDEX IF NOT EXISTS assets_by_job ON assets (job_id, output_index);
+CREATE INDEX IF NOT EXISTS assets_by_name ON assets (tenant, file_path);
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     tenant TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -607,6 +608,33 @@ impl Store for SqliteStore {
             Ok(c.prepare_cached(&sql)?
                 .query_row(params![blob, tenant], asset_from_row)
                 .optional()?)
+        })
+        .await
+    }
+
+    async fn upload_named(&self, tenant: &str, file_path: &str) -> Result<Option<AssetRecord>, StoreError> {
+        let (tenant, file_path) = (tenant.to_string(), file_path.to_string());
+        self.read(move |c| {
+            let sql = format!(
+                "SELECT {ASSET_COLUMNS} FROM assets WHERE tenant = ?1 AND file_path = ?2 AND job_id IS NULL \
+                 ORDER BY created_at DESC LIMIT 1"
+            );
+            Ok(c.prepare_cached(&sql)?
+                .query_row(params![tenant, file_path], asset_from_row)
+                .optional()?)
+        })
+        .await
+    }
+
+    async fn upload_names(&self, tenant: &str, content_type_prefix: &str, limit: usize) -> Result<Vec<String>, StoreError> {
+        let (tenant, pattern) = (tenant.to_string(), format!("{}%", content_type_prefix.replace('%', "")));
+        let limit = limit as i64;
+        self.read(move |c| {
+            let sql = "SELECT file_path FROM assets WHERE tenant = ?1 AND job_id IS NULL AND content_type LIKE ?2 \
+                       GROUP BY file_path ORDER BY MAX(created_at) DESC LIMIT ?3";
+            Ok(c.prepare_cached(sql)?
+                .query_map(params![tenant, pattern, limit], |row| row.get(0))?
+                .collect::<rusqlite::Result<Vec<String>>>()?)
         })
         .await
     }
