@@ -54,6 +54,14 @@ pub enum NodePhase {
     Started,
     /// Its result came from the cache (its outputs are committed again).
     Cached,
+    /// It reported step `step` of `steps` (at most every few tens of milliseconds, and
+    /// always the last step).
+    Step {
+        /// The step, from 1.
+        step: u32,
+        /// Steps in all.
+        steps: u32,
+    },
     /// It finished, from the cache or not.
     Finished,
 }

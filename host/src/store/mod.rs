@@ -150,7 +150,12 @@ pub trait Store: Send + Sync {
     async fn upload_named(&self, tenant: &str, file_path: &str) -> Result<Option<AssetRecord>, StoreError>;
     /// The distinct names of `tenant`'s uploads (not outputs) whose media type starts with
     /// `content_type_prefix`, newest first, at most `limit`.
-    async fn upload_names(&self, tenant: &str, content_type_prefix: &str, limit: usize) -> Result<Vec<String>, StoreError>;
+    async fn upload_names(
+        &self,
+        tenant: &str,
+        content_type_prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError>;
     /// The outputs of a job, in commit order.
     async fn job_outputs(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError>;
     /// Deletes an uploaded asset; outputs of a live job are [`StoreError::InUse`].

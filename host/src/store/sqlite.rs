@@ -626,7 +626,12 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn upload_names(&self, tenant: &str, content_type_prefix: &str, limit: usize) -> Result<Vec<String>, StoreError> {
+    async fn upload_names(
+        &self,
+        tenant: &str,
+        content_type_prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
         let (tenant, pattern) = (tenant.to_string(), format!("{}%", content_type_prefix.replace('%', "")));
         let limit = limit as i64;
         self.read(move |c| {

@@ -148,11 +148,9 @@ async fn upload(
             }
         }
     }
-    let filename = form
-        .filename
-        .clone()
-        .filter(|f| !f.is_empty())
-        .ok_or_else(|| ApiError::bad_request("missing_file", "the upload needs an `image` file part with a file name"))?;
+    let filename = form.filename.clone().filter(|f| !f.is_empty()).ok_or_else(|| {
+        ApiError::bad_request("missing_file", "the upload needs an `image` file part with a file name")
+    })?;
     names::check(&filename, "the file name", true).map_err(refused)?;
     if filename.contains('/') || filename.contains('\\') {
         return Err(refused("the file name must not contain a path separator".into()));
@@ -232,7 +230,8 @@ async fn upload(
 /// The original image `original_ref` names with the mask's alpha as its alpha, as PNG.
 async fn compose_mask(state: &AppState, tenant: &str, original_ref: &str, mask: &[u8]) -> Result<Vec<u8>, ApiError> {
     let bad = |m: String| ApiError::bad_request("invalid_request", m);
-    let original: Json = serde_json::from_str(original_ref).map_err(|e| bad(format!("original_ref is not JSON: {e}")))?;
+    let original: Json =
+        serde_json::from_str(original_ref).map_err(|e| bad(format!("original_ref is not JSON: {e}")))?;
     let field = |name: &str| original.get(name).and_then(Json::as_str).unwrap_or("");
     let kind = FolderType::parse(Some(field("type")), FolderType::Output).map_err(refused)?;
     let file: FileRef = names::resolve(field("filename"), field("subfolder"), kind).map_err(refused)?;

@@ -148,13 +148,25 @@ mod tests {
 
     #[test]
     fn names_map_onto_assets() {
-        assert_eq!(resolve("x.png", "", FolderType::Input), Ok(FileRef::Upload("x.png".into())));
-        assert_eq!(resolve("d/x.png", "", FolderType::Input), Ok(FileRef::Upload("d/x.png".into())));
-        assert_eq!(resolve("x.png [temp]", "", FolderType::Input), Ok(FileRef::Upload("[temp] x.png".into())));
+        assert_eq!(
+            resolve("x.png", "", FolderType::Input),
+            Ok(FileRef::Upload("x.png".into()))
+        );
+        assert_eq!(
+            resolve("d/x.png", "", FolderType::Input),
+            Ok(FileRef::Upload("d/x.png".into()))
+        );
+        assert_eq!(
+            resolve("x.png [temp]", "", FolderType::Input),
+            Ok(FileRef::Upload("[temp] x.png".into()))
+        );
         let job = "0b5f7a2e-3c44-4f7e-9a55-0f0e1d2c3b4a";
         assert_eq!(
             resolve("o.png", job, FolderType::Output),
-            Ok(FileRef::Output { job_id: job.into(), name: "o.png".into() })
+            Ok(FileRef::Output {
+                job_id: job.into(),
+                name: "o.png".into()
+            })
         );
         assert!(!is_listed_input("[output] x.png"));
         assert!(is_listed_input("x.png"));

@@ -115,11 +115,7 @@ fn output_nodes(workflow: &Json, catalog: &Catalog) -> Vec<String> {
 
 /// ComfyUI's `node_errors` for a rejected workflow: errors by node with the node's class
 /// and the output nodes that depend on it.
-fn node_errors(
-    workflow: &Json,
-    catalog: &Catalog,
-    errors: &BTreeMap<String, Vec<FieldError>>,
-) -> (Json, Vec<String>) {
+fn node_errors(workflow: &Json, catalog: &Catalog, errors: &BTreeMap<String, Vec<FieldError>>) -> (Json, Vec<String>) {
     let outputs = output_nodes(workflow, catalog);
     let mut lines = Vec::new();
     let mut by_node = Map::new();
@@ -128,7 +124,11 @@ fn node_errors(
         let class = node.and_then(|n| n.get("class_type")).cloned().unwrap_or(Json::Null);
         let rendered: Vec<Json> = list.iter().map(|e| comfy_error(e, node)).collect();
         for e in &rendered {
-            lines.push(format!("{}: {}", e["message"].as_str().unwrap_or(""), e["details"].as_str().unwrap_or("")));
+            lines.push(format!(
+                "{}: {}",
+                e["message"].as_str().unwrap_or(""),
+                e["details"].as_str().unwrap_or("")
+            ));
         }
         by_node.insert(
             id.clone(),
@@ -204,7 +204,10 @@ async fn resolve_files(
                     Some(asset) => Ok(asset),
                     None => Err(fail(
                         "value_not_in_list",
-                        format!("Value not in list: {}: '{name}' is not one of your uploaded files", spec.name),
+                        format!(
+                            "Value not in list: {}: '{name}' is not one of your uploaded files",
+                            spec.name
+                        ),
                     )),
                 },
             };
@@ -259,13 +262,28 @@ async fn submit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp
         return Err(ApiError::DeploymentStopped);
     }
     let Json::Object(mut body) = body else {
-        return Ok(rejected("invalid_prompt", "The body must be a JSON object", "", json!({})));
+        return Ok(rejected(
+            "invalid_prompt",
+            "The body must be a JSON object",
+            "",
+            json!({}),
+        ));
     };
     let Some(mut workflow) = body.remove("prompt") else {
-        return Ok(rejected("no_prompt", "No prompt provided", "No prompt provided", json!({})));
+        return Ok(rejected(
+            "no_prompt",
+            "No prompt provided",
+            "No prompt provided",
+            json!({}),
+        ));
     };
     if !workflow.is_object() {
-        return Ok(rejected("invalid_prompt", "The prompt must be an object of nodes", "", json!({})));
+        return Ok(rejected(
+            "invalid_prompt",
+            "The prompt must be an object of nodes",
+            "",
+            json!({}),
+        ));
     }
     let id = match body.get("prompt_id") {
         None | Some(Json::Null) => None,
@@ -294,9 +312,7 @@ async fn submit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp
         Err(SubmitError::Graph(e)) => Ok(invalid(&workflow, &catalog, e)),
         Err(SubmitError::BadRequest(message)) => Ok(rejected("invalid_prompt", &message, "", json!({}))),
         Err(SubmitError::QueueFull { retry_after }) => Err(ApiError::QueueFull { retry_after }),
-        Err(SubmitError::InsufficientCredits { balance, cost }) => {
-            Err(ApiError::InsufficientCredits { balance, cost })
-        }
+        Err(SubmitError::InsufficientCredits { balance, cost }) => Err(ApiError::InsufficientCredits { balance, cost }),
         Err(SubmitError::MissingAsset(missing)) => Ok(rejected(
             "invalid_prompt",
             &format!("{} referenced asset(s) do not exist or are not yours", missing.len()),
@@ -333,7 +349,13 @@ pub(super) async fn queue_info(state: &AppState, tenant: &str) -> Result<Json, A
 
 /// A queue or history item: `[number, prompt_id, prompt, extra_data, outputs_to_execute]`.
 pub(super) fn queue_item(job: &JobRecord, catalog: &Catalog) -> Json {
-    json!([number(job), job.id, job.workflow, {}, output_nodes(&job.workflow, catalog)])
+    json!([
+        number(job),
+        job.id,
+        job.workflow,
+        {},
+        output_nodes(&job.workflow, catalog)
+    ])
 }
 
 async fn queue(state: Arc<AppState>, caller: Caller) -> Result<warp::reply::Response, ApiError> {
@@ -358,12 +380,15 @@ pub(super) fn id_list(body: &Json, field: &str) -> Result<Vec<String>, ApiError>
         Some(Json::Array(items)) => items
             .iter()
             .map(|i| {
-                i.as_str()
-                    .map(String::from)
-                    .ok_or_else(|| ApiError::bad_request("invalid_request", format!("{field} must list ids as strings")))
+                i.as_str().map(String::from).ok_or_else(|| {
+                    ApiError::bad_request("invalid_request", format!("{field} must list ids as strings"))
+                })
             })
             .collect(),
-        Some(_) => Err(ApiError::bad_request("invalid_request", format!("{field} must be a list of ids"))),
+        Some(_) => Err(ApiError::bad_request(
+            "invalid_request",
+            format!("{field} must be a list of ids"),
+        )),
     }
 }
 

@@ -38,24 +38,28 @@ pub(super) fn route(state: &Arc<AppState>) -> BoxedFilter<(warp::reply::Response
         .and(warp::ws())
         .and(with_caller(state))
         .and(warp::query::<HashMap<String, String>>())
-        .and_then(|ws: Ws, state: Arc<AppState>, caller: Caller, query: HashMap<String, String>| async move {
-            let slot = match StreamSlot::open(&state, &caller.tenant) {
-                Ok(slot) => slot,
-                Err(e) => return answer(Err(e)),
-            };
-            let sid = query
-                .get("clientId")
-                .filter(|c| !c.is_empty() && c.len() <= 128)
-                .cloned()
-                .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-            let ws = ws.max_message_size(MAX_CLIENT_MESSAGE).max_frame_size(MAX_CLIENT_MESSAGE);
-            Ok(ws
-                .on_upgrade(move |socket| async move {
-                    Session::new(state, caller, sid).run(socket).await;
-                    drop(slot);
-                })
-                .into_response())
-        })
+        .and_then(
+            |ws: Ws, state: Arc<AppState>, caller: Caller, query: HashMap<String, String>| async move {
+                let slot = match StreamSlot::open(&state, &caller.tenant) {
+                    Ok(slot) => slot,
+                    Err(e) => return answer(Err(e)),
+                };
+                let sid = query
+                    .get("clientId")
+                    .filter(|c| !c.is_empty() && c.len() <= 128)
+                    .cloned()
+                    .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+                let ws = ws
+                    .max_message_size(MAX_CLIENT_MESSAGE)
+                    .max_frame_size(MAX_CLIENT_MESSAGE);
+                Ok(ws
+                    .on_upgrade(move |socket| async move {
+                        Session::new(state, caller, sid).run(socket).await;
+                        drop(slot);
+                    })
+                    .into_response())
+            },
+        )
         .boxed()
 }
 
@@ -179,19 +183,34 @@ impl Session {
                 let mut out = Vec::new();
                 match job.status {
                     JobStatus::Running => {
-                        out.push(text("execution_start", json!({"prompt_id": prompt_id, "timestamp": timestamp_ms()})));
+                        out.push(text(
+                            "execution_start",
+                            json!({"prompt_id": prompt_id, "timestamp": timestamp_ms()}),
+                        ));
                     }
                     JobStatus::Succeeded => {
-                        out.push(text("execution_success", json!({"prompt_id": prompt_id, "timestamp": timestamp_ms()})));
-                        out.push(text("executing", json!({"node": null, "display_node": null, "prompt_id": prompt_id})));
+                        out.push(text(
+                            "execution_success",
+                            json!({"prompt_id": prompt_id, "timestamp": timestamp_ms()}),
+                        ));
+                        out.push(text(
+                            "executing",
+                            json!({"node": null, "display_node": null, "prompt_id": prompt_id}),
+                        ));
                     }
                     JobStatus::Failed => {
                         out.push(text("execution_error", execution_error(job)));
-                        out.push(text("executing", json!({"node": null, "display_node": null, "prompt_id": prompt_id})));
+                        out.push(text(
+                            "executing",
+                            json!({"node": null, "display_node": null, "prompt_id": prompt_id}),
+                        ));
                     }
                     JobStatus::Canceled | JobStatus::Expired => {
                         out.push(text("execution_interrupted", execution_interrupted(job)));
-                        out.push(text("executing", json!({"node": null, "display_node": null, "prompt_id": prompt_id})));
+                        out.push(text(
+                            "executing",
+                            json!({"node": null, "display_node": null, "prompt_id": prompt_id}),
+                        ));
                     }
                     JobStatus::Queued | JobStatus::Canceling => {}
                 }
@@ -213,6 +232,10 @@ impl Session {
                     "execution_cached",
                     json!({"nodes": [node_id], "prompt_id": prompt_id, "timestamp": timestamp_ms()}),
                 )],
+                NodePhase::Step { step, steps } => vec![text(
+                    "progress",
+                    json!({"value": step, "max": steps, "prompt_id": prompt_id, "node": node_id}),
+                )],
                 NodePhase::Finished => {
                     let committed = self
                         .outputs
@@ -230,13 +253,8 @@ impl Session {
                     )]
                 }
             },
-            JobEvent::Progress(progress) => match (progress.step, progress.steps, &progress.current_node) {
-                (Some(step), Some(steps), Some(node)) => vec![text(
-                    "progress",
-                    json!({"value": step, "max": steps, "prompt_id": prompt_id, "node": node}),
-                )],
-                _ => Vec::new(),
-            },
+            // Steps come as node events, one per step (snapshots are throttled harder).
+            JobEvent::Progress(_) => Vec::new(),
             JobEvent::Output(asset) => {
                 if let Some(node) = &asset.node_id {
                     let by_node = self.outputs.entry(job_id.clone()).or_default();
