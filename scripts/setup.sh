@@ -21,3 +21,6 @@ fi
 if [ "${1:-}" = "--with-python" ] && ! command -v componentize-py >/dev/null 2>&1; then
   python3 -m pip install --quiet componentize-py==0.17.2
 fi
+
+# comfy-api-simplified, the PyPI ComfyUI client the protocol tests run (in target/).
+./scripts/comfy-client.sh >/dev/null

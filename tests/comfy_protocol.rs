@@ -695,3 +695,45 @@ fn tenants_see_only_their_own_prompts_history_uploads_views_and_events() {
         "bob's deletes did nothing"
     );
 }
+
+#[test]
+fn a_popular_python_comfyui_client_runs_a_workflow_unchanged() {
+    let setup = Command::new(support::root().join("scripts/comfy-client.sh"))
+        .output()
+        .expect("running scripts/comfy-client.sh");
+    assert!(
+        setup.status.success(),
+        "installing comfy-api-simplified failed: {}",
+        String::from_utf8_lossy(&setup.stderr)
+    );
+    let python = support::root().join(String::from_utf8(setup.stdout).unwrap().trim());
+    let server = Server::start();
+    let work = tempfile::tempdir().unwrap();
+    let input = work.path().join("input.png");
+    std::fs::write(&input, png(6, 5, [10, 20, 30, 255])).unwrap();
+    let out = work.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let fixture = support::root().join("tests/fixtures/comfy-client");
+    let run = Command::new(&python)
+        .arg(fixture.join("run_workflow.py"))
+        .arg(&server.base)
+        .arg(fixture.join("workflow_api.json"))
+        .arg(&input)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "the client failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(summary["uploaded"]["name"], "input.png", "{summary}");
+    assert_eq!(summary["object_info"], json!(["SaveImage"]));
+    let names = summary["images"].as_array().unwrap();
+    assert_eq!(names.len(), 1, "{summary}");
+    let image = std::fs::read(out.join(names[0].as_str().unwrap())).unwrap();
+    let image = image::load_from_memory(&image).unwrap().to_rgb8();
+    assert_eq!(image.dimensions(), (6, 5));
+    assert_eq!(image.get_pixel(2, 2).0, [245, 235, 225], "the uploaded image, inverted");
+}
