@@ -11,6 +11,7 @@ fi
 missing=()
 command -v ffmpeg >/dev/null 2>&1 || missing+=(ffmpeg)
 [ -f /usr/share/sounds/sf2/TimGM6mb.sf2 ] || missing+=(timgm6mb-soundfont)
+python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -23,4 +24,4 @@ if [ "${1:-}" = "--with-python" ] && ! command -v componentize-py >/dev/null 2>&
 fi
 
 # comfy-api-simplified, the PyPI ComfyUI client the protocol tests run (in target/).
-./scripts/comfy-client.sh >/dev/null
+"$(dirname "$0")/comfy-client.sh" >/dev/null

@@ -66,6 +66,8 @@ pub struct ApiConfig {
     pub admin_token: Option<String>,
     /// Video-to-music endpoint settings.
     pub v2m: v2m::V2mSettings,
+    /// Directory of ComfyUI's web editor, served at `/`; none: `/` is not the editor.
+    pub comfyui_frontend: Option<std::path::PathBuf>,
 }
 
 /// Shared state of every handler.
@@ -120,6 +122,10 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
         )
         .boxed();
     let mount_prefix = state.config.mount_prefix.clone();
+    let api = match state.config.comfyui_frontend.clone() {
+        Some(dir) => comfy::frontend_routes(dir, &mount_prefix).or(api).unify().boxed(),
+        None => api,
+    };
     let all = api
         .or(v2m::routes(state.clone()))
         .unify()

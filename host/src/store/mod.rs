@@ -167,6 +167,30 @@ pub trait Store: Send + Sync {
     /// Blob hashes that no asset references.
     async fn unreferenced_blobs(&self, candidates: Vec<String>) -> Result<Vec<String>, StoreError>;
 
+    /// A user-data file of `tenant` with its content.
+    async fn user_file(&self, tenant: &str, path: &str) -> Result<Option<(UserFile, Vec<u8>)>, StoreError>;
+    /// `tenant`'s user-data files whose path starts with `prefix`, by path.
+    async fn user_files(&self, tenant: &str, prefix: &str) -> Result<Vec<UserFile>, StoreError>;
+    /// Writes a user-data file within `limits`.
+    async fn put_user_file(
+        &self,
+        tenant: &str,
+        path: &str,
+        content: Vec<u8>,
+        overwrite: bool,
+        limits: UserDataLimits,
+    ) -> Result<UserWrite, StoreError>;
+    /// Deletes a user-data file; false when there was none.
+    async fn delete_user_file(&self, tenant: &str, path: &str) -> Result<bool, StoreError>;
+    /// Moves a user-data file.
+    async fn move_user_file(
+        &self,
+        tenant: &str,
+        from: &str,
+        to: &str,
+        overwrite: bool,
+    ) -> Result<UserWrite, StoreError>;
+
     /// Removes idempotency claims made before `before`.
     async fn purge_idempotency(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;
 

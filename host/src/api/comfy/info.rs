@@ -91,6 +91,34 @@ pub(super) fn routes(state: &Arc<AppState>) -> BoxedFilter<(warp::reply::Respons
                 Ok(json_reply(StatusCode::OK, &json!(files)))
             }))
         });
+    let experiment_folders = warp::path!("experiment" / "models")
+        .and(warp::get())
+        .and(with_caller(state))
+        .and_then(|s: Arc<AppState>, _c: Caller| async move {
+            answer(model_folders(&s).map(|folders| {
+                // Folder paths of the server are not shown; the editor needs the names.
+                let listed: Vec<Json> = folders.iter().map(|f| json!({"name": f, "folders": []})).collect();
+                json_reply(StatusCode::OK, &json!(listed))
+            }))
+        });
+    let experiment_files = warp::path!("experiment" / "models" / String)
+        .and(warp::get())
+        .and(with_caller(state))
+        .and_then(|folder: String, s: Arc<AppState>, _c: Caller| async move {
+            answer(model_folders(&s).and_then(|known| {
+                if !known.contains(&folder) {
+                    return Err(ApiError::NotFound("models folder".into()));
+                }
+                let files: Vec<Json> = s
+                    .jobs()?
+                    .runtime()
+                    .model_files(&folder)
+                    .into_iter()
+                    .map(|name| json!({"name": name, "pathIndex": 0}))
+                    .collect();
+                Ok(json_reply(StatusCode::OK, &json!(files)))
+            }))
+        });
     let free = warp::path("free")
         .and(warp::path::end())
         .and(warp::post())
@@ -110,6 +138,10 @@ pub(super) fn routes(state: &Arc<AppState>) -> BoxedFilter<(warp::reply::Respons
         .or(folders)
         .unify()
         .or(files)
+        .unify()
+        .or(experiment_folders)
+        .unify()
+        .or(experiment_files)
         .unify()
         .or(free)
         .unify()

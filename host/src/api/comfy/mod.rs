@@ -1,13 +1,15 @@
 //! ComfyUI's native server protocol beside the v2 API, on the same jobs: `/prompt`,
 //! `/queue`, `/history`, `/view`, uploads, `/object_info`, the informational routes and the
-//! `/ws` event socket, served at the root and under `/api` as ComfyUI serves them.
+//! `/ws` event socket, served at the root and under `/api` as ComfyUI serves them; the
+//! routes ComfyUI's web editor needs (settings, user data, users, i18n, templates); and,
+//! with `--comfyui-frontend DIR`, the editor's static files.
 //!
 //! Every route takes its caller from [`super::auth::caller`]: a tenant sees only its own
 //! prompts, history, uploads, views and user data. File names given by callers are names of
 //! the tenant's assets (uploads are assets, outputs are a job's assets), never paths of the
 //! server.
 //!
-//! Public face: [`routes`].
+//! Public face: [`routes`] and [`frontend_routes`].
 
 use std::sync::Arc;
 
@@ -20,11 +22,15 @@ use super::auth::{self, Caller};
 use super::error::ApiError;
 use super::{respond, AppState};
 
+pub use frontend::frontend_routes;
+
 mod files;
+mod frontend;
 mod history;
 mod info;
 mod names;
 mod prompt;
+mod userdata;
 mod ws;
 
 /// The protocol's routes, at the mount prefix's root and under its `/api`.
@@ -80,6 +86,8 @@ fn protocol_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)
         .or(files::routes(&state))
         .unify()
         .or(info::routes(&state))
+        .unify()
+        .or(userdata::routes(&state))
         .unify()
         .or(ws::route(&state))
         .unify()
