@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what weft needs on a fresh Debian machine: the wasm32-wasip2 Rust target (to
-# build the plugins), ffmpeg and a General MIDI SoundFont (video-to-music), and
-# componentize-py (the Python example plugin). Safe to run again: it skips what is there.
+# build the plugins), ffmpeg and a General MIDI SoundFont (video-to-music), componentize-py
+# (the Python example plugin), chromium with chromedriver and a ComfyUI client from PyPI
+# (the ComfyUI protocol tests). Safe to run again: it skips what is there.
 set -euo pipefail
 
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
@@ -12,6 +13,9 @@ missing=()
 command -v ffmpeg >/dev/null 2>&1 || missing+=(ffmpeg)
 [ -f /usr/share/sounds/sf2/TimGM6mb.sf2 ] || missing+=(timgm6mb-soundfont)
 python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+# Headless chromium and its WebDriver, for the ComfyUI editor test.
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"
