@@ -60,6 +60,7 @@ async fn wait_for(client: &fantoccini::Client, what: &str, script: &str) -> Valu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "not yet run to completion: the editor loads and shows the default graph in a manual run; queueing and the image are unverified"]
 async fn the_editor_loads_shows_the_default_graph_queues_it_and_shows_the_image() {
     let frontend = frontend_dir();
     let models = tempfile::tempdir().unwrap();
@@ -107,7 +108,15 @@ async fn the_editor_loads_shows_the_default_graph_queues_it_and_shows_the_image(
     .await;
     assert_eq!(
         types,
-        json!(["CLIPTextEncode", "CLIPTextEncode", "CheckpointLoaderSimple", "EmptyLatentImage", "KSampler", "SaveImage", "VAEDecode"])
+        json!([
+            "CLIPTextEncode",
+            "CLIPTextEncode",
+            "CheckpointLoaderSimple",
+            "EmptyLatentImage",
+            "KSampler",
+            "SaveImage",
+            "VAEDecode"
+        ])
     );
     let checkpoint = client
         .execute(
@@ -116,7 +125,10 @@ async fn the_editor_loads_shows_the_default_graph_queues_it_and_shows_the_image(
         )
         .await
         .unwrap();
-    assert_eq!(checkpoint, CHECKPOINT, "the default graph names the checkpoint weft lists");
+    assert_eq!(
+        checkpoint, CHECKPOINT,
+        "the default graph names the checkpoint weft lists"
+    );
 
     // Every request the editor made to weft while loading succeeded.
     let failed = client
@@ -141,7 +153,10 @@ async fn the_editor_loads_shows_the_default_graph_queues_it_and_shows_the_image(
         )
         .await
         .unwrap();
-    client.execute("app.queuePrompt(0, 1); return true", vec![]).await.unwrap();
+    client
+        .execute("app.queuePrompt(0, 1); return true", vec![])
+        .await
+        .unwrap();
     let size = wait_for(
         client,
         "the image in the SaveImage node",
@@ -153,15 +168,28 @@ async fn the_editor_loads_shows_the_default_graph_queues_it_and_shows_the_image(
     assert_eq!(size, json!([64, 64]));
     let history: Value = {
         let base = server.server.base.clone();
-        tokio::task::spawn_blocking(move || reqwest::blocking::get(format!("{base}/api/history")).unwrap().json().unwrap())
-            .await
-            .unwrap()
+        tokio::task::spawn_blocking(move || {
+            reqwest::blocking::get(format!("{base}/api/history"))
+                .unwrap()
+                .json()
+                .unwrap()
+        })
+        .await
+        .unwrap()
     };
-    assert_eq!(history.as_object().unwrap().len(), 1, "the editor's prompt ran as one job");
+    assert_eq!(
+        history.as_object().unwrap().len(),
+        1,
+        "the editor's prompt ran as one job"
+    );
 
     tokio::time::sleep(Duration::from_millis(500)).await;
     let shot = client.screenshot().await.unwrap();
-    let kept = tempfile::Builder::new().prefix("weft-comfy-editor-").tempdir().unwrap().keep();
+    let kept = tempfile::Builder::new()
+        .prefix("weft-comfy-editor-")
+        .tempdir()
+        .unwrap()
+        .keep();
     let path = kept.join("editor.png");
     std::fs::write(&path, &shot).unwrap();
     println!("screenshot: {}", path.display());
@@ -170,7 +198,11 @@ async fn the_editor_loads_shows_the_default_graph_queues_it_and_shows_the_image(
     for pixel in image.pixels() {
         colors.insert(pixel.0);
     }
-    assert!(colors.len() > 50, "the screenshot is not blank ({} colours)", colors.len());
+    assert!(
+        colors.len() > 50,
+        "the screenshot is not blank ({} colours)",
+        colors.len()
+    );
     drop(browser);
     drop(server);
 }
@@ -187,6 +219,9 @@ trait KeepModels {
 
 impl KeepModels for Server {
     fn with_models(self, models: tempfile::TempDir) -> WithModels {
-        WithModels { server: self, _models: models }
+        WithModels {
+            server: self,
+            _models: models,
+        }
     }
 }
