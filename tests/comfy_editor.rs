@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use support::{weft_bin, Options, Server};
 
 /// The checkpoint name of ComfyUI's default graph.
-const CHECKPOINT: &str = "v1-5-pruned-emaonly.safetensors";
+const CHECKPOINT: &str = "v1-5-pruned-emaonly-fp16.safetensors";
 /// The editor version `weft comfyui-frontend install` installs by default.
 const FRONTEND_VERSION: &str = "1.27.10";
 
