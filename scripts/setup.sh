@@ -2,7 +2,8 @@
 # Installs what weft needs on a fresh Debian machine: the wasm32-wasip2 Rust target (to
 # build the plugins), ffmpeg and a General MIDI SoundFont (video-to-music), PostgreSQL's
 # server binaries (the tests start throw-away clusters; no server is left running), and
-# Chromium with its WebDriver (the browser tests). Options add:
+# Chromium with its WebDriver (the browser tests), and comfy-api-simplified from PyPI in a
+# venv under target/ (the ComfyUI protocol tests). Options add:
 #   --with-python  componentize-py (the Python example plugin);
 #   --with-js      Node.js, npm and the pinned componentize-js/jco of scripts/js-toolchain
 #                  (the JavaScript example plugin), installed into target/js-toolchain;
@@ -36,6 +37,7 @@ fi
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -61,3 +63,6 @@ fi
 if $with_fuzz && ! cargo fuzz --version 2>/dev/null | grep -q "0\.13\.1"; then
   cargo install --locked cargo-fuzz --version 0.13.1
 fi
+
+# comfy-api-simplified, the PyPI ComfyUI client the protocol tests run (in target/).
+"$(dirname "$0")/comfy-client.sh" >/dev/null

@@ -71,6 +71,11 @@ enum Command {
         #[command(subcommand)]
         command: DevCommand,
     },
+    /// ComfyUI's web editor (the PyPI package `comfyui-frontend-package`).
+    ComfyuiFrontend {
+        #[command(subcommand)]
+        command: cli::comfyui_frontend::FrontendCommand,
+    },
     /// Model files.
     Models {
         #[command(subcommand)]
@@ -226,6 +231,10 @@ struct ServeArgs {
     /// Operator token for POST /api/v2/admin/drain.
     #[arg(long, env = "WEFT_ADMIN_TOKEN")]
     admin_token: Option<String>,
+    /// Serve ComfyUI's web editor from this directory at `/` (install it with
+    /// `weft comfyui-frontend install DIR`).
+    #[arg(long, env = "WEFT_COMFYUI_FRONTEND")]
+    comfyui_frontend: Option<PathBuf>,
     /// Job retention in seconds (expires_at = created_at + this).
     #[arg(long, env = "WEFT_RETENTION_SECS", default_value_t = 7 * 24 * 3600)]
     retention_secs: u64,
@@ -473,6 +482,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             tenant_max_streams,
             public_url: public_url(args.public_url.as_deref())?,
             admin_token: args.admin_token,
+            comfyui_frontend: args.comfyui_frontend,
             v2m: weft::api::v2m::V2mSettings {
                 soundfont: args.v2m_soundfont,
                 max_upload_bytes: args.v2m_max_upload_bytes,
@@ -659,6 +669,7 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::ComfyuiFrontend { command } => command.run(),
         Command::Db {
             command: DbCommand::Migrate { store },
         } => runtime.block_on(async {

@@ -85,7 +85,7 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
 
 /// Refuses, before any of the body is read, an upload whose announced length is over the
 /// limit (plus room for the multipart framing and the small text parts).
-fn upload_limit(max: u64) -> impl Filter<Extract = (), Error = warp::Rejection> + Clone {
+pub(super) fn upload_limit(max: u64) -> impl Filter<Extract = (), Error = warp::Rejection> + Clone {
     warp::header::optional::<u64>("content-length")
         .and_then(move |length: Option<u64>| async move {
             match length {
@@ -113,7 +113,7 @@ fn expires_at(expires_in: Option<i64>) -> Result<Option<chrono::DateTime<Utc>>, 
     }
 }
 
-async fn part_text(part: Part) -> Result<String, ApiError> {
+pub(super) async fn part_text(part: Part) -> Result<String, ApiError> {
     let mut bytes = Vec::new();
     let mut stream = part.stream();
     while let Some(chunk) = stream.next().await {
@@ -250,7 +250,7 @@ fn is_media_type(text: &str) -> bool {
             .is_some_and(|(kind, sub)| token(kind) && token(sub))
 }
 
-fn multipart_error(e: warp::Error) -> ApiError {
+pub(super) fn multipart_error(e: warp::Error) -> ApiError {
     let text = e.to_string();
     if text.contains("limit") || text.contains("too large") {
         ApiError::PayloadTooLarge(format!("the upload is larger than allowed: {text}"))
@@ -434,7 +434,7 @@ const INLINE_TYPES: &[&str] = &[
 /// page of the API's origin: its declared type with `nosniff`, a CSP `sandbox` (no
 /// script, no same origin, even when opened directly), and `attachment` for every type a
 /// browser could run. The file name is reduced to safe characters.
-fn content_safety_headers(headers: &mut warp::http::HeaderMap, content_type: &str, file_path: &str) {
+pub(super) fn content_safety_headers(headers: &mut warp::http::HeaderMap, content_type: &str, file_path: &str) {
     let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     let inline = INLINE_TYPES.contains(&essence.as_str());
     let served_type = HeaderValue::from_str(content_type)

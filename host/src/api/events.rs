@@ -69,7 +69,7 @@ fn status_event(links: &Links, view: &JobView) -> Event {
 /// Renders one hub event; `None` for events that need the store (status, handled by caller).
 fn render_event(links: &Links, numbered: &Numbered) -> Option<Event> {
     let event = match &numbered.event {
-        JobEvent::Status(_) => return None,
+        JobEvent::Status(_) | JobEvent::Node { .. } => return None,
         JobEvent::Progress(p) => Event::default().event("progress").json_data(p).ok()?,
         JobEvent::Output(asset) => Event::default().event("output").json_data(render::output(links, asset)).ok()?,
         JobEvent::Preview { node_id, content_type, data } => Event::default()

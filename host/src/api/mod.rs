@@ -11,6 +11,7 @@ use warp::{Filter, Reply};
 
 pub mod assets;
 pub mod auth;
+pub mod comfy;
 pub mod dashboard;
 pub mod error;
 pub mod events;
@@ -67,6 +68,8 @@ pub struct ApiConfig {
     pub admin_token: Option<String>,
     /// Video-to-music endpoint settings.
     pub v2m: v2m::V2mSettings,
+    /// Directory of ComfyUI's web editor, served at `/`; none: `/` is not the editor.
+    pub comfyui_frontend: Option<std::path::PathBuf>,
 }
 
 /// Shared state of every handler.
@@ -128,12 +131,18 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
         )
         .boxed();
     let mount_prefix = state.config.mount_prefix.clone();
+    let api = match state.config.comfyui_frontend.clone() {
+        Some(dir) => comfy::frontend_routes(dir, &mount_prefix).or(api).unify().boxed(),
+        None => api,
+    };
     let all = api
         .or(v2m::routes(state.clone()))
         .unify()
         .or(operator::root_routes(state.clone()))
         .unify()
-        .or(dashboard::routes(state))
+        .or(dashboard::routes(state.clone()))
+        .unify()
+        .or(comfy::routes(state))
         .unify()
         .recover(error::recover)
         .unify();

@@ -6,6 +6,7 @@ pub(crate) mod assets;
 pub(crate) mod client;
 pub(crate) mod follow;
 pub(crate) mod jobs;
+pub(crate) mod comfyui_frontend;
 pub(crate) mod models;
 pub(crate) mod plugin;
 pub(crate) mod run;

@@ -32,6 +32,15 @@ pub enum JobEvent {
         /// The image bytes.
         data: Vec<u8>,
     },
+    /// A node of the running job began, was served from the cache, or finished.
+    Node {
+        /// Node id.
+        node_id: String,
+        /// Its class.
+        class_type: String,
+        /// What happened.
+        phase: NodePhase,
+    },
     /// A log line.
     Log {
         /// `info`, `warning` or `error`.
@@ -122,6 +131,25 @@ impl JobEvent {
     }
 }
 
+/// What happened to one node of a running job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodePhase {
+    /// It started running.
+    Started,
+    /// Its result came from the cache (its outputs are committed again).
+    Cached,
+    /// It reported step `step` of `steps` (at most every few tens of milliseconds, and
+    /// always the last step).
+    Step {
+        /// The step, from 1.
+        step: u32,
+        /// Steps in all.
+        steps: u32,
+    },
+    /// It finished, from the cache or not.
+    Finished,
+}
+
 /// A numbered event.
 #[derive(Debug, Clone)]
 pub struct Numbered {
@@ -153,10 +181,23 @@ pub struct FeedItem {
     pub event: Arc<Numbered>,
 }
 
+/// Events of every job, for listeners that follow many jobs at once (ComfyUI's `/ws`).
+const ALL_JOBS_BUFFER: usize = 1024;
+
+/// One event of one job, as every-job listeners receive it.
+#[derive(Debug, Clone)]
+pub struct JobNumbered {
+    /// The job.
+    pub job_id: Arc<str>,
+    /// The event.
+    pub numbered: Arc<Numbered>,
+}
+
 /// The hub.
 pub struct Hub {
     jobs: Mutex<HashMap<String, Channel>>,
     feed: broadcast::Sender<Arc<FeedItem>>,
+    all: broadcast::Sender<JobNumbered>,
 }
 
 impl Default for Hub {
@@ -164,6 +205,7 @@ impl Default for Hub {
         Self {
             jobs: Mutex::default(),
             feed: broadcast::channel(FEED).0,
+            all: broadcast::channel(ALL_JOBS_BUFFER).0,
         }
     }
 }
@@ -216,8 +258,14 @@ impl Hub {
             let _ = self.feed.send(Arc::new(FeedItem {
                 tenant: tenant.clone(),
                 job_id: job.to_string(),
-                event: numbered,
+                event: numbered.clone(),
             }));
+        }
+        if self.all.receiver_count() > 0 {
+            let _ = self.all.send(JobNumbered {
+                job_id: Arc::from(job),
+                numbered,
+            });
         }
         if terminal {
             jobs.remove(job);
@@ -245,6 +293,12 @@ impl Hub {
                 }
             }
         }
+    }
+
+    /// Subscribes to the events of every job, from now on. A listener that falls more than
+    /// a buffer behind misses events (and is told so by the receiver).
+    pub fn subscribe_all(&self) -> broadcast::Receiver<JobNumbered> {
+        self.all.subscribe()
     }
 
     /// The id the next event of `job` will get.

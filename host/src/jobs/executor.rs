@@ -9,8 +9,8 @@ use std::time::Instant;
 use chrono::Utc;
 
 use super::cache::{CachedFile, Entry};
-use super::events::JobEvent;
-use super::outputs::{self, JobFiles};
+use super::events::{JobEvent, NodePhase};
+use super::outputs::{self, JobFiles, Numbering};
 use super::state::Trigger;
 use super::{Jobs, Running};
 use crate::graph::{self, PlanInput};
@@ -19,6 +19,9 @@ use crate::store::{AssetRecord, JobError, JobLogs, JobRecord, JobStatus, JobUpda
 
 /// Snapshots reach the event stream at most this often.
 const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+/// Node step events (ComfyUI's per-step `progress`) are published at most this often,
+/// except a node's last step.
+const STEP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Reads the blobs of the assets a job references, resolved before it runs.
 struct ResolvedAssets(HashMap<String, PathBuf>);
@@ -41,6 +44,7 @@ struct Tracker {
     last_sent: Mutex<Option<Instant>>,
     preview: Arc<Mutex<Option<JobEvent>>>,
     last_preview: Mutex<Option<Instant>>,
+    last_step: Mutex<Option<Instant>>,
 }
 
 impl Tracker {
@@ -70,13 +74,32 @@ impl Tracker {
 
 impl ProgressSink for Tracker {
     fn report(&self, step: u32, steps: u32, message: Option<String>) {
+        let mut node = None;
         self.update(false, |p| {
             p.step = Some(step);
             p.steps = Some(steps);
             if message.is_some() {
                 p.message = message;
             }
+            node = p.current_node.clone().zip(p.current_node_class.clone());
         });
+        let mut last = self.last_step.lock().unwrap_or_else(|e| e.into_inner());
+        if step < steps && last.is_some_and(|t| t.elapsed() < STEP_INTERVAL) {
+            return;
+        }
+        *last = Some(Instant::now());
+        drop(last);
+        if let Some((node_id, class_type)) = node {
+            let phase = NodePhase::Step { step, steps };
+            self.jobs.hub.publish(
+                &self.job_id,
+                JobEvent::Node {
+                    node_id,
+                    class_type,
+                    phase,
+                },
+            );
+        }
     }
 
     fn preview(&self, content_type: &'static str, data: Vec<u8>) {
@@ -152,6 +175,7 @@ impl Jobs {
             last_sent: Mutex::new(None),
             preview,
             last_preview: Mutex::new(None),
+            last_step: Mutex::new(None),
         });
         let outcome = match self.execute(&job, &cancel, &log, &tracker).await {
             Ok(()) if cancel.is_canceled() => Outcome::Canceled,
@@ -310,6 +334,12 @@ impl Jobs {
                 .cache_key
                 .and_then(|key| self.cache.get(&job.tenant, &key))
                 .filter(|entry| entry.files.iter().all(|f| self.assets.blob_exists(&f.blob)));
+            let phase = if cached.is_some() {
+                NodePhase::Cached
+            } else {
+                NodePhase::Started
+            };
+            self.publish_node(&job.id, node, phase);
             let entry = match cached {
                 Some(entry) => {
                     for file in &entry.files {
@@ -436,8 +466,19 @@ impl Jobs {
                 p.step = None;
                 p.steps = None;
             });
+            self.publish_node(&job.id, node, NodePhase::Finished);
         }
         Ok(())
+    }
+
+    /// Announces that `node` of job `job_id` reached `phase`.
+    fn publish_node(&self, job_id: &str, node: &graph::PlannedNode, phase: NodePhase) {
+        let event = JobEvent::Node {
+            node_id: node.id.clone(),
+            class_type: node.class_type.clone(),
+            phase,
+        };
+        self.hub.publish(job_id, event);
     }
 
     /// Announces what a node wrote to the log since byte `start` (as much as the log still

@@ -354,6 +354,31 @@ impl Jobs {
         labels: BTreeMap<String, String>,
         idempotency_key: Option<String>,
     ) -> Result<JobRecord, SubmitError> {
+        self.submit_as(tenant, None, workflow, labels, idempotency_key).await
+    }
+
+    /// [`submit`](Self::submit) under an id the caller chose (ComfyUI's `prompt_id`); it
+    /// must be a UUID no job has.
+    pub async fn submit_as(
+        &self,
+        tenant: &str,
+        id: Option<String>,
+        workflow: Json,
+        labels: BTreeMap<String, String>,
+        idempotency_key: Option<String>,
+    ) -> Result<JobRecord, SubmitError> {
+        let id = match id {
+            None => uuid::Uuid::new_v4().to_string(),
+            Some(id) => {
+                let parsed = uuid::Uuid::parse_str(&id)
+                    .map_err(|_| SubmitError::BadRequest(format!("the job id {id:?} is not a UUID")))?;
+                let id = parsed.hyphenated().to_string();
+                if self.store.job_by_id(&id).await.map_err(SubmitError::Store)?.is_some() {
+                    return Err(SubmitError::BadRequest(format!("a job with id {id} exists already")));
+                }
+                id
+            }
+        };
         if let Some(key) = &idempotency_key {
             if key.is_empty() || key.len() > 255 {
                 return Err(SubmitError::BadRequest(
@@ -393,7 +418,7 @@ impl Jobs {
         }
         let now = Utc::now();
         let job = JobRecord {
-            id: uuid::Uuid::new_v4().to_string(),
+            id,
             tenant: tenant.to_string(),
             status: JobStatus::Queued,
             workflow,

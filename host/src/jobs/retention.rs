@@ -93,6 +93,25 @@ pub async fn sweep(jobs: &Arc<Jobs>) -> Result<Swept, StoreError> {
     Ok(swept)
 }
 
+impl Jobs {
+    /// Removes `tenant`'s finished job `id` with its outputs (ComfyUI's history delete);
+    /// false when there is no such job or it has not finished.
+    pub async fn remove_finished(&self, tenant: &str, id: &str) -> Result<bool, StoreError> {
+        let Some(job) = self.store.job(tenant, id).await? else {
+            return Ok(false);
+        };
+        if !job.status.is_terminal() {
+            return Ok(false);
+        }
+        let blobs = self.store.job_outputs(id).await?.into_iter().map(|a| a.blob).collect();
+        self.store.delete_job(id).await?;
+        self.hub.remove(id);
+        let removed = self.assets.collect_garbage(blobs).await?;
+        self.cache.forget_blobs(&removed);
+        Ok(true)
+    }
+}
+
 /// Deletes blobs no asset references that are older than [`ORPHAN_GRACE`] (left by a crash
 /// or a failed commit); returns how many.
 pub async fn sweep_orphans(jobs: &Arc<Jobs>) -> Result<usize, StoreError> {

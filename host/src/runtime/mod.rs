@@ -216,6 +216,11 @@ impl Runtime {
             .with_model_files(|folder| self.capabilities.diffusion.list(folder))
     }
 
+    /// The files of models folder `folder` (for example `checkpoints`), listed now.
+    pub fn model_files(&self, folder: &str) -> Vec<String> {
+        self.capabilities.diffusion.list(folder)
+    }
+
     /// The limits calls run under.
     pub fn limits(&self) -> &Limits {
         &self.limits

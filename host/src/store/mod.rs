@@ -174,6 +174,16 @@ pub trait Store: Send + Sync {
     async fn asset_any(&self, id: &str) -> Result<Option<AssetRecord>, StoreError>;
     /// An asset of `tenant` over blob `blob`, if any (dedup).
     async fn asset_by_blob(&self, tenant: &str, blob: &str) -> Result<Option<AssetRecord>, StoreError>;
+    /// The newest upload (not an output) of `tenant` named `file_path`.
+    async fn upload_named(&self, tenant: &str, file_path: &str) -> Result<Option<AssetRecord>, StoreError>;
+    /// The distinct names of `tenant`'s uploads (not outputs) whose media type starts with
+    /// `content_type_prefix`, newest first, at most `limit`.
+    async fn upload_names(
+        &self,
+        tenant: &str,
+        content_type_prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError>;
     /// The outputs of a job, in commit order.
     async fn job_outputs(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError>;
     /// Deletes an uploaded asset; outputs of a live job are [`StoreError::InUse`].
@@ -184,6 +194,30 @@ pub trait Store: Send + Sync {
     async fn delete_job_outputs(&self, job_id: &str) -> Result<(), StoreError>;
     /// Blob hashes that no asset references.
     async fn unreferenced_blobs(&self, candidates: Vec<String>) -> Result<Vec<String>, StoreError>;
+
+    /// A user-data file of `tenant` with its content.
+    async fn user_file(&self, tenant: &str, path: &str) -> Result<Option<(UserFile, Vec<u8>)>, StoreError>;
+    /// `tenant`'s user-data files whose path starts with `prefix`, by path.
+    async fn user_files(&self, tenant: &str, prefix: &str) -> Result<Vec<UserFile>, StoreError>;
+    /// Writes a user-data file within `limits`.
+    async fn put_user_file(
+        &self,
+        tenant: &str,
+        path: &str,
+        content: Vec<u8>,
+        overwrite: bool,
+        limits: UserDataLimits,
+    ) -> Result<UserWrite, StoreError>;
+    /// Deletes a user-data file; false when there was none.
+    async fn delete_user_file(&self, tenant: &str, path: &str) -> Result<bool, StoreError>;
+    /// Moves a user-data file.
+    async fn move_user_file(
+        &self,
+        tenant: &str,
+        from: &str,
+        to: &str,
+        overwrite: bool,
+    ) -> Result<UserWrite, StoreError>;
 
     /// Removes idempotency claims made before `before`.
     async fn purge_idempotency(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;

@@ -182,3 +182,38 @@ pub struct TenantRecord {
     /// Credit balance (cloud and serverless surfaces).
     pub credits: i64,
 }
+
+/// A file of a tenant's user data (ComfyUI's saved workflows, settings, ...).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UserFile {
+    /// Its path under the tenant's user data, `/`-separated.
+    pub path: String,
+    /// Size in bytes.
+    pub size: i64,
+    /// When it was first written.
+    pub created: DateTime<Utc>,
+    /// When it was last written.
+    pub modified: DateTime<Utc>,
+}
+
+/// How a user-data write ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UserWrite {
+    /// Written.
+    Written(UserFile),
+    /// Refused: the path is taken and overwriting was not asked for.
+    Exists,
+    /// Refused: the source of a move does not exist.
+    Missing,
+    /// Refused: the tenant's user data would exceed its bounds.
+    Full,
+}
+
+/// Bounds of one tenant's user data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserDataLimits {
+    /// Most files.
+    pub files: i64,
+    /// Most bytes in all.
+    pub bytes: i64,
+}

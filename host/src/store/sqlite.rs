@@ -99,12 +99,21 @@ CREATE TABLE IF NOT EXISTS assets (
 );
 CREATE INDEX IF NOT EXISTS assets_by_blob ON assets (blob, tenant);
 CREATE INDEX IF NOT EXISTS assets_by_job ON assets (job_id, output_index);
+CREATE INDEX IF NOT EXISTS assets_by_name ON assets (tenant, file_path);
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     tenant TEXT NOT NULL,
     key TEXT NOT NULL,
     job_id TEXT,
     created_at TEXT NOT NULL,
     PRIMARY KEY (tenant, key)
+);
+CREATE TABLE IF NOT EXISTS user_files (
+    tenant TEXT NOT NULL,
+    path TEXT NOT NULL,
+    content BLOB NOT NULL,
+    created_at TEXT NOT NULL,
+    modified_at TEXT NOT NULL,
+    PRIMARY KEY (tenant, path)
 );
 CREATE TABLE IF NOT EXISTS tenants (
     name TEXT PRIMARY KEY,
@@ -343,6 +352,21 @@ fn job_from_row(row: &Row) -> rusqlite::Result<JobRecord> {
 
 const ASSET_COLUMNS: &str =
     "id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index";
+
+fn user_file_from_row(row: &Row) -> rusqlite::Result<UserFile> {
+    let time = |i: usize| -> rusqlite::Result<DateTime<Utc>> {
+        let text: String = row.get(i)?;
+        DateTime::parse_from_rfc3339(&text)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e)))
+    };
+    Ok(UserFile {
+        path: row.get(0)?,
+        size: row.get(1)?,
+        created: time(2)?,
+        modified: time(3)?,
+    })
+}
 
 fn asset_from_row(row: &Row) -> rusqlite::Result<AssetRecord> {
     let tags: String = row.get(9)?;
@@ -673,6 +697,157 @@ impl Store for SqliteStore {
             Ok(c.prepare_cached(&sql)?
                 .query_row(params![blob, tenant], asset_from_row)
                 .optional()?)
+        })
+        .await
+    }
+
+    async fn upload_named(&self, tenant: &str, file_path: &str) -> Result<Option<AssetRecord>, StoreError> {
+        let (tenant, file_path) = (tenant.to_string(), file_path.to_string());
+        self.read(move |c| {
+            let sql = format!(
+                "SELECT {ASSET_COLUMNS} FROM assets WHERE tenant = ?1 AND file_path = ?2 AND job_id IS NULL \
+                 ORDER BY created_at DESC LIMIT 1"
+            );
+            Ok(c.prepare_cached(&sql)?
+                .query_row(params![tenant, file_path], asset_from_row)
+                .optional()?)
+        })
+        .await
+    }
+
+    async fn upload_names(
+        &self,
+        tenant: &str,
+        content_type_prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let (tenant, pattern) = (tenant.to_string(), format!("{}%", content_type_prefix.replace('%', "")));
+        let limit = limit as i64;
+        self.read(move |c| {
+            let sql = "SELECT file_path FROM assets WHERE tenant = ?1 AND job_id IS NULL AND content_type LIKE ?2 \
+                       GROUP BY file_path ORDER BY MAX(created_at) DESC LIMIT ?3";
+            Ok(c.prepare_cached(sql)?
+                .query_map(params![tenant, pattern, limit], |row| row.get(0))?
+                .collect::<rusqlite::Result<Vec<String>>>()?)
+        })
+        .await
+    }
+
+    async fn user_file(&self, tenant: &str, path: &str) -> Result<Option<(UserFile, Vec<u8>)>, StoreError> {
+        let (tenant, path) = (tenant.to_string(), path.to_string());
+        self.read(move |c| {
+            Ok(c.prepare_cached(
+                "SELECT path, length(content), created_at, modified_at, content FROM user_files \
+                 WHERE tenant = ?1 AND path = ?2",
+            )?
+            .query_row(params![tenant, path], |row| Ok((user_file_from_row(row)?, row.get(4)?)))
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn user_files(&self, tenant: &str, prefix: &str) -> Result<Vec<UserFile>, StoreError> {
+        let (tenant, prefix) = (tenant.to_string(), prefix.to_string());
+        self.read(move |c| {
+            // Prefix compare without LIKE, so `%` and `_` in names match only themselves.
+            Ok(c.prepare_cached(
+                "SELECT path, length(content), created_at, modified_at FROM user_files \
+                 WHERE tenant = ?1 AND substr(path, 1, length(?2)) = ?2 ORDER BY path",
+            )?
+            .query_map(params![tenant, prefix], user_file_from_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    async fn put_user_file(
+        &self,
+        tenant: &str,
+        path: &str,
+        content: Vec<u8>,
+        overwrite: bool,
+        limits: UserDataLimits,
+    ) -> Result<UserWrite, StoreError> {
+        let (tenant, path) = (tenant.to_string(), path.to_string());
+        self.write(Durability::Durable, move |c| {
+            let existing: Option<(i64, String)> = c
+                .prepare_cached("SELECT length(content), created_at FROM user_files WHERE tenant = ?1 AND path = ?2")?
+                .query_row(params![tenant, path], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            if existing.is_some() && !overwrite {
+                return Ok(UserWrite::Exists);
+            }
+            let (files, bytes): (i64, i64) = c
+                .prepare_cached("SELECT COUNT(*), COALESCE(SUM(length(content)), 0) FROM user_files WHERE tenant = ?1")?
+                .query_row(params![tenant], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let old = existing.as_ref().map_or(0, |e| e.0);
+            let new_files = files + i64::from(existing.is_none());
+            if new_files > limits.files || bytes - old + content.len() as i64 > limits.bytes {
+                return Ok(UserWrite::Full);
+            }
+            let now = time_text(Utc::now());
+            let created = existing.map_or(now.clone(), |e| e.1);
+            c.prepare_cached(
+                "INSERT OR REPLACE INTO user_files (tenant, path, content, created_at, modified_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![tenant, path, content, created, now])?;
+            let file = c
+                .prepare_cached(
+                    "SELECT path, length(content), created_at, modified_at FROM user_files WHERE tenant = ?1 AND path = ?2",
+                )?
+                .query_row(params![tenant, path], user_file_from_row)?;
+            Ok(UserWrite::Written(file))
+        })
+        .await
+    }
+
+    async fn delete_user_file(&self, tenant: &str, path: &str) -> Result<bool, StoreError> {
+        let (tenant, path) = (tenant.to_string(), path.to_string());
+        self.write(Durability::Durable, move |c| {
+            Ok(c.execute(
+                "DELETE FROM user_files WHERE tenant = ?1 AND path = ?2",
+                params![tenant, path],
+            )? > 0)
+        })
+        .await
+    }
+
+    async fn move_user_file(
+        &self,
+        tenant: &str,
+        from: &str,
+        to: &str,
+        overwrite: bool,
+    ) -> Result<UserWrite, StoreError> {
+        let (tenant, from, to) = (tenant.to_string(), from.to_string(), to.to_string());
+        self.write(Durability::Durable, move |c| {
+            let exists = |path: &str| -> Result<bool, StoreError> {
+                Ok(c.prepare_cached("SELECT 1 FROM user_files WHERE tenant = ?1 AND path = ?2")?
+                    .query_row(params![tenant, path], |_| Ok(()))
+                    .optional()?
+                    .is_some())
+            };
+            if !exists(&from)? {
+                return Ok(UserWrite::Missing);
+            }
+            if from != to && exists(&to)? {
+                if !overwrite {
+                    return Ok(UserWrite::Exists);
+                }
+                c.execute("DELETE FROM user_files WHERE tenant = ?1 AND path = ?2", params![tenant, to])?;
+            }
+            let now = time_text(Utc::now());
+            c.execute(
+                "UPDATE user_files SET path = ?3, modified_at = ?4 WHERE tenant = ?1 AND path = ?2",
+                params![tenant, from, to, now],
+            )?;
+            let file = c
+                .prepare_cached(
+                    "SELECT path, length(content), created_at, modified_at FROM user_files WHERE tenant = ?1 AND path = ?2",
+                )?
+                .query_row(params![tenant, to], user_file_from_row)?;
+            Ok(UserWrite::Written(file))
         })
         .await
     }

@@ -1,0 +1,441 @@
+//! `POST /prompt` (a prompt is a durable weft job), `GET /prompt`, `GET/POST /queue` and
+//! `POST /interrupt`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value as Json};
+use warp::filters::BoxedFilter;
+use warp::http::StatusCode;
+use warp::Filter;
+
+use super::names::{self, FileRef, FolderType};
+use super::{answer, json_body, json_reply, ok_empty, with_caller};
+use crate::api::auth::Caller;
+use crate::api::error::ApiError;
+use crate::api::AppState;
+use crate::graph::{FieldError, GraphError};
+use crate::jobs::{JobRecord, JobStatus, SubmitError};
+use crate::runtime::Catalog;
+
+/// Most names listed in one `queue` array.
+const MAX_LISTED: usize = 1_000;
+
+/// The routes.
+pub(super) fn routes(state: &Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
+    let submit = warp::path("prompt")
+        .and(warp::path::end())
+        .and(warp::post())
+        .and(with_caller(state))
+        .and(json_body(state))
+        .and_then(|s, c, b| async move { answer(submit(s, c, b).await) });
+    let info = warp::path("prompt")
+        .and(warp::path::end())
+        .and(warp::get())
+        .and(with_caller(state))
+        .and_then(|s: Arc<AppState>, c: Caller| async move {
+            answer(queue_info(&s, &c.tenant).await.map(|i| json_reply(StatusCode::OK, &i)))
+        });
+    let queue = warp::path("queue")
+        .and(warp::path::end())
+        .and(warp::get())
+        .and(with_caller(state))
+        .and_then(|s, c| async move { answer(queue(s, c).await) });
+    let edit_queue = warp::path("queue")
+        .and(warp::path::end())
+        .and(warp::post())
+        .and(with_caller(state))
+        .and(json_body(state))
+        .and_then(|s, c, b| async move { answer(edit_queue(s, c, b).await) });
+    let interrupt = warp::path("interrupt")
+        .and(warp::path::end())
+        .and(warp::post())
+        .and(with_caller(state))
+        .and(json_body(state))
+        .and_then(|s, c, b| async move { answer(interrupt(s, c, b).await) });
+    submit
+        .or(info)
+        .unify()
+        .or(queue)
+        .unify()
+        .or(edit_queue)
+        .unify()
+        .or(interrupt)
+        .unify()
+        .boxed()
+}
+
+/// ComfyUI's `{error, node_errors}` 400.
+fn rejected(kind: &str, message: &str, details: &str, node_errors: Json) -> warp::reply::Response {
+    json_reply(
+        StatusCode::BAD_REQUEST,
+        &json!({
+            "error": {"type": kind, "message": message, "details": details, "extra_info": {}},
+            "node_errors": node_errors,
+        }),
+    )
+}
+
+/// One field error in ComfyUI's shape.
+fn comfy_error(error: &FieldError, node: Option<&Json>) -> Json {
+    let received = node
+        .and_then(|n| n.get("inputs"))
+        .and_then(|i| i.get(&error.field))
+        .cloned();
+    let mut extra = Map::new();
+    if !error.field.is_empty() {
+        extra.insert("input_name".into(), json!(error.field));
+    }
+    if let Some(received) = received {
+        extra.insert("received_value".into(), received);
+    }
+    let details = if error.field.is_empty() {
+        error.message.clone()
+    } else {
+        format!("{}: {}", error.field, error.message)
+    };
+    json!({"type": error.reason, "message": error.message, "details": details, "extra_info": extra})
+}
+
+/// The node ids of a workflow's output nodes.
+fn output_nodes(workflow: &Json, catalog: &Catalog) -> Vec<String> {
+    workflow
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, node)| {
+            node.get("class_type")
+                .and_then(Json::as_str)
+                .and_then(|c| catalog.get(c))
+                .is_some_and(|d| d.output_node)
+        })
+        .map(|(id, _)| id.clone())
+        .collect()
+}
+
+/// ComfyUI's `node_errors` for a rejected workflow: errors by node with the node's class
+/// and the output nodes that depend on it.
+fn node_errors(workflow: &Json, catalog: &Catalog, errors: &BTreeMap<String, Vec<FieldError>>) -> (Json, Vec<String>) {
+    let outputs = output_nodes(workflow, catalog);
+    let mut lines = Vec::new();
+    let mut by_node = Map::new();
+    for (id, list) in errors {
+        let node = workflow.get(id);
+        let class = node.and_then(|n| n.get("class_type")).cloned().unwrap_or(Json::Null);
+        let rendered: Vec<Json> = list.iter().map(|e| comfy_error(e, node)).collect();
+        for e in &rendered {
+            lines.push(format!(
+                "{}: {}",
+                e["message"].as_str().unwrap_or(""),
+                e["details"].as_str().unwrap_or("")
+            ));
+        }
+        by_node.insert(
+            id.clone(),
+            json!({"errors": rendered, "dependent_outputs": outputs, "class_type": class}),
+        );
+    }
+    (Json::Object(by_node), lines)
+}
+
+/// The answer to a workflow weft's validator refused.
+fn invalid(workflow: &Json, catalog: &Catalog, error: GraphError) -> warp::reply::Response {
+    match error {
+        GraphError::UiFormat => rejected("invalid_prompt", &error.message(), "", json!({})),
+        GraphError::Invalid {
+            message,
+            node_errors: by_node,
+            errors,
+            ..
+        } => {
+            if by_node.is_empty() {
+                let first = errors.first();
+                let kind = first.map_or("invalid_prompt", |e| e.reason.as_str());
+                let text = first.map_or(message.as_str(), |e| e.message.as_str());
+                let details: Vec<&str> = errors.iter().map(|e| e.message.as_str()).collect();
+                return rejected(kind, text, &details.join("\n"), json!({}));
+            }
+            let (rendered, lines) = node_errors(workflow, catalog, &by_node);
+            rejected(
+                "prompt_outputs_failed_validation",
+                "Prompt outputs failed validation",
+                &lines.join("\n"),
+                rendered,
+            )
+        }
+    }
+}
+
+/// Replaces the file names ComfyUI gives asset inputs (`LoadImage`'s `image`) with
+/// references to the tenant's assets; the names that match none are errors by node.
+async fn resolve_files(
+    state: &AppState,
+    tenant: &str,
+    workflow: &mut Json,
+    catalog: &Catalog,
+) -> Result<BTreeMap<String, Vec<FieldError>>, ApiError> {
+    let mut errors: BTreeMap<String, Vec<FieldError>> = BTreeMap::new();
+    let Some(nodes) = workflow.as_object_mut() else {
+        return Ok(errors);
+    };
+    for (id, node) in nodes.iter_mut() {
+        let Some(def) = node
+            .get("class_type")
+            .and_then(Json::as_str)
+            .and_then(|c| catalog.get(c))
+        else {
+            continue;
+        };
+        let Some(inputs) = node.get_mut("inputs").and_then(Json::as_object_mut) else {
+            continue;
+        };
+        for spec in def.inputs.iter().filter(|i| i.type_name == weft_types::ASSET) {
+            let Some(Json::String(name)) = inputs.get(&spec.name) else {
+                continue;
+            };
+            let fail = |reason: &str, message: String| FieldError {
+                field: spec.name.clone(),
+                reason: reason.to_string(),
+                message,
+            };
+            let found = match names::resolve(name, "", FolderType::Input) {
+                Err(why) => Err(fail("value_not_in_list", format!("{name:?} is refused: {why}"))),
+                Ok(file) => match find_file(state, tenant, &file).await? {
+                    Some(asset) => Ok(asset),
+                    None => Err(fail(
+                        "value_not_in_list",
+                        format!(
+                            "Value not in list: {}: '{name}' is not one of your uploaded files",
+                            spec.name
+                        ),
+                    )),
+                },
+            };
+            match found {
+                Ok(asset) => {
+                    inputs.insert(
+                        spec.name.clone(),
+                        json!({"__type": weft_types::ASSET, "info": {"id": asset.id}}),
+                    );
+                }
+                Err(e) => errors.entry(id.clone()).or_default().push(e),
+            }
+        }
+    }
+    Ok(errors)
+}
+
+/// The tenant's asset a file reference names.
+pub(super) async fn find_file(
+    state: &AppState,
+    tenant: &str,
+    file: &FileRef,
+) -> Result<Option<crate::store::AssetRecord>, ApiError> {
+    match file {
+        FileRef::Upload(key) => state
+            .store
+            .upload_named(tenant, key)
+            .await
+            .map_err(|e| ApiError::upstream("finding an upload", e)),
+        FileRef::Output { job_id, name } => {
+            let job = state
+                .store
+                .job(tenant, job_id)
+                .await
+                .map_err(|e| ApiError::upstream("reading a job", e))?;
+            if job.is_none() {
+                return Ok(None);
+            }
+            let outputs = state
+                .store
+                .job_outputs(job_id)
+                .await
+                .map_err(|e| ApiError::upstream("reading a job's outputs", e))?;
+            Ok(outputs.into_iter().find(|a| a.file_path == *name))
+        }
+    }
+}
+
+async fn submit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp::reply::Response, ApiError> {
+    let jobs = state.jobs()?;
+    if state.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(ApiError::DeploymentStopped);
+    }
+    let Json::Object(mut body) = body else {
+        return Ok(rejected(
+            "invalid_prompt",
+            "The body must be a JSON object",
+            "",
+            json!({}),
+        ));
+    };
+    let Some(mut workflow) = body.remove("prompt") else {
+        return Ok(rejected(
+            "no_prompt",
+            "No prompt provided",
+            "No prompt provided",
+            json!({}),
+        ));
+    };
+    if !workflow.is_object() {
+        return Ok(rejected(
+            "invalid_prompt",
+            "The prompt must be an object of nodes",
+            "",
+            json!({}),
+        ));
+    }
+    let id = match body.get("prompt_id") {
+        None | Some(Json::Null) => None,
+        Some(Json::String(id)) => Some(id.clone()),
+        Some(_) => return Ok(rejected("invalid_prompt", "prompt_id must be a string", "", json!({}))),
+    };
+    let catalog = jobs.runtime().catalog();
+    let file_errors = resolve_files(&state, &caller.tenant, &mut workflow, &catalog).await?;
+    if !file_errors.is_empty() {
+        let (rendered, lines) = node_errors(&workflow, &catalog, &file_errors);
+        return Ok(rejected(
+            "prompt_outputs_failed_validation",
+            "Prompt outputs failed validation",
+            &lines.join("\n"),
+            rendered,
+        ));
+    }
+    match jobs
+        .submit_as(&caller.tenant, id, workflow.clone(), BTreeMap::new(), None)
+        .await
+    {
+        Ok(job) => Ok(json_reply(
+            StatusCode::OK,
+            &json!({"prompt_id": job.id, "number": number(&job), "node_errors": {}}),
+        )),
+        Err(SubmitError::Graph(e)) => Ok(invalid(&workflow, &catalog, e)),
+        Err(SubmitError::BadRequest(message)) => Ok(rejected("invalid_prompt", &message, "", json!({}))),
+        Err(SubmitError::QueueFull { retry_after }) => Err(ApiError::QueueFull { retry_after }),
+        Err(SubmitError::InsufficientCredits { balance, cost }) => Err(ApiError::InsufficientCredits { balance, cost }),
+        Err(SubmitError::MissingAsset(missing)) => Ok(rejected(
+            "invalid_prompt",
+            &format!("{} referenced asset(s) do not exist or are not yours", missing.len()),
+            "",
+            json!({}),
+        )),
+        Err(SubmitError::IdempotencyReuse { job_id }) => Err(ApiError::IdempotencyKeyReuse { job_id }),
+        Err(SubmitError::Store(e)) => Err(ApiError::upstream("recording a job", e)),
+    }
+}
+
+/// ComfyUI's queue `number` of a job: its place in the order of submission.
+pub(super) fn number(job: &JobRecord) -> i64 {
+    job.seq
+}
+
+/// The tenant's jobs that have not finished, oldest first.
+pub(super) async fn active_jobs(state: &AppState, tenant: &str) -> Result<Vec<JobRecord>, ApiError> {
+    let mut jobs = state
+        .store
+        .jobs_with_status(&[JobStatus::Queued, JobStatus::Running, JobStatus::Canceling])
+        .await
+        .map_err(|e| ApiError::upstream("reading the queue", e))?;
+    jobs.retain(|j| j.tenant == tenant);
+    jobs.sort_by_key(|j| j.seq);
+    Ok(jobs)
+}
+
+/// `{exec_info: {queue_remaining}}` for the tenant.
+pub(super) async fn queue_info(state: &AppState, tenant: &str) -> Result<Json, ApiError> {
+    let remaining = active_jobs(state, tenant).await?.len();
+    Ok(json!({"exec_info": {"queue_remaining": remaining}}))
+}
+
+/// A queue or history item: `[number, prompt_id, prompt, extra_data, outputs_to_execute]`.
+pub(super) fn queue_item(job: &JobRecord, catalog: &Catalog) -> Json {
+    json!([
+        number(job),
+        job.id,
+        job.workflow,
+        {},
+        output_nodes(&job.workflow, catalog)
+    ])
+}
+
+async fn queue(state: Arc<AppState>, caller: Caller) -> Result<warp::reply::Response, ApiError> {
+    let jobs = state.jobs()?;
+    let catalog = jobs.runtime().catalog();
+    let active = active_jobs(&state, &caller.tenant).await?;
+    let (running, pending): (Vec<_>, Vec<_>) = active
+        .iter()
+        .take(MAX_LISTED)
+        .partition(|j| j.status != JobStatus::Queued);
+    let render = |list: Vec<&JobRecord>| list.into_iter().map(|j| queue_item(j, &catalog)).collect::<Vec<_>>();
+    Ok(json_reply(
+        StatusCode::OK,
+        &json!({"queue_running": render(running), "queue_pending": render(pending)}),
+    ))
+}
+
+/// The ids in a `delete` list, each a string.
+pub(super) fn id_list(body: &Json, field: &str) -> Result<Vec<String>, ApiError> {
+    match body.get(field) {
+        None | Some(Json::Null) => Ok(Vec::new()),
+        Some(Json::Array(items)) => items
+            .iter()
+            .map(|i| {
+                i.as_str().map(String::from).ok_or_else(|| {
+                    ApiError::bad_request("invalid_request", format!("{field} must list ids as strings"))
+                })
+            })
+            .collect(),
+        Some(_) => Err(ApiError::bad_request(
+            "invalid_request",
+            format!("{field} must be a list of ids"),
+        )),
+    }
+}
+
+async fn edit_queue(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp::reply::Response, ApiError> {
+    let jobs = state.jobs()?;
+    let delete = id_list(&body, "delete")?;
+    let clear = body.get("clear").and_then(Json::as_bool).unwrap_or(false);
+    let mut targets = Vec::new();
+    if clear {
+        targets.extend(
+            active_jobs(&state, &caller.tenant)
+                .await?
+                .into_iter()
+                .filter(|j| j.status == JobStatus::Queued)
+                .map(|j| j.id),
+        );
+    }
+    for id in delete {
+        let job = state
+            .store
+            .job(&caller.tenant, &id)
+            .await
+            .map_err(|e| ApiError::upstream("reading a job", e))?;
+        // Like ComfyUI, delete takes pending prompts out of the queue; a running one is
+        // interrupted through /interrupt.
+        if job.is_some_and(|j| j.status == JobStatus::Queued) {
+            targets.push(id);
+        }
+    }
+    for id in targets {
+        jobs.cancel(&caller.tenant, &id)
+            .await
+            .map_err(|e| ApiError::upstream("canceling a job", e))?;
+    }
+    Ok(ok_empty())
+}
+
+async fn interrupt(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp::reply::Response, ApiError> {
+    let jobs = state.jobs()?;
+    let only = body.get("prompt_id").and_then(Json::as_str).map(String::from);
+    for job in active_jobs(&state, &caller.tenant).await? {
+        let running = matches!(job.status, JobStatus::Running);
+        if running && only.as_ref().is_none_or(|id| *id == job.id) {
+            jobs.cancel(&caller.tenant, &job.id)
+                .await
+                .map_err(|e| ApiError::upstream("interrupting a job", e))?;
+        }
+    }
+    Ok(ok_empty())
+}

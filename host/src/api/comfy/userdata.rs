@@ -1,0 +1,398 @@
+//! What ComfyUI's web editor keeps on the server, per tenant: user data files (saved
+//! workflows, templates, ...) under `/userdata` and `/v2/userdata`, settings under
+//! `/settings` (ComfyUI keeps them in the user data file `comfy.settings.json`), the
+//! `/users` answer of a single-user server, and the custom-node `/i18n` and
+//! `/workflow_templates` maps (weft's plugins add none). Paths are names in the tenant's
+//! store, bounded in number and size, never paths of the server.
+
+use std::sync::Arc;
+
+use percent_encoding::percent_decode_str;
+use serde_json::{json, Map, Value as Json};
+use warp::filters::BoxedFilter;
+use warp::http::{HeaderValue, StatusCode};
+use warp::{Filter, Reply};
+
+use super::names;
+use super::{answer, json_body, json_reply, with_caller};
+use crate::api::assets::content_safety_headers;
+use crate::api::auth::Caller;
+use crate::api::error::ApiError;
+use crate::api::AppState;
+use crate::store::{UserDataLimits, UserFile, UserWrite};
+
+/// Largest user data file.
+const MAX_FILE_BYTES: u64 = 16 << 20;
+/// Bounds of one tenant's user data.
+const LIMITS: UserDataLimits = UserDataLimits {
+    files: 10_000,
+    bytes: 256 << 20,
+};
+/// The user data file ComfyUI keeps settings in.
+const SETTINGS: &str = "comfy.settings.json";
+
+type Query = std::collections::HashMap<String, String>;
+
+/// The routes.
+pub(super) fn routes(state: &Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
+    let query = || warp::query::<Query>();
+    let raw_body = || warp::body::content_length_limit(MAX_FILE_BYTES).and(warp::body::bytes());
+    let users = warp::path("users")
+        .and(warp::path::end())
+        .and(warp::get())
+        .and(with_caller(state))
+        .map(|_s: Arc<AppState>, _c: Caller| {
+            json_reply(StatusCode::OK, &json!({"storage": "server", "migrated": true}))
+        });
+    let add_user = warp::path("users")
+        .and(warp::path::end())
+        .and(warp::post())
+        .and(with_caller(state))
+        .map(|_s: Arc<AppState>, _c: Caller| {
+            json_reply(
+                StatusCode::BAD_REQUEST,
+                &json!({"error": "users are weft tenants: create an API key with `weft keys create --tenant NAME`"}),
+            )
+        });
+    let list = warp::path("userdata")
+        .and(warp::path::end())
+        .and(warp::get())
+        .and(with_caller(state))
+        .and(query())
+        .and_then(|s, c, q| async move { answer(list(s, c, q).await) });
+    let list_v2 = warp::path!("v2" / "userdata")
+        .and(warp::get())
+        .and(with_caller(state))
+        .and(query())
+        .and_then(|s, c, q| async move { answer(list_v2(s, c, q).await) });
+    let read = warp::path!("userdata" / String)
+        .and(warp::get())
+        .and(with_caller(state))
+        .and_then(|f, s, c| async move { answer(read(s, c, f).await) });
+    let write = warp::path!("userdata" / String)
+        .and(warp::post())
+        .and(with_caller(state))
+        .and(query())
+        .and(raw_body())
+        .and_then(|f, s, c, q, b| async move { answer(write(s, c, f, q, b).await) });
+    let delete = warp::path!("userdata" / String)
+        .and(warp::delete())
+        .and(with_caller(state))
+        .and_then(|f, s, c| async move { answer(delete(s, c, f).await) });
+    let rename = warp::path!("userdata" / String / "move" / String)
+        .and(warp::post())
+        .and(with_caller(state))
+        .and(query())
+        .and_then(|f, d, s, c, q| async move { answer(rename(s, c, f, d, q).await) });
+    let settings = warp::path("settings")
+        .and(warp::path::end())
+        .and(warp::get())
+        .and(with_caller(state))
+        .and_then(|s: Arc<AppState>, c: Caller| async move {
+            answer(
+                read_settings(&s, &c)
+                    .await
+                    .map(|v| json_reply(StatusCode::OK, &Json::Object(v))),
+            )
+        });
+    let setting = warp::path!("settings" / String)
+        .and(warp::get())
+        .and(with_caller(state))
+        .and_then(|id: String, s: Arc<AppState>, c: Caller| async move {
+            answer(
+                read_settings(&s, &c)
+                    .await
+                    .map(|v| json_reply(StatusCode::OK, v.get(&decode(&id)).unwrap_or(&Json::Null))),
+            )
+        });
+    let save_settings = warp::path("settings")
+        .and(warp::path::end())
+        .and(warp::post())
+        .and(with_caller(state))
+        .and(json_body(state))
+        .and_then(|s, c, b| async move { answer(write_settings(s, c, None, b).await) });
+    let save_setting = warp::path!("settings" / String)
+        .and(warp::post())
+        .and(with_caller(state))
+        .and(json_body(state))
+        .and_then(|id, s, c, b| async move { answer(write_settings(s, c, Some(id), b).await) });
+    let empty_map = |name: &'static str| {
+        warp::path(name)
+            .and(warp::path::end())
+            .and(warp::get())
+            .and(with_caller(state))
+            .map(|_s: Arc<AppState>, _c: Caller| json_reply(StatusCode::OK, &json!({})))
+    };
+    users
+        .or(add_user)
+        .unify()
+        .or(list)
+        .unify()
+        .or(list_v2)
+        .unify()
+        .or(read)
+        .unify()
+        .or(write)
+        .unify()
+        .or(delete)
+        .unify()
+        .or(rename)
+        .unify()
+        .or(settings)
+        .unify()
+        .or(setting)
+        .unify()
+        .or(save_settings)
+        .unify()
+        .or(save_setting)
+        .unify()
+        .or(empty_map("i18n"))
+        .unify()
+        .or(empty_map("workflow_templates"))
+        .unify()
+        .boxed()
+}
+
+fn decode(segment: &str) -> String {
+    percent_decode_str(segment).decode_utf8_lossy().into_owned()
+}
+
+/// A user data path from a URL segment: decoded, `/`-separated, without empty parts and
+/// refused when it could read as a path outside the tenant's names.
+fn user_path(segment: &str) -> Result<String, ApiError> {
+    let path = decode(segment);
+    names::check(&path, "the path", true).map_err(|m| ApiError::bad_request("invalid_path", m))?;
+    if path.split('/').any(str::is_empty) || path.contains('\\') {
+        return Err(ApiError::bad_request(
+            "invalid_path",
+            "the path has an empty part or a backslash",
+        ));
+    }
+    Ok(path)
+}
+
+fn flag(query: &Query, name: &str, default: bool) -> bool {
+    query.get(name).map_or(default, |v| v.eq_ignore_ascii_case("true"))
+}
+
+fn seconds(t: chrono::DateTime<chrono::Utc>) -> f64 {
+    t.timestamp_millis() as f64 / 1000.0
+}
+
+/// ComfyUI's file information, with the path relative to `base` (ending in `/` or empty).
+fn info(file: &UserFile, base: &str) -> Json {
+    json!({
+        "path": file.path.strip_prefix(base).unwrap_or(&file.path),
+        "size": file.size,
+        "modified": seconds(file.modified),
+        "created": seconds(file.created),
+    })
+}
+
+fn upstream(e: crate::store::StoreError) -> ApiError {
+    ApiError::upstream("reading user data", e)
+}
+
+async fn list(state: Arc<AppState>, caller: Caller, query: Query) -> Result<warp::reply::Response, ApiError> {
+    let dir = query
+        .get("dir")
+        .filter(|d| !d.is_empty())
+        .ok_or_else(|| ApiError::bad_request("invalid_request", "dir is required"))?;
+    let dir = user_path(dir.trim_end_matches('/'))?;
+    let base = format!("{dir}/");
+    let files = state.store.user_files(&caller.tenant, &base).await.map_err(upstream)?;
+    let (recurse, full) = (flag(&query, "recurse", false), flag(&query, "full_info", false));
+    let split = flag(&query, "split", false);
+    let listed: Vec<Json> = files
+        .iter()
+        .filter(|f| recurse || !f.path[base.len()..].contains('/'))
+        .map(|f| {
+            let relative = &f.path[base.len()..];
+            if full {
+                info(f, &base)
+            } else if split {
+                let mut parts = vec![json!(relative)];
+                parts.extend(relative.split('/').map(|p| json!(p)));
+                Json::Array(parts)
+            } else {
+                json!(relative)
+            }
+        })
+        .collect();
+    // An empty folder lists as empty: folders exist as the files under them.
+    Ok(json_reply(StatusCode::OK, &Json::Array(listed)))
+}
+
+async fn list_v2(state: Arc<AppState>, caller: Caller, query: Query) -> Result<warp::reply::Response, ApiError> {
+    let path = query.get("path").map(|p| p.trim_end_matches('/')).unwrap_or("");
+    let base = if path.is_empty() {
+        String::new()
+    } else {
+        format!("{}/", user_path(path)?)
+    };
+    let files = state.store.user_files(&caller.tenant, &base).await.map_err(upstream)?;
+    let mut directories = std::collections::BTreeSet::new();
+    let mut entries = Vec::new();
+    for file in &files {
+        let relative = &file.path[base.len()..];
+        let parts: Vec<&str> = relative.split('/').collect();
+        for depth in 1..parts.len() {
+            directories.insert(format!("{base}{}", parts[..depth].join("/")));
+        }
+        entries.push(json!({
+            "name": parts.last().copied().unwrap_or(""),
+            "path": file.path,
+            "type": "file",
+            "size": file.size,
+            "modified": seconds(file.modified),
+        }));
+    }
+    let mut listed: Vec<Json> = directories
+        .into_iter()
+        .map(|d| json!({"name": d.rsplit('/').next().unwrap_or(""), "path": d, "type": "directory"}))
+        .collect();
+    listed.extend(entries);
+    Ok(json_reply(StatusCode::OK, &Json::Array(listed)))
+}
+
+async fn read(state: Arc<AppState>, caller: Caller, file: String) -> Result<warp::reply::Response, ApiError> {
+    let path = user_path(&file)?;
+    let found = state.store.user_file(&caller.tenant, &path).await.map_err(upstream)?;
+    let Some((file, content)) = found else {
+        // The files the editor reads on load start out empty.
+        return match path.as_str() {
+            "user.css" => Ok(warp::reply::with_header("", "content-type", "text/css").into_response()),
+            "comfy.templates.json" => Ok(json_reply(StatusCode::OK, &json!([]))),
+            _ => Err(ApiError::NotFound("user data file".into())),
+        };
+    };
+    let content_type = if path.ends_with(".json") {
+        "application/json"
+    } else {
+        "application/octet-stream"
+    };
+    let mut response = warp::http::Response::new(warp::hyper::Body::from(content));
+    let headers = response.headers_mut();
+    headers.insert("content-length", HeaderValue::from(file.size.max(0) as u64));
+    content_safety_headers(headers, content_type, &path);
+    Ok(response.into_response())
+}
+
+fn written(result: UserWrite, full_info: bool) -> Result<warp::reply::Response, ApiError> {
+    match result {
+        UserWrite::Written(file) => Ok(json_reply(
+            StatusCode::OK,
+            &if full_info { info(&file, "") } else { json!(file.path) },
+        )),
+        UserWrite::Exists => Ok(json_reply(
+            StatusCode::CONFLICT,
+            &json!({"error": "File already exists"}),
+        )),
+        UserWrite::Missing => Err(ApiError::NotFound("user data file".into())),
+        UserWrite::Full => Err(ApiError::PayloadTooLarge(format!(
+            "user data is limited to {} files and {} MiB per tenant",
+            LIMITS.files,
+            LIMITS.bytes >> 20
+        ))),
+    }
+}
+
+async fn write(
+    state: Arc<AppState>,
+    caller: Caller,
+    file: String,
+    query: Query,
+    body: bytes::Bytes,
+) -> Result<warp::reply::Response, ApiError> {
+    let path = user_path(&file)?;
+    let result = state
+        .store
+        .put_user_file(
+            &caller.tenant,
+            &path,
+            body.to_vec(),
+            flag(&query, "overwrite", true),
+            LIMITS,
+        )
+        .await
+        .map_err(|e| ApiError::upstream("writing user data", e))?;
+    written(result, flag(&query, "full_info", false))
+}
+
+async fn delete(state: Arc<AppState>, caller: Caller, file: String) -> Result<warp::reply::Response, ApiError> {
+    let path = user_path(&file)?;
+    let removed = state
+        .store
+        .delete_user_file(&caller.tenant, &path)
+        .await
+        .map_err(|e| ApiError::upstream("deleting user data", e))?;
+    if !removed {
+        return Err(ApiError::NotFound("user data file".into()));
+    }
+    Ok(warp::reply::with_status(warp::reply::reply(), StatusCode::NO_CONTENT).into_response())
+}
+
+async fn rename(
+    state: Arc<AppState>,
+    caller: Caller,
+    file: String,
+    dest: String,
+    query: Query,
+) -> Result<warp::reply::Response, ApiError> {
+    let (from, to) = (user_path(&file)?, user_path(&dest)?);
+    let result = state
+        .store
+        .move_user_file(&caller.tenant, &from, &to, flag(&query, "overwrite", true))
+        .await
+        .map_err(|e| ApiError::upstream("moving user data", e))?;
+    written(result, flag(&query, "full_info", false))
+}
+
+/// The tenant's settings; none saved yet is `{}`.
+async fn read_settings(state: &AppState, caller: &Caller) -> Result<Map<String, Json>, ApiError> {
+    let file = state
+        .store
+        .user_file(&caller.tenant, SETTINGS)
+        .await
+        .map_err(upstream)?;
+    Ok(file
+        .and_then(|(_, content)| serde_json::from_slice::<Json>(&content).ok())
+        .and_then(|v| match v {
+            Json::Object(map) => Some(map),
+            _ => None,
+        })
+        .unwrap_or_default())
+}
+
+async fn write_settings(
+    state: Arc<AppState>,
+    caller: Caller,
+    id: Option<String>,
+    body: Json,
+) -> Result<warp::reply::Response, ApiError> {
+    let mut current = read_settings(&state, &caller).await?;
+    match id {
+        Some(id) => {
+            current.insert(decode(&id), body);
+        }
+        None => {
+            let Json::Object(changes) = body else {
+                return Err(ApiError::bad_request(
+                    "invalid_request",
+                    "settings must be a JSON object",
+                ));
+            };
+            current.extend(changes);
+        }
+    }
+    let content = serde_json::to_vec_pretty(&Json::Object(current)).unwrap_or_default();
+    if content.len() as u64 > MAX_FILE_BYTES {
+        return Err(ApiError::PayloadTooLarge("settings are limited to 16 MiB".into()));
+    }
+    let result = state
+        .store
+        .put_user_file(&caller.tenant, SETTINGS, content, true, LIMITS)
+        .await
+        .map_err(|e| ApiError::upstream("writing settings", e))?;
+    written(result, false).map(|_| super::ok_empty())
+}

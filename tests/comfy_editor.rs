@@ -1,0 +1,131 @@
+//! ComfyUI's official web editor (the PyPI package `comfyui-frontend-package`, installed
+//! with `weft comfyui-frontend install`) served by `weft serve --comfyui-frontend`, in
+//! Debian's headless chromium: it loads with no failed request to weft, shows the default
+//! graph, queues it on a tiny checkpoint placed under the default graph's checkpoint name,
+//! and shows the image. A screenshot is kept in the test's temp dir.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Value};
+use support::browser::Browser;
+use support::{weft_bin, Options, Server};
+
+/// The checkpoint name of ComfyUI's default graph.
+const CHECKPOINT: &str = "v1-5-pruned-emaonly-fp16.safetensors";
+/// The editor version `weft comfyui-frontend install` installs by default.
+const FRONTEND_VERSION: &str = "1.27.10";
+
+/// The editor's files under target/, installed with `weft comfyui-frontend install` the
+/// first time.
+fn frontend_dir() -> PathBuf {
+    let dir = support::root().join(format!("target/comfyui-frontend-{FRONTEND_VERSION}"));
+    if !dir.join("index.html").is_file() {
+        let status = Command::new(weft_bin())
+            .args(["comfyui-frontend", "install", "--version", FRONTEND_VERSION])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "weft comfyui-frontend install failed");
+    }
+    dir
+}
+
+fn tiny_checkpoint(path: &Path) {
+    let status = Command::new(weft_bin())
+        .args(["models", "tiny-sd", "--seed", "0", "--out"])
+        .arg(path)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "weft models tiny-sd failed");
+}
+
+/// Runs `script` (an expression) in the page until it is neither null nor false, and
+/// returns it.
+fn wait_for_value(browser: &Browser, what: &str, script: &str) -> Value {
+    browser.wait_for(240, what, &format!("const v = (() => {{ {script} }})(); return v !== null && v !== false && v !== undefined"));
+    browser.eval(script)
+}
+
+#[test]
+fn the_editor_loads_shows_the_default_graph_queues_it_and_shows_the_image() {
+    let frontend = frontend_dir();
+    let models = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(models.path().join("checkpoints")).unwrap();
+    tiny_checkpoint(&models.path().join("checkpoints").join(CHECKPOINT));
+    let server = Server::with(Options {
+        args: vec![
+            "--models-dir".into(),
+            models.path().display().to_string(),
+            "--comfyui-frontend".into(),
+            frontend.display().to_string(),
+        ],
+        ..Default::default()
+    });
+    // A returning user: no first-run template picker, no release-notes fetch from the
+    // internet; the default graph opens.
+    let settings = json!({"Comfy.TutorialCompleted": true, "Comfy.Notification.ShowVersionUpdates": false});
+    let r = server.http.post(server.url("/api/settings")).json(&settings).send().unwrap();
+    assert!(r.status().is_success());
+
+    let browser = Browser::start();
+    browser.goto(&format!("{}/", server.base));
+    let types = wait_for_value(
+        &browser,
+        "the default graph",
+        "const g = window.app && window.app.graph; \
+         return g && g._nodes.length >= 7 ? g._nodes.map(n => n.type).sort() : null",
+    );
+    assert_eq!(
+        types,
+        json!([
+            "CLIPTextEncode",
+            "CLIPTextEncode",
+            "CheckpointLoaderSimple",
+            "EmptyLatentImage",
+            "KSampler",
+            "SaveImage",
+            "VAEDecode"
+        ])
+    );
+    let checkpoint =
+        browser.eval("return app.graph._nodes.find(n => n.type === 'CheckpointLoaderSimple').widgets[0].value");
+    assert_eq!(checkpoint, CHECKPOINT, "the default graph names the checkpoint weft lists");
+
+    // Every request the editor made to weft while loading succeeded.
+    let failed = browser.eval(
+        "return performance.getEntriesByType('resource') \
+           .filter(e => e.name.startsWith(location.origin) && (e.responseStatus >= 400)) \
+           .map(e => e.name + ' ' + e.responseStatus)",
+    );
+    assert_eq!(failed, json!([]), "failed requests on load");
+
+    // The default graph, at a size and step count a debug build samples quickly.
+    browser.eval(
+        "const set = (type, name, v) => app.graph._nodes.find(n => n.type === type) \
+           .widgets.find(w => w.name === name).value = v; \
+         set('EmptyLatentImage', 'width', 64); set('EmptyLatentImage', 'height', 64); \
+         set('KSampler', 'steps', 2); return true",
+    );
+    browser.eval("app.queuePrompt(0, 1); return true");
+    let size = wait_for_value(
+        &browser,
+        "the image in the SaveImage node",
+        "const n = app.graph._nodes.find(n => n.type === 'SaveImage'); \
+         const img = n && n.imgs && n.imgs[0]; \
+         return img && img.complete && img.naturalWidth > 0 ? [img.naturalWidth, img.naturalHeight] : null",
+    );
+    assert_eq!(size, json!([64, 64]));
+    let history: Value = server.http.get(server.url("/api/history")).send().unwrap().json().unwrap();
+    assert_eq!(history.as_object().unwrap().len(), 1, "the editor's prompt ran as one job");
+
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let kept = tempfile::Builder::new().prefix("weft-comfy-editor-").tempdir().unwrap().keep();
+    let shot = browser.screenshot(&kept, "editor");
+    println!("screenshot: {}", shot.display());
+    drop(browser);
+    drop(models);
+}
