@@ -46,7 +46,11 @@ fn tiny_checkpoint(path: &Path) {
 /// Runs `script` (an expression) in the page until it is neither null nor false, and
 /// returns it.
 fn wait_for_value(browser: &Browser, what: &str, script: &str) -> Value {
-    browser.wait_for(240, what, &format!("const v = (() => {{ {script} }})(); return v !== null && v !== false && v !== undefined"));
+    browser.wait_for(
+        240,
+        what,
+        &format!("const v = (() => {{ {script} }})(); return v !== null && v !== false && v !== undefined"),
+    );
     browser.eval(script)
 }
 
@@ -68,7 +72,12 @@ fn the_editor_loads_shows_the_default_graph_queues_it_and_shows_the_image() {
     // A returning user: no first-run template picker, no release-notes fetch from the
     // internet; the default graph opens.
     let settings = json!({"Comfy.TutorialCompleted": true, "Comfy.Notification.ShowVersionUpdates": false});
-    let r = server.http.post(server.url("/api/settings")).json(&settings).send().unwrap();
+    let r = server
+        .http
+        .post(server.url("/api/settings"))
+        .json(&settings)
+        .send()
+        .unwrap();
     assert!(r.status().is_success());
 
     let browser = Browser::start();
@@ -93,7 +102,10 @@ fn the_editor_loads_shows_the_default_graph_queues_it_and_shows_the_image() {
     );
     let checkpoint =
         browser.eval("return app.graph._nodes.find(n => n.type === 'CheckpointLoaderSimple').widgets[0].value");
-    assert_eq!(checkpoint, CHECKPOINT, "the default graph names the checkpoint weft lists");
+    assert_eq!(
+        checkpoint, CHECKPOINT,
+        "the default graph names the checkpoint weft lists"
+    );
 
     // Every request the editor made to weft while loading succeeded.
     let failed = browser.eval(
@@ -119,11 +131,25 @@ fn the_editor_loads_shows_the_default_graph_queues_it_and_shows_the_image() {
          return img && img.complete && img.naturalWidth > 0 ? [img.naturalWidth, img.naturalHeight] : null",
     );
     assert_eq!(size, json!([64, 64]));
-    let history: Value = server.http.get(server.url("/api/history")).send().unwrap().json().unwrap();
-    assert_eq!(history.as_object().unwrap().len(), 1, "the editor's prompt ran as one job");
+    let history: Value = server
+        .http
+        .get(server.url("/api/history"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(
+        history.as_object().unwrap().len(),
+        1,
+        "the editor's prompt ran as one job"
+    );
 
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let kept = tempfile::Builder::new().prefix("weft-comfy-editor-").tempdir().unwrap().keep();
+    let kept = tempfile::Builder::new()
+        .prefix("weft-comfy-editor-")
+        .tempdir()
+        .unwrap()
+        .keep();
     let shot = browser.screenshot(&kept, "editor");
     println!("screenshot: {}", shot.display());
     drop(browser);

@@ -708,10 +708,7 @@ fn output_urls_are_signed_expiring_and_work_without_credentials() {
         true => server.data_dir.join("blobs"),
         false => server.data_dir.clone(),
     };
-    let key: [u8; 32] = std::fs::read(key_dir.join("link.key"))
-        .unwrap()
-        .try_into()
-        .unwrap();
+    let key: [u8; 32] = std::fs::read(key_dir.join("link.key")).unwrap().try_into().unwrap();
     let sign =
         |expires: i64| blake3::keyed_hash(&key, format!("{asset}:{expires}").as_bytes()).to_hex()[..32].to_string();
     let now = std::time::SystemTime::now()

@@ -4,9 +4,9 @@
 
 pub(crate) mod assets;
 pub(crate) mod client;
+pub(crate) mod comfyui_frontend;
 pub(crate) mod follow;
 pub(crate) mod jobs;
-pub(crate) mod comfyui_frontend;
 pub(crate) mod models;
 pub(crate) mod plugin;
 pub(crate) mod run;

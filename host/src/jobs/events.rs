@@ -72,6 +72,11 @@ enum Logged {
         level: String,
         message: String,
     },
+    Node {
+        node_id: String,
+        class_type: String,
+        phase: NodePhase,
+    },
 }
 
 impl JobEvent {
@@ -94,6 +99,15 @@ impl JobEvent {
             JobEvent::Log { level, message } => Logged::Log {
                 level: level.to_string(),
                 message,
+            },
+            JobEvent::Node {
+                node_id,
+                class_type,
+                phase,
+            } => Logged::Node {
+                node_id,
+                class_type,
+                phase,
             },
         };
         serde_json::to_string(&logged).expect("events serialize")
@@ -123,6 +137,15 @@ impl JobEvent {
                 },
                 message,
             },
+            Logged::Node {
+                node_id,
+                class_type,
+                phase,
+            } => JobEvent::Node {
+                node_id,
+                class_type,
+                phase,
+            },
         })
     }
 
@@ -132,7 +155,7 @@ impl JobEvent {
 }
 
 /// What happened to one node of a running job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodePhase {
     /// It started running.
     Started,

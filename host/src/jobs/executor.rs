@@ -10,7 +10,7 @@ use chrono::Utc;
 
 use super::cache::{CachedFile, Entry};
 use super::events::{JobEvent, NodePhase};
-use super::outputs::{self, JobFiles, Numbering};
+use super::outputs::{self, JobFiles};
 use super::state::Trigger;
 use super::{Jobs, Running};
 use crate::graph::{self, PlanInput};

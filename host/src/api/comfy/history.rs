@@ -91,7 +91,8 @@ pub(super) async fn node_output(state: &AppState, outputs: &[&AssetRecord]) -> J
 /// A finished job as one `history` entry.
 async fn entry(state: &AppState, job: &JobRecord) -> Result<Json, ApiError> {
     let jobs = state.jobs()?;
-    let catalog = jobs.runtime().catalog();
+    let runtime = jobs.runtime();
+    let catalog = runtime.catalog();
     let outputs = state
         .store
         .job_outputs(&job.id)
@@ -192,7 +193,7 @@ async fn list(state: Arc<AppState>, caller: Caller, query: String) -> Result<war
     let mut before = None;
     'pages: loop {
         let page = jobs
-            .list(&caller.tenant, 100, before, &Default::default())
+            .list(&caller.tenant, 100, before, &Default::default(), None)
             .await
             .map_err(|e| ApiError::upstream("listing jobs", e))?;
         for job in page.jobs {
@@ -240,7 +241,7 @@ async fn edit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp::
         let mut before = None;
         loop {
             let page = jobs
-                .list(&caller.tenant, 100, before, &Default::default())
+                .list(&caller.tenant, 100, before, &Default::default(), None)
                 .await
                 .map_err(|e| ApiError::upstream("listing jobs", e))?;
             targets.extend(page.jobs.into_iter().filter(|j| j.status.is_terminal()).map(|j| j.id));

@@ -151,7 +151,8 @@ pub(super) fn routes(state: &Arc<AppState>) -> BoxedFilter<(warp::reply::Respons
 /// The models folders: those the catalogue's model inputs read, and the usual ones.
 fn model_folders(state: &AppState) -> Result<Vec<String>, ApiError> {
     let jobs = state.jobs()?;
-    let catalog = jobs.runtime().catalog();
+    let runtime = jobs.runtime();
+    let catalog = runtime.catalog();
     let mut folders: Vec<String> = MODEL_FOLDERS.iter().map(|f| f.to_string()).collect();
     for def in catalog.iter() {
         for input in &def.inputs {
@@ -184,7 +185,8 @@ async fn object_info(
     class: Option<String>,
 ) -> Result<warp::reply::Response, ApiError> {
     let jobs = state.jobs()?;
-    let catalog = jobs.runtime().catalog();
+    let runtime = jobs.runtime();
+    let catalog = runtime.catalog();
     let uploads: Vec<String> = state
         .store
         .upload_names(&caller.tenant, "image/", MAX_COMBO_NAMES)

@@ -290,7 +290,8 @@ async fn submit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp
         Some(Json::String(id)) => Some(id.clone()),
         Some(_) => return Ok(rejected("invalid_prompt", "prompt_id must be a string", "", json!({}))),
     };
-    let catalog = jobs.runtime().catalog();
+    let runtime = jobs.runtime();
+    let catalog = runtime.catalog();
     let file_errors = resolve_files(&state, &caller.tenant, &mut workflow, &catalog).await?;
     if !file_errors.is_empty() {
         let (rendered, lines) = node_errors(&workflow, &catalog, &file_errors);
@@ -360,7 +361,8 @@ pub(super) fn queue_item(job: &JobRecord, catalog: &Catalog) -> Json {
 
 async fn queue(state: Arc<AppState>, caller: Caller) -> Result<warp::reply::Response, ApiError> {
     let jobs = state.jobs()?;
-    let catalog = jobs.runtime().catalog();
+    let runtime = jobs.runtime();
+    let catalog = runtime.catalog();
     let active = active_jobs(&state, &caller.tenant).await?;
     let (running, pending): (Vec<_>, Vec<_>) = active
         .iter()

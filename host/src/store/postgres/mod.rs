@@ -192,6 +192,18 @@ fn job_from_row(row: &Row) -> JobRecord {
 const ASSET_COLUMNS: &str =
     "id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index";
 
+/// The columns [`user_file_from_row`] reads.
+const USER_FILE_COLUMNS: &str = "path, length(content)::BIGINT, created_at, modified_at";
+
+fn user_file_from_row(row: &Row) -> UserFile {
+    UserFile {
+        path: row.get(0),
+        size: row.get(1),
+        created: row.get(2),
+        modified: row.get(3),
+    }
+}
+
 fn asset_from_row(row: &Row) -> AssetRecord {
     let tags: String = row.get(9);
     AssetRecord {
@@ -512,6 +524,146 @@ impl Store for PgStore {
         let sql =
             format!("SELECT {ASSET_COLUMNS} FROM assets WHERE blob = $1 AND tenant = $2 ORDER BY created_at LIMIT 1");
         Ok(self.row(&sql, &[&blob, &tenant]).await?.as_ref().map(asset_from_row))
+    }
+
+    async fn upload_named(&self, tenant: &str, file_path: &str) -> Result<Option<AssetRecord>, StoreError> {
+        let sql = format!(
+            "SELECT {ASSET_COLUMNS} FROM assets WHERE tenant = $1 AND file_path = $2 AND job_id IS NULL \
+             ORDER BY created_at DESC LIMIT 1"
+        );
+        Ok(self
+            .row(&sql, &[&tenant, &file_path])
+            .await?
+            .as_ref()
+            .map(asset_from_row))
+    }
+
+    async fn upload_names(
+        &self,
+        tenant: &str,
+        content_type_prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let limit = limit as i64;
+        // A prefix compare without LIKE, so `%` and `_` match only themselves.
+        let sql = "SELECT file_path FROM assets WHERE tenant = $1 AND job_id IS NULL \
+                   AND starts_with(content_type, $2) GROUP BY file_path ORDER BY MAX(created_at) DESC LIMIT $3";
+        Ok(self
+            .rows(sql, &[&tenant, &content_type_prefix, &limit])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    async fn user_file(&self, tenant: &str, path: &str) -> Result<Option<(UserFile, Vec<u8>)>, StoreError> {
+        let sql = format!("SELECT {USER_FILE_COLUMNS}, content FROM user_files WHERE tenant = $1 AND path = $2");
+        Ok(self
+            .row(&sql, &[&tenant, &path])
+            .await?
+            .map(|r| (user_file_from_row(&r), r.get(4))))
+    }
+
+    async fn user_files(&self, tenant: &str, prefix: &str) -> Result<Vec<UserFile>, StoreError> {
+        let sql = format!(
+            "SELECT {USER_FILE_COLUMNS} FROM user_files WHERE tenant = $1 AND starts_with(path, $2) ORDER BY path"
+        );
+        Ok(self
+            .rows(&sql, &[&tenant, &prefix])
+            .await?
+            .iter()
+            .map(user_file_from_row)
+            .collect())
+    }
+
+    async fn put_user_file(
+        &self,
+        tenant: &str,
+        path: &str,
+        content: Vec<u8>,
+        overwrite: bool,
+        limits: UserDataLimits,
+    ) -> Result<UserWrite, StoreError> {
+        let mut conn = self.pool.get().await?;
+        let tx = conn.transaction().await?;
+        // One writer per tenant at a time, so two processes cannot both pass the limits.
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('user_files:' || $1))",
+            &[&tenant],
+        )
+        .await?;
+        let existing = tx
+            .query_opt(
+                "SELECT length(content)::BIGINT FROM user_files WHERE tenant = $1 AND path = $2",
+                &[&tenant, &path],
+            )
+            .await?
+            .map(|r| r.get::<_, i64>(0));
+        if existing.is_some() && !overwrite {
+            return Ok(UserWrite::Exists);
+        }
+        let totals = tx
+            .query_one(
+                "SELECT COUNT(*)::BIGINT, COALESCE(SUM(length(content)), 0)::BIGINT FROM user_files WHERE tenant = $1",
+                &[&tenant],
+            )
+            .await?;
+        let (files, bytes): (i64, i64) = (totals.get(0), totals.get(1));
+        let new_files = files + i64::from(existing.is_none());
+        if new_files > limits.files || bytes - existing.unwrap_or(0) + content.len() as i64 > limits.bytes {
+            return Ok(UserWrite::Full);
+        }
+        let now = Utc::now();
+        let sql = format!(
+            "INSERT INTO user_files (tenant, path, content, created_at, modified_at) VALUES ($1, $2, $3, $4, $4) \
+             ON CONFLICT (tenant, path) DO UPDATE SET content = EXCLUDED.content, modified_at = EXCLUDED.modified_at \
+             RETURNING {USER_FILE_COLUMNS}"
+        );
+        let row = tx.query_one(&sql, &[&tenant, &path, &content, &now]).await?;
+        tx.commit().await?;
+        Ok(UserWrite::Written(user_file_from_row(&row)))
+    }
+
+    async fn delete_user_file(&self, tenant: &str, path: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .exec(
+                "DELETE FROM user_files WHERE tenant = $1 AND path = $2",
+                &[&tenant, &path],
+            )
+            .await?
+            > 0)
+    }
+
+    async fn move_user_file(
+        &self,
+        tenant: &str,
+        from: &str,
+        to: &str,
+        overwrite: bool,
+    ) -> Result<UserWrite, StoreError> {
+        let mut conn = self.pool.get().await?;
+        let tx = conn.transaction().await?;
+        let exists = "SELECT 1 FROM user_files WHERE tenant = $1 AND path = $2 FOR UPDATE";
+        if tx.query_opt(exists, &[&tenant, &from]).await?.is_none() {
+            return Ok(UserWrite::Missing);
+        }
+        if from != to && tx.query_opt(exists, &[&tenant, &to]).await?.is_some() {
+            if !overwrite {
+                return Ok(UserWrite::Exists);
+            }
+            tx.execute(
+                "DELETE FROM user_files WHERE tenant = $1 AND path = $2",
+                &[&tenant, &to],
+            )
+            .await?;
+        }
+        let sql = format!(
+            "UPDATE user_files SET path = $3, modified_at = $4 WHERE tenant = $1 AND path = $2 \
+             RETURNING {USER_FILE_COLUMNS}"
+        );
+        let row = tx.query_one(&sql, &[&tenant, &from, &to, &Utc::now()]).await?;
+        tx.commit().await?;
+        Ok(UserWrite::Written(user_file_from_row(&row)))
     }
 
     async fn job_outputs(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError> {

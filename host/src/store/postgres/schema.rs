@@ -71,6 +71,15 @@ CREATE TABLE assets (
 );
 CREATE INDEX assets_by_blob ON assets (blob, tenant);
 CREATE INDEX assets_by_job ON assets (job_id, output_index);
+CREATE INDEX assets_by_name ON assets (tenant, file_path);
+CREATE TABLE user_files (
+    tenant TEXT NOT NULL,
+    path TEXT NOT NULL,
+    content BYTEA NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL,
+    modified_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (tenant, path)
+);
 CREATE TABLE idempotency_keys (
     tenant TEXT NOT NULL,
     key TEXT NOT NULL,
