@@ -26,7 +26,10 @@ fn main() -> anyhow::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(512);
-    anyhow::ensure!(size >= 8 && size % 8 == 0, "WEFT_BENCH_SIZE must be a multiple of 8");
+    anyhow::ensure!(
+        size >= 8 && size.is_multiple_of(8),
+        "WEFT_BENCH_SIZE must be a multiple of 8"
+    );
     let cfg = Sd1Config::sd1();
     let tensors = load_component(&checkpoint, &cfg, Component::Vae, &Device::Cpu)?;
     let vae = Sd1Vae::new(VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu), &cfg)?;

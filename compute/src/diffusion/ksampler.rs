@@ -248,6 +248,10 @@ fn weights(entry: &CondEntry, (y, x, h, w): (usize, usize, usize, usize), height
     mult
 }
 
+/// Entries that share a UNet call: their region, the first entry's token count, and each
+/// entry with the index of the conditioning it belongs to.
+type Group<'a> = (Region, usize, Vec<(usize, &'a CondEntry)>);
+
 impl Guidance<'_> {
     /// `D(x, sigma)` with guidance, for the sampler-space batch `x`. As in ComfyUI's
     /// `sampling_function`, the positive and negative entries go through one
@@ -275,7 +279,7 @@ impl Guidance<'_> {
         let [b, c, height, width] = [self.shape[0], self.shape[1], self.shape[2], self.shape[3]];
         let mut out: [Vec<f32>; N] = std::array::from_fn(|_| vec![0.0f32; x.len()]);
         let mut counts: [Vec<f32>; N] = std::array::from_fn(|_| vec![1e-37f32; x.len()]);
-        let mut groups: Vec<(Region, usize, Vec<(usize, &CondEntry)>)> = Vec::new();
+        let mut groups: Vec<Group> = Vec::new();
         for (index, entries) in conds.iter().enumerate() {
             for entry in entries.iter() {
                 let Some(region) = region(entry.area, height, width) else {
