@@ -146,6 +146,8 @@ pub struct Jobs {
     shared: Option<shared::Shared>,
     /// Workers running now, and how many were restarted after a panic.
     workers: (std::sync::atomic::AtomicUsize, std::sync::atomic::AtomicU64),
+    /// Workers started by [`start_workers`](Self::start_workers): none on an API-only process.
+    workers_started: std::sync::atomic::AtomicUsize,
     /// Counters and histograms for `/metrics`.
     pub metrics: metrics::Metrics,
 }
@@ -153,7 +155,7 @@ pub struct Jobs {
 /// How the job workers are doing, as `/healthz` reports it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct WorkerHealth {
-    /// Workers started (`--workers`).
+    /// Workers started (`--workers`; none on a process that runs no jobs).
     pub configured: usize,
     /// Workers running now: fewer only for the moment a panicked one takes to restart.
     pub running: usize,
@@ -197,6 +199,7 @@ impl Jobs {
             running: Mutex::new(HashMap::new()),
             shared,
             workers: Default::default(),
+            workers_started: Default::default(),
             metrics: metrics::Metrics::default(),
         })
     }
@@ -221,7 +224,9 @@ impl Jobs {
     /// [`worker_health`](Self::worker_health)).
     pub fn start_workers(self: &Arc<Self>) {
         use std::sync::atomic::Ordering;
-        for _ in 0..self.config.workers.max(1) {
+        let count = self.config.workers.max(1);
+        self.workers_started.store(count, Ordering::SeqCst);
+        for _ in 0..count {
             let jobs = self.clone();
             tokio::spawn(async move {
                 loop {
@@ -259,7 +264,7 @@ impl Jobs {
     pub fn worker_health(&self) -> WorkerHealth {
         use std::sync::atomic::Ordering;
         WorkerHealth {
-            configured: self.config.workers.max(1),
+            configured: self.workers_started.load(Ordering::SeqCst),
             running: self.workers.0.load(Ordering::SeqCst),
             restarts: self.workers.1.load(Ordering::SeqCst),
         }
