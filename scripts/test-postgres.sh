@@ -3,10 +3,10 @@
 # database on a throw-away cluster (see tests/support/postgres.rs). The store and scale-out
 # tests use PostgreSQL in the ordinary run already.
 #
-# By default it runs the test files shown to pass on PostgreSQL: the job API, event streams
-# and recovery. The rest of the black-box suite has not been shown to pass there yet; in
-# particular the dashboard's live list and ComfyUI's /ws follow a per-process channel that the
-# shared event log does not feed. Extra arguments go to nextest instead (e.g. `--test nodes`).
+# By default it runs the job API, event-stream and recovery tests. Known failures: after
+# today's merges the event-stream tests hang on PostgreSQL, and the dashboard's live list and
+# ComfyUI's /ws follow a per-process channel that the shared event log does not feed, so CI
+# does not run this yet. Extra arguments go to nextest instead (e.g. `--test nodes`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 filter='binary(job_api) | binary(events) | binary(recovery)'
