@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::{json, Value};
@@ -33,16 +33,6 @@ fn frontend_dir() -> PathBuf {
     dir
 }
 
-fn tiny_checkpoint(path: &Path) {
-    let status = Command::new(weft_bin())
-        .args(["models", "tiny-sd", "--seed", "0", "--out"])
-        .arg(path)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "weft models tiny-sd failed");
-}
-
 /// Runs `script` (an expression) in the page until it is neither null nor false, and
 /// returns it.
 fn wait_for_value(browser: &Browser, what: &str, script: &str) -> Value {
@@ -60,7 +50,7 @@ fn editor() -> (Server, tempfile::TempDir, Browser) {
     let frontend = frontend_dir();
     let models = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(models.path().join("checkpoints")).unwrap();
-    tiny_checkpoint(&models.path().join("checkpoints").join(CHECKPOINT));
+    support::tiny_checkpoint(&models.path().join("checkpoints").join(CHECKPOINT), 0);
     let server = Server::with(Options {
         args: vec![
             "--models-dir".into(),

@@ -6,12 +6,11 @@
 mod support;
 
 use std::net::TcpStream;
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{weft_bin, Options, Server};
+use support::{Options, Server};
 use tungstenite::client::IntoClientRequest;
 use tungstenite::stream::MaybeTlsStream;
 use tungstenite::{Message, WebSocket};
@@ -556,7 +555,7 @@ fn the_socket_sends_sampler_progress_and_binary_preview_frames() {
     let models = tempfile::tempdir().unwrap();
     let checkpoints = models.path().join("checkpoints");
     std::fs::create_dir_all(&checkpoints).unwrap();
-    tiny_checkpoint(&checkpoints.join("tiny.safetensors"));
+    support::tiny_checkpoint(&checkpoints.join("tiny.safetensors"), 0);
     let server = Server::with(Options {
         args: vec!["--models-dir".into(), models.path().display().to_string()],
         ..Default::default()
@@ -597,17 +596,6 @@ fn the_socket_sends_sampler_progress_and_binary_preview_frames() {
             other => panic!("image format {other}"),
         }
     }
-}
-
-/// Writes a tiny random-weight SD1 checkpoint with `weft models tiny-sd`.
-fn tiny_checkpoint(path: &Path) {
-    let status = Command::new(weft_bin())
-        .args(["models", "tiny-sd", "--seed", "0", "--out"])
-        .arg(path)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "weft models tiny-sd failed");
 }
 
 #[test]

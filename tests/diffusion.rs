@@ -24,19 +24,8 @@ fn models_dir() -> tempfile::TempDir {
     for folder in ["checkpoints", "loras", "vae", "embeddings"] {
         std::fs::create_dir_all(dir.path().join(folder)).unwrap();
     }
-    tiny_checkpoint(&dir.path().join("checkpoints").join(CHECKPOINT), 0);
+    support::tiny_checkpoint(&dir.path().join("checkpoints").join(CHECKPOINT), 0);
     dir
-}
-
-/// Writes a tiny random-weight SD1 checkpoint with `weft models tiny-sd`.
-fn tiny_checkpoint(path: &Path, seed: u64) {
-    let status = Command::new(weft_bin())
-        .args(["models", "tiny-sd", "--seed", &seed.to_string(), "--out"])
-        .arg(path)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "weft models tiny-sd failed");
 }
 
 /// A server over `models` with the node cache off (every run computes), plus `args`.
@@ -467,7 +456,7 @@ fn ckpt_name_lists_the_checkpoints_folder_when_asked_and_names_stay_inside_it() 
     assert_eq!(options(&server), [CHECKPOINT]);
     // A file added while the server runs is listed at the next catalogue read.
     std::fs::create_dir_all(checkpoints.join("sd15")).unwrap();
-    tiny_checkpoint(&checkpoints.join("sd15/second.safetensors"), 1);
+    support::tiny_checkpoint(&checkpoints.join("sd15/second.safetensors"), 1);
     assert_eq!(options(&server), ["sd15/second.safetensors", CHECKPOINT]);
 
     // Names outside the folder are not choices: validation refuses them.

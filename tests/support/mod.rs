@@ -19,6 +19,17 @@ pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
+/// Writes a tiny random-weight SD1 checkpoint to `path` with `weft models tiny-sd --seed`.
+pub(crate) fn tiny_checkpoint(path: &Path, seed: u64) {
+    let status = Command::new(weft_bin())
+        .args(["models", "tiny-sd", "--seed", &seed.to_string(), "--out"])
+        .arg(path)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "weft models tiny-sd failed");
+}
+
 /// The weft binary under test.
 pub(crate) fn weft_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_weft"))
