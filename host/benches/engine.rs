@@ -12,26 +12,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use weft::runtime::{
-    AssetReader, AssetRef, CallContext, CancelToken, ProgressSink, Runtime, RuntimeConfig, TailLog, Value as V,
-};
+use weft::runtime::{CallContext, CancelToken, Runtime, RuntimeConfig, TailLog, Value as V};
 
 mod support;
-use support::{percentile, rss_mib, Server};
+use support::{percentile, rss_mib, Nothing, Server};
 
 // The runtime runs in this process: measure it with the server's allocator.
 weft_allocator::install!();
-
-struct Nothing;
-impl ProgressSink for Nothing {
-    fn report(&self, _: u32, _: u32, _: Option<String>) {}
-    fn preview(&self, _: &'static str, _: Vec<u8>) {}
-}
-impl AssetReader for Nothing {
-    fn read(&self, _: &AssetRef) -> Result<Vec<u8>, String> {
-        Err("none".into())
-    }
-}
 
 fn per_node_overhead() {
     let runtime = Runtime::load(RuntimeConfig {

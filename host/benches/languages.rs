@@ -12,26 +12,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use weft::runtime::{
-    read_source, AssetReader, AssetRef, CallContext, CancelToken, PluginSource, ProgressSink, Runtime, RuntimeConfig,
-    TailLog, Value as V,
-};
+use weft::runtime::{read_source, CallContext, CancelToken, PluginSource, Runtime, RuntimeConfig, TailLog, Value as V};
 
 mod support;
-use support::percentile;
+use support::{percentile, Nothing};
 
 weft_allocator::install!();
-
-struct Nothing;
-impl ProgressSink for Nothing {
-    fn report(&self, _: u32, _: u32, _: Option<String>) {}
-    fn preview(&self, _: &'static str, _: Vec<u8>) {}
-}
-impl AssetReader for Nothing {
-    fn read(&self, _: &AssetRef) -> Result<Vec<u8>, String> {
-        Err("none".into())
-    }
-}
 
 /// Loads `source` alone with the cache in `cache`, returning the runtime and the time taken.
 fn load(source: &PluginSource, cache: &Path) -> (Arc<Runtime>, Duration) {

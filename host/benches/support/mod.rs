@@ -90,3 +90,18 @@ pub(crate) fn rss_mib(pid: u32) -> f64 {
         .unwrap_or(0.0);
     kib / 1024.0
 }
+
+/// A call's progress sink and asset reader that do nothing: the runtime benchmarks' nodes
+/// report nothing and read no assets.
+pub(crate) struct Nothing;
+
+impl weft::runtime::ProgressSink for Nothing {
+    fn report(&self, _: u32, _: u32, _: Option<String>) {}
+    fn preview(&self, _: &'static str, _: Vec<u8>) {}
+}
+
+impl weft::runtime::AssetReader for Nothing {
+    fn read(&self, _: &weft::runtime::AssetRef) -> Result<Vec<u8>, String> {
+        Err("none".into())
+    }
+}
