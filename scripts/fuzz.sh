@@ -6,6 +6,7 @@
 #
 #   ./scripts/fuzz.sh                 # every target, 30 s each (CI)
 #   ./scripts/fuzz.sh 600 workflow    # one target, 10 minutes
+#   FUZZ_SEED=1 ./scripts/fuzz.sh 20  # a fixed seed: the same inputs in the same order (CI)
 #
 # Only stable rustc is needed: RUSTC_BOOTSTRAP=1 lets it take libFuzzer's instrumentation
 # flags. No sanitizer (`-s none`): the code is safe Rust, and what is looked for is panics
@@ -22,9 +23,13 @@ if [ ${#targets[@]} -eq 0 ]; then
   mapfile -t targets < <(cargo fuzz list)
 fi
 cargo fuzz build -s none --debug-assertions
+seed=()
+if [ -n "${FUZZ_SEED:-}" ]; then
+  seed=(-seed="$FUZZ_SEED")
+fi
 for target in "${targets[@]}"; do
   mkdir -p "corpus/$target"
   echo "fuzz: $target for ${seconds}s"
   cargo fuzz run -s none --debug-assertions "$target" "corpus/$target" "seeds/$target" -- \
-    -max_total_time="$seconds" -timeout=20 -rss_limit_mb=3072 -max_len=1048576 -print_final_stats=1
+    -max_total_time="$seconds" -timeout=20 -rss_limit_mb=3072 -max_len=1048576 -print_final_stats=1 "${seed[@]}"
 done

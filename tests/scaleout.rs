@@ -169,6 +169,65 @@ fn a_stream_on_one_process_follows_a_job_run_by_another() {
     assert_eq!(replayed.last().unwrap().data["status"], "succeeded");
 }
 
+/// Reads ComfyUI `/ws` text messages until `prompt_id`'s `executing` with a null node.
+fn socket_messages_until_done(
+    socket: &mut tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>>,
+    prompt_id: &str,
+) -> Vec<Value> {
+    let mut seen = Vec::new();
+    loop {
+        match socket.read().expect("a message within a minute, until the prompt ends") {
+            tungstenite::Message::Text(text) => {
+                let message: Value = serde_json::from_str(&text).unwrap();
+                let done = message["type"] == "executing"
+                    && message["data"]["node"].is_null()
+                    && message["data"]["prompt_id"] == prompt_id;
+                seen.push(message);
+                if done {
+                    return seen;
+                }
+            }
+            _ => continue,
+        }
+    }
+}
+
+#[test]
+fn a_comfyui_socket_on_one_process_sees_the_messages_of_a_prompt_run_by_another() {
+    let cluster = Cluster::new();
+    // An `api` process runs no jobs: the prompt runs on the other one.
+    let api = cluster.process("api", &[]);
+    let _worker = cluster.process("all", &["--workers", "1"]);
+    let url = format!("{}/ws?clientId=watcher", api.base.replacen("http://", "ws://", 1));
+    let (mut socket, _) = tungstenite::connect(url).unwrap();
+    if let tungstenite::stream::MaybeTlsStream::Plain(stream) = socket.get_ref() {
+        // A message that never comes fails the test instead of hanging it.
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+    }
+    let prompt = json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 5}},
+        "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "ComfyUI"}}
+    });
+    let answer: Value = api
+        .post("/prompt", &json!({"prompt": prompt, "client_id": "watcher"}))
+        .json()
+        .unwrap();
+    let id = answer["prompt_id"].as_str().expect("a prompt id").to_string();
+    let seen = socket_messages_until_done(&mut socket, &id);
+    let kinds: Vec<&str> = seen
+        .iter()
+        .filter(|m| m["data"]["prompt_id"] == id.as_str())
+        .filter_map(|m| m["type"].as_str())
+        .collect();
+    assert_eq!(kinds.first(), Some(&"execution_start"), "{kinds:?}");
+    for kind in ["executing", "executed", "execution_success"] {
+        assert!(kinds.contains(&kind), "{kind} in {kinds:?}");
+    }
+}
+
 #[test]
 fn a_killed_process_jobs_are_rescued_and_finish() {
     let cluster = Cluster::new();

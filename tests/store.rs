@@ -563,7 +563,9 @@ async fn events_of_one_job_are_numbered_once_across_processes_and_wake_the_other
             .await
             .unwrap()
             .unwrap();
-        if s == Signal::Event("j".into()) {
+        if let Signal::Event(notice) = s {
+            assert_eq!((notice.job.as_str(), notice.tenant.as_str()), ("j", "t"));
+            assert!((1..=20).contains(&notice.n));
             break;
         }
     }

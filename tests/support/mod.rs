@@ -91,8 +91,7 @@ pub(crate) fn database_args(data_dir: &Path) -> Vec<String> {
             url
         }
     };
-    // Short leases: a killed server's jobs are rescued soon after a restart.
-    vec!["--database".into(), url, "--lease-secs".into(), "2".into()]
+    vec!["--database".into(), url]
 }
 
 impl Server {
@@ -126,6 +125,10 @@ impl Server {
             }
             None => {
                 cmd.args(database_args(&data_dir));
+                if on_postgres() {
+                    // Short leases: a killed server's jobs are rescued soon after a restart.
+                    cmd.args(["--lease-secs", "2"]);
+                }
             }
         }
         cmd.args(&options.args).stdout(Stdio::piped());
@@ -333,7 +336,7 @@ pub(crate) fn new_key(data_dir: &Path, tenant: &str) -> String {
     let out = Command::new(weft_bin())
         .args(["keys", "create", "--tenant", tenant, "--data-dir"])
         .arg(data_dir)
-        .args(database_args(data_dir).iter().take(2))
+        .args(database_args(data_dir))
         .output()
         .unwrap();
     assert!(out.status.success(), "weft keys create failed");

@@ -216,9 +216,37 @@ pub struct JobNumbered {
     pub numbered: Arc<Numbered>,
 }
 
+/// Jobs whose channel closed at a terminal status that are remembered, so that a late
+/// wake-up of the shared log does not open their channel again.
+const ENDED: usize = 4096;
+
+/// The channels of the jobs, and the two every-job channels.
+#[derive(Default)]
+struct Channels {
+    open: HashMap<String, Channel>,
+    /// Recently ended jobs, oldest first, and the same as a set.
+    ended: VecDeque<String>,
+    ended_set: std::collections::HashSet<String>,
+}
+
+impl Channels {
+    /// Closes `job`'s channel; `terminal` when it closes because the job ended.
+    fn close(&mut self, job: &str, terminal: bool) {
+        self.open.remove(job);
+        if terminal && self.ended_set.insert(job.to_string()) {
+            self.ended.push_back(job.to_string());
+            if self.ended.len() > ENDED {
+                if let Some(old) = self.ended.pop_front() {
+                    self.ended_set.remove(&old);
+                }
+            }
+        }
+    }
+}
+
 /// The hub.
 pub struct Hub {
-    jobs: Mutex<HashMap<String, Channel>>,
+    jobs: Mutex<Channels>,
     feed: broadcast::Sender<Arc<FeedItem>>,
     all: broadcast::Sender<JobNumbered>,
 }
@@ -244,12 +272,12 @@ pub struct Subscription {
 }
 
 impl Hub {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Channels> {
         self.jobs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn channel<'a>(jobs: &'a mut HashMap<String, Channel>, job: &str) -> &'a mut Channel {
-        jobs.entry(job.to_string()).or_insert_with(|| Channel {
+    fn channel<'a>(jobs: &'a mut Channels, job: &str) -> &'a mut Channel {
+        jobs.open.entry(job.to_string()).or_insert_with(|| Channel {
             tx: broadcast::channel(REPLAY).0,
             next: 1,
             recent: VecDeque::new(),
@@ -257,26 +285,37 @@ impl Hub {
         })
     }
 
+    /// Whether a listener follows every job (the feed or the every-job channel): then the
+    /// channels of jobs no stream follows stay open, so that their events reach it.
+    pub fn follows_all(&self) -> bool {
+        self.feed.receiver_count() > 0 || self.all.receiver_count() > 0
+    }
+
     /// Publishes `event` for `job`. After a terminal status the job's channel is dropped:
     /// open streams receive what was sent, and later streams start from a snapshot.
     pub fn publish(&self, job: &str, event: JobEvent) {
-        let terminal = matches!(&event, JobEvent::Status(j) if j.status.is_terminal());
         let mut jobs = self.lock();
-        let channel = Self::channel(&mut jobs, job);
-        if let JobEvent::Status(record) = &event {
+        let id = Self::channel(&mut jobs, job).next;
+        self.deliver(&mut jobs, job, Arc::new(Numbered { id, event }));
+    }
+
+    /// Sends `numbered` to `job`'s open channel (its number is the next one) and to the
+    /// every-job listeners; closes the channel after a terminal status.
+    fn deliver(&self, jobs: &mut Channels, job: &str, numbered: Arc<Numbered>) {
+        let terminal = numbered.event.is_terminal_status();
+        let Some(channel) = jobs.open.get_mut(job) else {
+            return;
+        };
+        if let JobEvent::Status(record) = &numbered.event {
             channel.tenant = Some(record.tenant.clone());
         }
-        let fed = matches!(event, JobEvent::Status(_) | JobEvent::Progress(_));
-        let numbered = Arc::new(Numbered {
-            id: channel.next,
-            event,
-        });
-        channel.next += 1;
+        channel.next = numbered.id + 1;
         if channel.recent.len() == REPLAY {
             channel.recent.pop_front();
         }
         channel.recent.push_back(numbered.clone());
         let _ = channel.tx.send(numbered.clone());
+        let fed = matches!(numbered.event, JobEvent::Status(_) | JobEvent::Progress(_));
         if let (true, Some(tenant)) = (fed && self.feed.receiver_count() > 0, &channel.tenant) {
             let _ = self.feed.send(Arc::new(FeedItem {
                 tenant: tenant.clone(),
@@ -291,7 +330,7 @@ impl Hub {
             });
         }
         if terminal {
-            jobs.remove(job);
+            jobs.close(job, true);
         }
     }
 
@@ -326,7 +365,7 @@ impl Hub {
 
     /// The id the next event of `job` will get.
     pub fn next_id(&self, job: &str) -> u64 {
-        self.lock().get(job).map_or(1, |c| c.next)
+        self.lock().open.get(job).map_or(1, |c| c.next)
     }
 
     /// Every job's status changes and progress, as they happen.
@@ -336,35 +375,40 @@ impl Hub {
 
     /// Whether a channel is open for `job` (a stream follows it).
     pub fn is_watched(&self, job: &str) -> bool {
-        self.lock().contains_key(job)
+        self.lock().open.contains_key(job)
     }
 
     /// The jobs with an open channel.
     pub fn watched(&self) -> Vec<String> {
-        self.lock().keys().cloned().collect()
+        self.lock().open.keys().cloned().collect()
+    }
+
+    /// Opens `job`'s channel at event `n`, of which the shared log just told, for the
+    /// every-job listeners; nothing is done if it is open, or if the job ended lately.
+    pub fn open_at(&self, job: &str, n: u64, tenant: &str) {
+        let mut jobs = self.lock();
+        if jobs.open.contains_key(job) || jobs.ended_set.contains(job) {
+            return;
+        }
+        let channel = Self::channel(&mut jobs, job);
+        channel.next = n;
+        channel.tenant = Some(tenant.to_string());
     }
 
     /// Publishes event number `id` of `job`, numbered by the shared event log, if a channel
     /// is open for it and the number is new. A terminal status closes the channel as
-    /// [`publish`](Self::publish) does; so does finding no stream left.
+    /// [`publish`](Self::publish) does; so does finding no listener left.
     pub fn publish_numbered(&self, job: &str, id: u64, event: JobEvent) {
         let mut jobs = self.lock();
-        let Some(channel) = jobs.get_mut(job) else {
+        let Some(channel) = jobs.open.get(job) else {
             return;
         };
         if id < channel.next {
             return;
         }
-        let terminal = event.is_terminal_status();
-        let numbered = Arc::new(Numbered { id, event });
-        channel.next = id + 1;
-        if channel.recent.len() == REPLAY {
-            channel.recent.pop_front();
-        }
-        channel.recent.push_back(numbered.clone());
-        let _ = channel.tx.send(numbered);
-        if terminal || channel.tx.receiver_count() == 0 {
-            jobs.remove(job);
+        self.deliver(&mut jobs, job, Arc::new(Numbered { id, event }));
+        if jobs.open.get(job).is_some_and(|c| c.tx.receiver_count() == 0) && !self.follows_all() {
+            jobs.close(job, false);
         }
     }
 
@@ -372,13 +416,16 @@ impl Hub {
     /// shared log, oldest first) as its replay buffer.
     pub fn seed(&self, job: &str, backlog: Vec<(u64, JobEvent)>) {
         let mut jobs = self.lock();
-        if jobs.contains_key(job) {
+        if jobs.open.contains_key(job) {
             return;
         }
         let channel = Self::channel(&mut jobs, job);
         for (id, event) in backlog {
             if id < channel.next {
                 continue;
+            }
+            if let JobEvent::Status(record) = &event {
+                channel.tenant = Some(record.tenant.clone());
             }
             channel.next = id + 1;
             if channel.recent.len() == REPLAY {
@@ -391,7 +438,8 @@ impl Hub {
     /// The newest preview in `job`'s replay buffer sent since its latest status event.
     pub fn recent_preview(&self, job: &str) -> Option<JobEvent> {
         let jobs = self.lock();
-        jobs.get(job)?
+        jobs.open
+            .get(job)?
             .recent
             .iter()
             .rev()
@@ -400,16 +448,16 @@ impl Hub {
             .map(|e| e.event.clone())
     }
 
-    /// Closes `job`'s channel if no stream follows it any more.
+    /// Closes `job`'s channel if no stream, and no every-job listener, follows it any more.
     pub fn close_if_unwatched(&self, job: &str) {
         let mut jobs = self.lock();
-        if jobs.get(job).is_some_and(|c| c.tx.receiver_count() == 0) {
-            jobs.remove(job);
+        if jobs.open.get(job).is_some_and(|c| c.tx.receiver_count() == 0) && !self.follows_all() {
+            jobs.close(job, false);
         }
     }
 
     /// Forgets a job (after it is deleted). Open streams see their channel close.
     pub fn remove(&self, job: &str) {
-        self.lock().remove(job);
+        self.lock().close(job, false);
     }
 }

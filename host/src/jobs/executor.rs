@@ -91,7 +91,7 @@ impl ProgressSink for Tracker {
         drop(last);
         if let Some((node_id, class_type)) = node {
             let phase = NodePhase::Step { step, steps };
-            self.jobs.hub.publish(
+            self.jobs.publish(
                 &self.job_id,
                 JobEvent::Node {
                     node_id,
@@ -478,7 +478,7 @@ impl Jobs {
             class_type: node.class_type.clone(),
             phase,
         };
-        self.hub.publish(job_id, event);
+        self.publish(job_id, event);
     }
 
     /// Announces what a node wrote to the log since byte `start` (as much as the log still

@@ -60,12 +60,13 @@ impl JobFiles {
 
 /// Keeps a prefix a relative path of plain segments ("a/b" stays, "../x" and "/x" do not).
 fn clean_prefix(prefix: &str) -> String {
-    let parts: Vec<&str> = prefix
+    // Controls go first, so that removing them cannot make an empty, "." or ".." segment.
+    let visible: String = prefix.chars().filter(|c| !c.is_control()).collect();
+    let parts: Vec<&str> = visible
         .split(['/', '\\'])
         .filter(|p| !p.is_empty() && *p != "." && *p != "..")
         .collect();
-    let joined = parts.join("/");
-    let cleaned: String = joined.chars().filter(|c| !c.is_control()).take(200).collect();
+    let cleaned: String = parts.join("/").chars().take(200).collect();
     if cleaned.is_empty() {
         "weft".to_string()
     } else {
@@ -176,6 +177,8 @@ mod tests {
         assert_eq!(n.name("ComfyUI", "png"), "ComfyUI_00002_.png");
         assert_eq!(n.name("../../etc/x", "txt"), "etc/x_00001_.txt");
         assert_eq!(n.name("", "txt"), "weft_00001_.txt");
+        assert_eq!(n.name("\r/x", "txt"), "x_00001_.txt", "a control-only segment");
+        assert_eq!(n.name(".\u{1}./y", "txt"), "y_00001_.txt", "a '..' hidden by a control");
     }
 
     #[test]

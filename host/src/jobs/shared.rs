@@ -95,7 +95,12 @@ impl Jobs {
             match signal {
                 Signal::Work => shared.work.notify_waiters(),
                 Signal::Cancel(id) => self.interrupt_here(&id),
-                Signal::Event(id) => self.feed_hub(&id).await,
+                Signal::Event(notice) => {
+                    if self.hub.follows_all() {
+                        self.hub.open_at(&notice.job, notice.n, &notice.tenant);
+                    }
+                    self.feed_hub(&notice.job).await
+                }
                 Signal::Resync => {
                     shared.work.notify_waiters();
                     for id in self.hub.watched() {

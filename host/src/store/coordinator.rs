@@ -17,10 +17,23 @@ pub enum Signal {
     Work,
     /// Job `id` was asked to stop: the process running it interrupts its node.
     Cancel(String),
-    /// Job `id` has new events in the log.
-    Event(String),
+    /// A job has a new event in the log.
+    Event(EventNotice),
     /// Wake-ups may have been missed (the listening connection was re-made): re-read all.
     Resync,
+}
+
+/// What an event wake-up names: the job, the number of its new event and the job's tenant,
+/// so that a process whose listeners follow every job (ComfyUI's `/ws`, the dashboard's
+/// list) can start following a job at that event.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EventNotice {
+    /// The job.
+    pub job: String,
+    /// The event's number in the job's log.
+    pub n: u64,
+    /// The job's tenant.
+    pub tenant: String,
 }
 
 /// Cross-process coordination over a shared store.

@@ -19,7 +19,7 @@ mod records;
 pub mod sqlite;
 
 pub use blobs::Blobs;
-pub use coordinator::{Coordinator, Signal};
+pub use coordinator::{Coordinator, EventNotice, Signal};
 pub use records::*;
 
 /// How long an idempotency key stays claimed after its first use. An older claim no longer

@@ -22,13 +22,15 @@ const EVENT: &str = "weft_event";
 
 /// Appends event `$2` to job `$1`'s log (numbered by the job row's counter, whose lock
 /// orders the appends of every process), sets the running job's progress to `$3` if given,
-/// and notifies channel `$4` at commit.
+/// and notifies channel `$4` at commit with an [`EventNotice`](crate::store::EventNotice) as JSON.
 const APPEND: &str = "WITH n AS (
         UPDATE jobs SET event_seq = event_seq + 1,
             progress = CASE WHEN $3::text IS NOT NULL AND status IN ('running', 'canceling') THEN $3 ELSE progress END
-        WHERE id = $1 RETURNING event_seq)
+        WHERE id = $1 RETURNING event_seq, tenant),
+     woken AS (
+        SELECT pg_notify($4, json_build_object('job', $1::text, 'n', event_seq, 'tenant', tenant)::text) FROM n)
      INSERT INTO job_events (job_id, n, body)
-     SELECT $1, n.event_seq, $2 FROM n, (SELECT pg_notify($4, $1)) AS woken
+     SELECT $1, n.event_seq, $2 FROM n, woken
      RETURNING n";
 
 /// The PostgreSQL coordinator of one process.
@@ -83,7 +85,10 @@ async fn listen(config: tokio_postgres::Config, signals: broadcast::Sender<Signa
                                 let signal = match n.channel() {
                                     WORK => Signal::Work,
                                     CANCEL => Signal::Cancel(n.payload().to_string()),
-                                    EVENT => Signal::Event(n.payload().to_string()),
+                                    EVENT => match serde_json::from_str(n.payload()) {
+                                        Ok(notice) => Signal::Event(notice),
+                                        Err(_) => Signal::Resync,
+                                    },
                                     _ => continue,
                                 };
                                 let _ = signals.send(signal);
@@ -273,7 +278,7 @@ impl Coordinator for PgCoordinator {
         let (channel, payload) = match &signal {
             Signal::Work => (WORK, String::new()),
             Signal::Cancel(id) => (CANCEL, id.clone()),
-            Signal::Event(id) => (EVENT, id.clone()),
+            Signal::Event(notice) => (EVENT, serde_json::to_string(notice).expect("a notice serializes")),
             Signal::Resync => return Ok(()),
         };
         let conn = self.pool.get().await?;
