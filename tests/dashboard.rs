@@ -363,3 +363,38 @@ fn a_cross_site_request_on_the_session_cookie_is_refused() {
     );
     assert!(!csp.contains("unsafe-inline"), "{csp}");
 }
+
+#[test]
+fn login_attempts_from_one_client_are_rate_limited_with_retry_after() {
+    let server = Server::with(Options {
+        args: vec!["--token".into(), "secret-token".into()],
+        token: Some("secret-token".into()),
+        ..Default::default()
+    });
+    let client = raw_client();
+    let attempt = |key: &str| {
+        client
+            .post(server.url("/login"))
+            .header("Origin", &server.base)
+            .form(&[("key", key), ("next", "/")])
+            .send()
+            .unwrap()
+    };
+    // The first attempts are judged on the key; guessing on is then refused.
+    let statuses: Vec<u16> = (0..40)
+        .map(|i| attempt(&format!("guess-{i}")).status().as_u16())
+        .collect();
+    assert_eq!(statuses[0], 401, "{statuses:?}");
+    let limited = attempt("secret-token");
+    assert_eq!(limited.status().as_u16(), 429, "after {statuses:?}");
+    let wait: u64 = limited.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(wait >= 1, "retry-after {wait}");
+    assert!(limited.text().unwrap().contains("Too many login attempts"));
+    // The job API's bearer auth is not affected.
+    let r = client
+        .get(server.url("/api/v2/jobs"))
+        .bearer_auth("secret-token")
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}

@@ -273,6 +273,7 @@ fn app_state(
         tenant_streams: Default::default(),
         stopped: Default::default(),
         sessions: Default::default(),
+        logins: Default::default(),
         v2m: v2m_engine.clone().and_then(|engine| {
             V2mService::new(&config.api.v2m, engine)
                 .map(Arc::new)
@@ -290,8 +291,6 @@ fn listen(
     standalone: bool,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let bound = listener.local_addr()?;
-    listener.set_nonblocking(true)?;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(tokio::net::TcpListener::from_std(listener)?);
     let shutdown = async move {
         if standalone {
             shutdown_signal().await
@@ -299,7 +298,7 @@ fn listen(
             std::future::pending().await
         }
     };
-    let server = warp::serve(api::routes(state)).serve_incoming_with_graceful_shutdown(incoming, shutdown);
+    let server = serve_with_client_addr(listener, api::routes(state), shutdown)?;
     tracing::info!(addr = %bound, "listening");
     if standalone {
         println!("weft listening on http://{bound}");
@@ -313,13 +312,44 @@ fn listen_operator(
     state: Arc<AppState>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let bound = listener.local_addr()?;
-    listener.set_nonblocking(true)?;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(tokio::net::TcpListener::from_std(listener)?);
-    let server =
-        warp::serve(api::operator_routes(state)).serve_incoming_with_graceful_shutdown(incoming, shutdown_signal());
+    let server = serve_with_client_addr(listener, api::operator_routes(state), shutdown_signal())?;
     tracing::info!(addr = %bound, "operator routes listening");
     println!("weft listening on http://{bound}");
     Ok(tokio::spawn(server))
+}
+
+/// Serves `routes` on `listener` with warp's HTTP server (hyper), with Nagle's delay off and
+/// each request's client address in its extensions ([`api::ClientAddr`]), until `shutdown`;
+/// then open connections finish their requests.
+fn serve_with_client_addr(
+    listener: std::net::TcpListener,
+    routes: warp::filters::BoxedFilter<(warp::reply::Response,)>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    use hyper::server::conn::{AddrIncoming, AddrStream};
+    use hyper::service::{make_service_fn, service_fn, Service};
+    listener.set_nonblocking(true)?;
+    let mut incoming = AddrIncoming::from_listener(tokio::net::TcpListener::from_std(listener)?)?;
+    incoming.set_nodelay(true);
+    let service = warp::service(routes);
+    let make = make_service_fn(move |connection: &AddrStream| {
+        let service = service.clone();
+        let client = api::ClientAddr(connection.remote_addr());
+        async move {
+            Ok::<_, std::convert::Infallible>(service_fn(move |mut request: hyper::Request<hyper::Body>| {
+                request.extensions_mut().insert(client);
+                service.clone().call(request)
+            }))
+        }
+    });
+    let server = hyper::Server::builder(incoming)
+        .serve(make)
+        .with_graceful_shutdown(shutdown);
+    Ok(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "the HTTP server stopped");
+        }
+    })
 }
 
 async fn shutdown_signal() {

@@ -95,7 +95,14 @@ pub struct AppState {
     pub v2m: Option<Arc<v2m::V2mService>>,
     /// Dashboard sessions.
     pub sessions: session::Sessions,
+    /// Login attempts per client network.
+    pub logins: session::LoginLimiter,
 }
+
+/// The address of the client a request came from (its TCP peer), in the request's
+/// extensions.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub std::net::SocketAddr);
 
 impl AppState {
     /// The job service, or `deployment_not_ready` while plugins are loading.

@@ -90,6 +90,7 @@ async fn session_for(state: &AppState, key: &str) -> Option<SessionInfo> {
 
 async fn post_login(
     state: &AppState,
+    client: Option<crate::api::ClientAddr>,
     headers: &HeaderMap,
     form_body: HashMap<String, String>,
 ) -> warp::reply::Response {
@@ -106,6 +107,21 @@ async fn post_login(
     }
     if state.config.auth == AuthMode::None {
         return see_other(&next);
+    }
+    if let Some(client) = client {
+        if let Err(wait) = state.logins.attempt(client.0.ip()) {
+            let seconds = wait.as_secs().max(1);
+            let mut response = html::response(
+                StatusCode::TOO_MANY_REQUESTS,
+                form(
+                    state,
+                    &next,
+                    Some(&format!("Too many login attempts. Try again in {seconds} s.")),
+                ),
+            );
+            response.headers_mut().insert("retry-after", HeaderValue::from(seconds));
+            return response;
+        }
     }
     let key = form_body.get("key").map(|k| k.trim()).unwrap_or("");
     let Some(info) = session_for(state, key).await else {
@@ -173,13 +189,17 @@ pub(super) fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response
     let submit = warp::path("login")
         .and(warp::path::end())
         .and(warp::post())
+        .and(warp::ext::optional::<crate::api::ClientAddr>())
         .and(warp::header::headers_cloned())
         .and(warp::body::content_length_limit(MAX_FORM_BYTES))
         .and(warp::body::form::<HashMap<String, String>>())
         .and(with())
         .and_then(
-            |headers: HeaderMap, body: HashMap<String, String>, state: Arc<AppState>| async move {
-                Ok::<_, warp::Rejection>(secure(&state, post_login(&state, &headers, body).await))
+            |client: Option<crate::api::ClientAddr>,
+             headers: HeaderMap,
+             body: HashMap<String, String>,
+             state: Arc<AppState>| async move {
+                Ok::<_, warp::Rejection>(secure(&state, post_login(&state, client, &headers, body).await))
             },
         );
     let logout = warp::path("logout")
