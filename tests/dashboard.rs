@@ -398,3 +398,81 @@ fn login_attempts_from_one_client_are_rate_limited_with_retry_after() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
 }
+
+/// The job ids a jobs page lists, newest first, and its "Older jobs" link.
+fn listed(page: &str) -> (Vec<String>, Option<String>) {
+    let ids = page
+        .split("<tr data-job=\"")
+        .skip(1)
+        .map(|rest| rest.split('"').next().unwrap().to_string())
+        .collect();
+    let older = page
+        .split("id=\"older\" href=\"")
+        .nth(1)
+        .map(|rest| rest.split('"').next().unwrap().replace("&amp;", "&"));
+    (ids, older)
+}
+
+#[test]
+fn the_jobs_list_pages_by_cursor_and_filters_by_status_and_label() {
+    let server = Server::start();
+    let client = raw_client();
+    let page = |path: &str| {
+        let r = client.get(server.url(path)).send().unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+        r.text().unwrap()
+    };
+    // 60 jobs, oldest first; every third is labelled; job 59 fails (text is no image).
+    let text = server.upload("not-an-image.png", b"plain text".to_vec());
+    let mut ids = Vec::new();
+    for i in 0..60 {
+        let mut body = json!({"workflow": image_graph()});
+        body["workflow"]["1"]["inputs"]["color"] = json!(i);
+        if i % 3 == 0 {
+            body["metadata"] = json!({"team": "red"});
+        }
+        if i == 59 {
+            body["workflow"] = json!({
+                "1": {"class_type": "LoadImage", "inputs": {"image": {"__type": "core/ASSET", "info": {"id": text["id"]}}}},
+                "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "x"}}
+            });
+        }
+        let r = server.post("/api/v2/jobs", &body);
+        assert_eq!(r.status().as_u16(), 201);
+        let job: Value = r.json().unwrap();
+        ids.push(job["id"].as_str().unwrap().to_string());
+    }
+    for id in &ids {
+        server.wait(id);
+    }
+    let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
+
+    let (first, older) = listed(&page("/"));
+    assert_eq!(first, newest_first[..50], "the newest 50 first");
+    let (second, none) = listed(&page(&older.expect("an Older jobs link")));
+    assert_eq!(second, newest_first[50..], "then the rest");
+    assert_eq!(none, None, "the last page has no Older link");
+
+    let (failed, _) = listed(&page("/?status=failed"));
+    assert_eq!(failed, [ids[59].clone()]);
+    let (succeeded, _) = listed(&page("/?status=succeeded"));
+    assert!(!succeeded.contains(&ids[59]) && succeeded.len() == 50);
+
+    let red: Vec<String> = newest_first
+        .iter()
+        .filter(|id| ids.iter().position(|x| x == *id).unwrap() % 3 == 0)
+        .cloned()
+        .collect();
+    let (labelled, older) = listed(&page("/?label=team%3Dred"));
+    assert_eq!(labelled, red, "every labelled job, on one page");
+    assert_eq!(older, None);
+    let (nobody, _) = listed(&page("/?label=team%3Dblue"));
+    assert!(nobody.is_empty());
+
+    for bad in ["/?cursor=zzz", "/?label=no-equals-sign", "/?status=sleeping"] {
+        let r = client.get(server.url(bad)).send().unwrap();
+        assert_eq!(r.status().as_u16(), 400, "{bad}");
+        let text = r.text().unwrap();
+        assert!(!text.contains("<script>"), "{bad}: an error page, escaped");
+    }
+}
