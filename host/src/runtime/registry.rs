@@ -77,18 +77,45 @@ fn plugin_name(path: &Path) -> String {
     path.file_stem().unwrap_or_default().to_string_lossy().into_owned()
 }
 
+/// Largest plugin component read (the JavaScript example, with its engine, is about 12 MB).
+pub const MAX_PLUGIN_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Largest plugin manifest read.
+const MAX_MANIFEST_BYTES: u64 = 1024 * 1024;
+
+/// The bytes of `path`, or a message when it cannot be read or holds more than `max` bytes
+/// (checked while reading, so a file that grows meanwhile is refused too).
+fn read_capped(path: &Path, what: &str, max: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    if bytes.len() as u64 > max {
+        return Err(format!(
+            "{what} {} is larger than {} MiB",
+            path.display(),
+            max / (1024 * 1024)
+        ));
+    }
+    Ok(bytes)
+}
+
 /// The plugin at `path` (a `.wasm` file) with its manifest (`<stem>.toml` beside it,
-/// optional), named by its file stem; a message when either cannot be read.
+/// optional), named by its file stem; a message when either cannot be read or is larger
+/// than its cap ([`MAX_PLUGIN_BYTES`]).
 pub fn read_source(path: &Path) -> Result<PluginSource, String> {
     let manifest_path = path.with_extension("toml");
     let manifest = if manifest_path.exists() {
-        let text = std::fs::read_to_string(&manifest_path)
-            .map_err(|e| format!("cannot read manifest {}: {e}", manifest_path.display()))?;
+        let bytes = read_capped(&manifest_path, "manifest", MAX_MANIFEST_BYTES)?;
+        let text =
+            String::from_utf8(bytes).map_err(|_| format!("manifest {} is not UTF-8", manifest_path.display()))?;
         toml::from_str(&text).map_err(|e| format!("bad manifest {}: {e}", manifest_path.display()))?
     } else {
         Manifest::default()
     };
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let bytes = read_capped(path, "plugin", MAX_PLUGIN_BYTES)?;
     Ok(PluginSource {
         name: plugin_name(path),
         origin: path.display().to_string(),
@@ -130,4 +157,25 @@ pub(super) fn compile(engine: &Engine, bytes: &[u8], cache_dir: Option<&Path>) -
 /// Pre-links `component` against every capability of the contract version it targets.
 pub(super) fn prelink(engine: &Engine, linker: &Linker<CallState>, component: &Component) -> anyhow::Result<PluginPre> {
     PluginPre::new(engine, linker, component)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_over_their_cap_are_refused_with_a_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.wasm");
+        std::fs::write(&path, vec![0u8; 4097]).unwrap();
+        assert_eq!(read_capped(&path, "plugin", 4097).unwrap().len(), 4097);
+        let refused = read_capped(&path, "plugin", 4096).unwrap_err();
+        assert!(refused.contains("larger than"), "{refused}");
+        std::fs::write(path.with_extension("toml"), vec![b'#'; 2 * 1024 * 1024]).unwrap();
+        let refused = read_source(&path).err().expect("a 2 MiB manifest is refused");
+        assert!(
+            refused.contains("manifest") && refused.contains("larger than"),
+            "{refused}"
+        );
+    }
 }
