@@ -10,7 +10,7 @@
 //! them listed.
 //!
 //! So `/object_info` lists each of these classes that no plugin provides with ComfyUI's
-//! signature (model-file combos listing the models folder, its outputs), marked
+//! signature (model-file combos of what weft lists in the folder, its outputs), marked
 //! `deprecated`: the editor hides it in its node library and search, and a workflow that
 //! names it loads with its widgets. A prompt that uses one is refused like any class weft
 //! does not have, since none is in the catalogue.
