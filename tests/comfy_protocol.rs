@@ -426,6 +426,52 @@ fn informational_routes_answer_in_comfyuis_shapes() {
     }
 }
 
+#[test]
+fn object_info_lists_the_core_loaders_the_editor_requires_as_deprecated_and_prompts_using_them_are_refused() {
+    let models = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(models.path().join("checkpoints")).unwrap();
+    std::fs::write(models.path().join("checkpoints").join("svd.safetensors"), b"x").unwrap();
+    let server = Server::with(Options {
+        args: vec!["--models-dir".into(), models.path().display().to_string()],
+        ..Default::default()
+    });
+    let all: Value = server.get("/object_info").json().unwrap();
+    // ComfyUI's editor 1.27 reads these ten classes when it builds a model combo.
+    for class in [
+        "CheckpointLoaderSimple",
+        "ImageOnlyCheckpointLoader",
+        "LoraLoader",
+        "LoraLoaderModelOnly",
+        "VAELoader",
+        "ControlNetLoader",
+        "UNETLoader",
+        "UpscaleModelLoader",
+        "StyleModelLoader",
+        "GLIGENLoader",
+    ] {
+        assert_eq!(all[class]["name"], class, "{class} is not listed");
+    }
+    // Those weft runs are not deprecated; the others are, with ComfyUI's signature and the
+    // files weft lists in their folder.
+    assert!(all["CheckpointLoaderSimple"].get("deprecated").is_none());
+    let one: Value = server.get("/api/object_info/ImageOnlyCheckpointLoader").json().unwrap();
+    assert_eq!(one.as_object().unwrap().len(), 1);
+    let loader = &one["ImageOnlyCheckpointLoader"];
+    assert_eq!(loader["deprecated"], true);
+    assert_eq!(loader["input"]["required"]["ckpt_name"][0], json!(["svd.safetensors"]));
+    assert_eq!(loader["output"], json!(["MODEL", "CLIP_VISION", "VAE"]));
+
+    let (status, body) = post_prompt(
+        &server,
+        "",
+        json!({"1": {"class_type": "ImageOnlyCheckpointLoader", "inputs": {"ckpt_name": "svd.safetensors"}}}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"]["type"].is_string(), "{body}");
+    let listed: Value = server.get("/api/v2/jobs").json().unwrap();
+    assert_eq!(listed["jobs"], json!([]));
+}
+
 /// A server with the counter plugin (a slow node that reports progress) and one worker.
 fn slow_server(args: &[&str]) -> (Server, tempfile::TempDir) {
     let mut all = vec!["--workers", "1"];

@@ -1,6 +1,7 @@
 //! `GET /object_info[/{class}]`, `/system_stats`, `/features`, `/embeddings`,
 //! `/extensions`, `/models[/{folder}]` and `POST /free`. Nothing here shows another
 //! tenant's data: the only per-tenant part is the `LoadImage` combo, the caller's uploads.
+//! `/object_info` also lists the core loaders ComfyUI's editor requires (see `loaders`).
 
 use std::sync::Arc;
 
@@ -9,8 +10,8 @@ use warp::filters::BoxedFilter;
 use warp::http::StatusCode;
 use warp::Filter;
 
-use super::names;
 use super::{answer, json_body, json_reply, ok_empty, with_caller};
+use super::{loaders, names};
 use crate::api::auth::Caller;
 use crate::api::error::ApiError;
 use crate::api::AppState;
@@ -201,6 +202,11 @@ async fn object_info(
             out.insert(def.class_type.clone(), class_info(def, &uploads));
         }
     }
+    out.extend(loaders::object_info(
+        class.as_deref(),
+        |c| catalog.get(c).is_some(),
+        |folder| runtime.model_files(folder),
+    ));
     Ok(json_reply(StatusCode::OK, &Json::Object(out)))
 }
 

@@ -28,6 +28,7 @@ mod files;
 mod frontend;
 mod history;
 mod info;
+mod loaders;
 mod names;
 mod prompt;
 mod userdata;
