@@ -6,9 +6,9 @@
 //! - the status and label filters, newest page and deep.
 //!
 //! Run with `cargo bench -p weft --bench dashboard`. `WEFT_BENCH_JOBS` sets the number of
-//! jobs (default 100000), `WEFT_BENCH_PAGES` the requests per measure (default 50).
+//! jobs (default 100000), `WEFT_BENCH_PAGES` the requests per measure (default 50), and
+//! `WEFT_BENCH_BIN` another `weft` binary to measure than the one cargo built.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -88,7 +88,10 @@ fn measure(http: &reqwest::blocking::Client, base: &str, path: &str, pages: usiz
 fn main() {
     let count: usize = env_or("WEFT_BENCH_JOBS", 100_000);
     let pages: usize = env_or("WEFT_BENCH_PAGES", 50);
-    let bin = Path::new(env!("CARGO_BIN_EXE_weft"));
+    let bin = std::env::var_os("WEFT_BENCH_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_weft").into());
+    let bin = bin.as_path();
     let depth = (count * 2).to_string();
     let (server, _) = support::start(bin, tempfile::tempdir().unwrap(), &["--queue-depth", &depth], "error");
     let base = server.base.clone();

@@ -78,7 +78,7 @@ fn plugin_name(path: &Path) -> String {
 }
 
 /// Largest plugin component read (the JavaScript example, with its engine, is about 12 MB).
-pub const MAX_PLUGIN_BYTES: u64 = 256 * 1024 * 1024;
+pub(super) const MAX_PLUGIN_BYTES: u64 = 256 * 1024 * 1024;
 
 /// Largest plugin manifest read.
 const MAX_MANIFEST_BYTES: u64 = 1024 * 1024;
