@@ -541,12 +541,15 @@ fn the_queue_lists_and_deletes_pending_prompts_and_interrupt_stops_the_running_o
 #[test]
 fn the_socket_sends_comfyuis_messages_for_prompts_and_for_v2_jobs() {
     let server = Server::start();
-    let mut socket = Socket::open(&server, "?clientId=me", None).unwrap();
+    let mut socket = Socket::open(&server, "?clientId=test", None).unwrap();
     let hello = socket.next(Duration::from_secs(10)).unwrap();
     assert_eq!(hello["type"], "status");
-    assert_eq!(hello["data"]["sid"], "me");
+    assert_eq!(hello["data"]["sid"], "test");
     assert_eq!(hello["data"]["status"]["exec_info"]["queue_remaining"], 0);
+    let mut bystander = Socket::open(&server, "?clientId=someone-else", None).unwrap();
+    bystander.next(Duration::from_secs(10)).unwrap();
 
+    // post_prompt queues as client "test": its messages go to that client's socket only.
     let (_, body) = post_prompt(&server, "", image_graph(7));
     let id = body["prompt_id"].as_str().unwrap().to_string();
     let seen = socket.until(|m| is_end(m, &id));
@@ -564,6 +567,18 @@ fn the_socket_sends_comfyuis_messages_for_prompts_and_for_v2_jobs() {
         "the queue's changes are sent"
     );
 
+    let queue: Value = server.get("/queue").json().unwrap();
+    assert!(queue["queue_running"].is_array());
+    let heard: Vec<Value> = std::iter::from_fn(|| bystander.next(Duration::from_millis(300))).collect();
+    assert!(
+        heard.iter().all(|m| m["data"]["prompt_id"] != id.as_str()),
+        "another client hears no message of the prompt: {heard:?}"
+    );
+    assert!(
+        heard.iter().any(|m| m["type"] == "status"),
+        "but hears the queue change: {heard:?}"
+    );
+
     // The same prompt again is served from the node cache.
     let (_, body) = post_prompt(&server, "/api", image_graph(7));
     let id = body["prompt_id"].as_str().unwrap().to_string();
@@ -577,6 +592,11 @@ fn the_socket_sends_comfyuis_messages_for_prompts_and_for_v2_jobs() {
     assert!(
         types(&seen, &v2_id).contains(&"execution_success".to_string()),
         "{seen:?}"
+    );
+    let heard = bystander.until(|m| is_end(m, &v2_id));
+    assert!(
+        types(&heard, &v2_id).contains(&"execution_start".to_string()),
+        "a job queued with no client id is heard by every socket: {heard:?}"
     );
     let text = server.upload("not-an-image.png", b"plain text".to_vec());
     let broken = server.submit(json!({
@@ -623,8 +643,11 @@ fn the_socket_sends_sampler_progress_and_binary_preview_frames() {
         "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
         "9": {"class_type": "SaveImage", "inputs": {"filename_prefix": "ComfyUI", "images": ["8", 0]}}
     });
-    let (status, body) = post_prompt(&server, "", prompt);
-    assert_eq!(status, 200, "{body}");
+    // Queued as the editor does: with the sid the server gave as its client id.
+    let sid = hello["data"]["sid"].as_str().unwrap();
+    let r = server.post("/prompt", &json!({"prompt": prompt, "client_id": sid}));
+    assert_eq!(r.status().as_u16(), 200);
+    let body: Value = r.json().unwrap();
     let id = body["prompt_id"].as_str().unwrap().to_string();
     let seen = socket.until(|m| is_end(m, &id));
     let progress: Vec<&Value> = seen.iter().filter(|m| m["type"] == "progress").collect();

@@ -256,6 +256,12 @@ pub(super) async fn find_file(
     }
 }
 
+/// The job metadata key that records the `client_id` a prompt was queued with.
+pub(super) const CLIENT_ID_LABEL: &str = "comfy_client_id";
+
+/// Longest `client_id` taken (ComfyUI's own are UUIDs).
+const MAX_CLIENT_ID: usize = 256;
+
 async fn submit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp::reply::Response, ApiError> {
     let jobs = state.jobs()?;
     if state.stopped.load(std::sync::atomic::Ordering::SeqCst) {
@@ -290,6 +296,22 @@ async fn submit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp
         Some(Json::String(id)) => Some(id.clone()),
         Some(_) => return Ok(rejected("invalid_prompt", "prompt_id must be a string", "", json!({}))),
     };
+    // Who queued it: its messages on `/ws` go to that client's sockets only.
+    let mut labels = BTreeMap::new();
+    match body.get("client_id") {
+        None | Some(Json::Null) => {}
+        Some(Json::String(client)) if !client.is_empty() && client.chars().count() <= MAX_CLIENT_ID => {
+            labels.insert(CLIENT_ID_LABEL.to_string(), client.clone());
+        }
+        Some(_) => {
+            return Ok(rejected(
+                "invalid_prompt",
+                &format!("client_id must be a string of 1 to {MAX_CLIENT_ID} characters"),
+                "",
+                json!({}),
+            ))
+        }
+    }
     let runtime = jobs.runtime();
     let catalog = runtime.catalog();
     let file_errors = resolve_files(&state, &caller.tenant, &mut workflow, &catalog).await?;
@@ -302,10 +324,7 @@ async fn submit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp
             rendered,
         ));
     }
-    match jobs
-        .submit_as(&caller.tenant, id, workflow.clone(), BTreeMap::new(), None)
-        .await
-    {
+    match jobs.submit_as(&caller.tenant, id, workflow.clone(), labels, None).await {
         Ok(job) => Ok(json_reply(
             StatusCode::OK,
             &json!({"prompt_id": job.id, "number": number(&job), "node_errors": {}}),
@@ -348,13 +367,18 @@ pub(super) async fn queue_info(state: &AppState, tenant: &str) -> Result<Json, A
     Ok(json!({"exec_info": {"queue_remaining": remaining}}))
 }
 
-/// A queue or history item: `[number, prompt_id, prompt, extra_data, outputs_to_execute]`.
+/// A queue or history item: `[number, prompt_id, prompt, extra_data, outputs_to_execute]`;
+/// `extra_data` names the client that queued it, if one did.
 pub(super) fn queue_item(job: &JobRecord, catalog: &Catalog) -> Json {
+    let extra_data = match job.labels.get(CLIENT_ID_LABEL) {
+        Some(client) => json!({"client_id": client}),
+        None => json!({}),
+    };
     json!([
         number(job),
         job.id,
         job.workflow,
-        {},
+        extra_data,
         output_nodes(&job.workflow, catalog)
     ])
 }

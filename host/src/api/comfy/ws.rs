@@ -23,6 +23,7 @@ use crate::api::events::StreamSlot;
 use crate::api::AppState;
 use crate::jobs::events::{JobEvent, JobNumbered, NodePhase};
 use crate::jobs::{AssetRecord, JobStatus};
+use crate::store::JobRecord;
 
 /// ComfyUI's binary event type of a preview image.
 const PREVIEW_IMAGE: u32 = 1;
@@ -68,10 +69,35 @@ struct Session {
     state: Arc<AppState>,
     caller: Caller,
     sid: String,
-    /// Whether each job seen is the caller's.
-    owned: HashMap<Arc<str>, bool>,
+    /// Who hears each job seen.
+    owned: HashMap<Arc<str>, Audience>,
     /// Outputs committed by each running job, by node, until the node finishes.
     outputs: HashMap<Arc<str>, HashMap<String, Vec<AssetRecord>>>,
+}
+
+/// Who hears a job's messages: as ComfyUI does, a prompt queued with a `client_id` is heard
+/// by that client's sockets only, one without (a v2 job) by every socket; both only within
+/// the job's tenant. The queue's `status` goes to every socket of the tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Audience {
+    /// Another tenant's job.
+    Nobody,
+    /// Every socket of the tenant.
+    Everyone,
+    /// The sockets of this client id.
+    Client(Arc<str>),
+}
+
+impl Audience {
+    fn of(job: &JobRecord, tenant: &str) -> Self {
+        if job.tenant != tenant {
+            return Audience::Nobody;
+        }
+        match job.labels.get(super::prompt::CLIENT_ID_LABEL) {
+            Some(client) => Audience::Client(Arc::from(client.as_str())),
+            None => Audience::Everyone,
+        }
+    }
 }
 
 fn text(kind: &str, data: Json) -> Message {
@@ -149,33 +175,49 @@ impl Session {
         }
     }
 
-    /// Whether job `id` is the caller's, asking the store the first time.
-    async fn is_mine(&mut self, id: &Arc<str>, event: &JobEvent) -> bool {
+    /// Who hears job `id`, asking the store the first time.
+    async fn audience(&mut self, id: &Arc<str>, event: &JobEvent) -> Audience {
         if let JobEvent::Status(job) = event {
-            let mine = job.tenant == self.caller.tenant;
-            self.remember(id, mine);
-            return mine;
+            let audience = Audience::of(job, &self.caller.tenant);
+            self.remember(id, audience.clone());
+            return audience;
         }
-        if let Some(mine) = self.owned.get(id) {
-            return *mine;
+        if let Some(audience) = self.owned.get(id) {
+            return audience.clone();
         }
-        let mine = matches!(self.state.store.job(&self.caller.tenant, id).await, Ok(Some(_)));
-        self.remember(id, mine);
-        mine
+        let audience = match self.state.store.job(&self.caller.tenant, id).await {
+            Ok(Some(job)) => Audience::of(&job, &self.caller.tenant),
+            _ => Audience::Nobody,
+        };
+        self.remember(id, audience.clone());
+        audience
     }
 
-    fn remember(&mut self, id: &Arc<str>, mine: bool) {
+    fn remember(&mut self, id: &Arc<str>, audience: Audience) {
         if self.owned.len() >= MAX_KNOWN_JOBS {
             self.owned.clear();
         }
-        self.owned.insert(id.clone(), mine);
+        self.owned.insert(id.clone(), audience);
     }
 
     /// The messages one hub event becomes for this socket.
     async fn translate(&mut self, event: JobNumbered) -> Vec<Message> {
         let JobNumbered { job_id, numbered } = event;
-        if !self.is_mine(&job_id, &numbered.event).await {
-            return Vec::new();
+        match self.audience(&job_id, &numbered.event).await {
+            Audience::Nobody => return Vec::new(),
+            Audience::Client(client) if *client != *self.sid => {
+                // Another client's prompt: only the queue's state changes for this one.
+                return match &numbered.event {
+                    JobEvent::Status(job) if job.status != JobStatus::Canceling => {
+                        if job.status.is_terminal() {
+                            self.owned.remove(&job_id);
+                        }
+                        self.status().await.into_iter().collect()
+                    }
+                    _ => Vec::new(),
+                };
+            }
+            Audience::Everyone | Audience::Client(_) => {}
         }
         let prompt_id = job_id.to_string();
         match &numbered.event {
