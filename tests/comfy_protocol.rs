@@ -418,6 +418,9 @@ fn informational_routes_answer_in_comfyuis_shapes() {
         assert_eq!(server.get(&format!("{prefix}/models/nope")).status().as_u16(), 404);
         assert_eq!(get("/prompt"), json!({"exec_info": {"queue_remaining": 0}}));
         assert_eq!(get("/queue"), json!({"queue_running": [], "queue_pending": []}));
+        // The editor's log console: the server's log is not shown to callers.
+        assert_eq!(get("/internal/logs"), json!(""));
+        assert_eq!(get("/internal/logs/raw")["entries"], json!([]));
         let r = server.post(
             &format!("{prefix}/free"),
             &json!({"unload_models": true, "free_memory": true}),

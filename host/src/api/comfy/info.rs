@@ -120,6 +120,26 @@ pub(super) fn routes(state: &Arc<AppState>) -> BoxedFilter<(warp::reply::Respons
                 Ok(json_reply(StatusCode::OK, &json!(files)))
             }))
         });
+    // The editor's log console (shown after a failed queue): the server's own log is the
+    // operator's, not a tenant's, so the console is empty and subscribing to it is a no-op.
+    let logs = warp::path!("internal" / "logs")
+        .and(warp::get())
+        .and(with_caller(state))
+        .map(|_s: Arc<AppState>, _c: Caller| json_reply(StatusCode::OK, &json!("")));
+    let raw_logs = warp::path!("internal" / "logs" / "raw")
+        .and(warp::get())
+        .and(with_caller(state))
+        .map(|_s: Arc<AppState>, _c: Caller| {
+            json_reply(
+                StatusCode::OK,
+                &json!({"entries": [], "size": {"cols": 80, "rows": 24}}),
+            )
+        });
+    let subscribe_logs = warp::path!("internal" / "logs" / "subscribe")
+        .and(warp::patch())
+        .and(with_caller(state))
+        .and(json_body(state))
+        .map(|_s: Arc<AppState>, _c: Caller, _body: Json| ok_empty());
     let free = warp::path("free")
         .and(warp::path::end())
         .and(warp::post())
@@ -145,6 +165,12 @@ pub(super) fn routes(state: &Arc<AppState>) -> BoxedFilter<(warp::reply::Respons
         .or(experiment_files)
         .unify()
         .or(free)
+        .unify()
+        .or(logs)
+        .unify()
+        .or(raw_logs)
+        .unify()
+        .or(subscribe_logs)
         .unify()
         .boxed()
 }
