@@ -797,3 +797,50 @@ fn a_popular_python_comfyui_client_runs_a_workflow_unchanged() {
     assert_eq!(image.dimensions(), (6, 5));
     assert_eq!(image.get_pixel(2, 2).0, [245, 235, 225], "the uploaded image, inverted");
 }
+
+#[test]
+fn view_converts_to_comfyuis_preview_formats_and_channels() {
+    let server = Server::start();
+    let (status, body) = upload(&server, "image", "rgba.png", png(3, 2, [200, 100, 50, 128]), &[]);
+    assert_eq!(status, 200, "{body}");
+    let view_as = |extra: &str| server.get(&format!("/view?filename=rgba.png&subfolder=&type=input{extra}"));
+    let decoded = |r: reqwest::blocking::Response| {
+        assert_eq!(r.status().as_u16(), 200);
+        image::load_from_memory(&r.bytes().unwrap()).unwrap()
+    };
+    let stored = decoded(view_as(""));
+    assert_eq!(stored.to_rgba8().get_pixel(0, 0).0, [200, 100, 50, 128], "as stored");
+
+    let alpha = view_as("&channel=a");
+    assert_eq!(alpha.headers()["content-type"], "image/png");
+    assert_eq!(
+        decoded(alpha).to_rgba8().get_pixel(2, 1).0,
+        [0, 0, 0, 128],
+        "the alpha alone"
+    );
+    let rgb = decoded(view_as("&channel=rgb"));
+    assert_eq!(rgb.color(), image::ColorType::Rgb8);
+    assert_eq!(rgb.to_rgb8().get_pixel(1, 1).0, [200, 100, 50]);
+
+    let jpeg = view_as("&preview=jpeg;80");
+    assert_eq!(jpeg.headers()["content-type"], "image/jpeg");
+    let jpeg = decoded(jpeg);
+    assert_eq!((jpeg.width(), jpeg.height()), (3, 2));
+    let webp = view_as("&preview=webp;90");
+    assert_eq!(webp.headers()["content-type"], "image/webp");
+    assert_eq!(
+        decoded(webp).to_rgba8().get_pixel(0, 1).0,
+        [200, 100, 50, 128],
+        "lossless"
+    );
+
+    for bad in ["&channel=bogus", "&preview=jpeg;0", "&preview=jpeg;x"] {
+        assert_eq!(view_as(bad).status().as_u16(), 400, "{bad}");
+    }
+    let (_, text) = upload(&server, "image", "notes.png", b"plain text".to_vec(), &[]);
+    let r = server.get(&format!(
+        "/view?filename={}&type=input&channel=rgb",
+        text["name"].as_str().unwrap()
+    ));
+    assert_eq!(r.status().as_u16(), 400, "a file that is no image is not converted");
+}

@@ -24,6 +24,104 @@ use crate::jobs::assets::UploadDetails;
 const MAX_MASK_BYTES: u64 = 64 << 20;
 /// Most ` (n)` suffixes tried to find a free upload name.
 const MAX_RENAMES: usize = 1_000;
+/// Largest decoded image a conversion (`/view`'s `channel` and `preview`, a mask's
+/// composition) takes on: 256 MiB, a 8192x8192 RGBA image.
+const MAX_CONVERT_ALLOC: u64 = 256 << 20;
+/// Conversions that run at once; more wait their turn, so the memory they take stays bounded.
+static CONVERSIONS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// Decodes `bytes` (an image named `what` in errors) within [`MAX_CONVERT_ALLOC`].
+fn decode_bounded(bytes: &[u8], what: &str) -> Result<image::DynamicImage, ApiError> {
+    let undecodable =
+        |e: &dyn std::fmt::Display| ApiError::bad_request("invalid_image", format!("{what} cannot be decoded: {e}"));
+    let mut reader = image::ImageReader::new(std::io::Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| undecodable(&e))?;
+    let mut limits = image::Limits::default();
+    limits.max_alloc = Some(MAX_CONVERT_ALLOC);
+    reader.limits(limits);
+    reader.decode().map_err(|e| match e {
+        image::ImageError::Limits(_) => ApiError::PayloadTooLarge(format!(
+            "{what} is too large to convert (over {} MiB decoded)",
+            MAX_CONVERT_ALLOC >> 20
+        )),
+        e => undecodable(&e),
+    })
+}
+
+/// What `/view` sends instead of the stored file: ComfyUI's `preview=FORMAT;QUALITY` (a JPEG,
+/// or a lossless WebP) or `channel=rgb|a` (a PNG of the colours, or of the alpha alone).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Conversion {
+    Jpeg(u8),
+    Webp,
+    Rgb,
+    Alpha,
+}
+
+impl Conversion {
+    /// From `/view`'s query, as ComfyUI reads it: `preview` first, then `channel`; `None`
+    /// for the file as stored.
+    fn from_query(query: &std::collections::HashMap<String, String>) -> Result<Option<Self>, ApiError> {
+        if let Some(preview) = query.get("preview") {
+            let mut parts = preview.split(';');
+            let format = parts.next().unwrap_or("");
+            let quality = match parts.last() {
+                Some(q) => q
+                    .trim()
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|q| (1..=100).contains(q))
+                    .ok_or_else(|| ApiError::bad_request("invalid_request", "preview quality must be 1 to 100"))?,
+                None => 90,
+            };
+            return Ok(Some(if format == "jpeg" {
+                Conversion::Jpeg(quality)
+            } else {
+                Conversion::Webp
+            }));
+        }
+        match query.get("channel").map(String::as_str) {
+            None | Some("rgba") => Ok(None),
+            Some("rgb") => Ok(Some(Conversion::Rgb)),
+            Some("a") => Ok(Some(Conversion::Alpha)),
+            Some(_) => Err(ApiError::bad_request(
+                "invalid_request",
+                "channel must be rgba, rgb or a",
+            )),
+        }
+    }
+
+    /// Converts image `bytes`: the new bytes and their content type.
+    fn apply(self, bytes: &[u8]) -> Result<(Vec<u8>, &'static str), ApiError> {
+        let image = decode_bounded(bytes, "the file")?;
+        let mut out = Vec::new();
+        let mut cursor = std::io::Cursor::new(&mut out);
+        let encoded = match self {
+            Conversion::Jpeg(quality) => image
+                .to_rgb8()
+                .write_with_encoder(image::codecs::jpeg::JpegEncoder::new_with_quality(&mut cursor, quality)),
+            Conversion::Webp => image
+                .to_rgba8()
+                .write_with_encoder(image::codecs::webp::WebPEncoder::new_lossless(&mut cursor)),
+            Conversion::Rgb => image.to_rgb8().write_to(&mut cursor, image::ImageFormat::Png),
+            Conversion::Alpha => {
+                let mut alpha = image.to_rgba8();
+                for pixel in alpha.pixels_mut() {
+                    pixel.0[..3].fill(0);
+                }
+                alpha.write_to(&mut cursor, image::ImageFormat::Png)
+            }
+        };
+        encoded.map_err(|e| ApiError::upstream("encoding a converted image", e))?;
+        let content_type = match self {
+            Conversion::Jpeg(_) => "image/jpeg",
+            Conversion::Webp => "image/webp",
+            Conversion::Rgb | Conversion::Alpha => "image/png",
+        };
+        Ok((out, content_type))
+    }
+}
 
 /// The routes.
 pub(super) fn routes(state: &Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
@@ -65,9 +163,33 @@ async fn view(
     let kind = FolderType::parse(query.get("type").map(String::as_str), FolderType::Output).map_err(refused)?;
     let subfolder = query.get("subfolder").map(String::as_str).unwrap_or("");
     let file = names::resolve(filename, subfolder, kind).map_err(refused)?;
+    let conversion = Conversion::from_query(&query)?;
     let asset = find_file(&state, &caller.tenant, &file)
         .await?
         .ok_or(ApiError::NotFound("file".into()))?;
+    if let Some(conversion) = conversion {
+        if asset.size_bytes.max(0) as u64 > MAX_CONVERT_ALLOC {
+            return Err(ApiError::PayloadTooLarge(format!(
+                "files over {} MiB are served only as stored",
+                MAX_CONVERT_ALLOC >> 20
+            )));
+        }
+        let _turn = CONVERSIONS
+            .acquire()
+            .await
+            .map_err(|e| ApiError::upstream("waiting to convert an image", e))?;
+        let bytes = tokio::fs::read(state.assets.blob_path(&asset))
+            .await
+            .map_err(|e| ApiError::upstream("reading a file", e))?;
+        let (converted, content_type) = tokio::task::spawn_blocking(move || conversion.apply(&bytes))
+            .await
+            .map_err(|e| ApiError::upstream("converting an image", e))??;
+        let mut response = warp::http::Response::new(warp::hyper::Body::from(converted));
+        let headers = response.headers_mut();
+        headers.insert("cache-control", HeaderValue::from_static("private, max-age=60"));
+        content_safety_headers(headers, content_type, &asset.file_path);
+        return Ok(response);
+    }
     let file = state.assets.open(&asset, 0).await?;
     let body = tokio_util::io::ReaderStream::new(file);
     let mut response = warp::http::Response::new(warp::hyper::Body::wrap_stream(body));
@@ -242,14 +364,14 @@ async fn compose_mask(state: &AppState, tenant: &str, original_ref: &str, mask: 
         .await
         .map_err(|e| ApiError::upstream("reading the original image", e))?;
     let mask = mask.to_vec();
+    let _turn = CONVERSIONS
+        .acquire()
+        .await
+        .map_err(|e| ApiError::upstream("waiting to compose a mask", e))?;
     tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ApiError> {
         let bad = |m: String| ApiError::bad_request("invalid_image", m);
-        let mut image = image::load_from_memory(&original)
-            .map_err(|e| bad(format!("the original image cannot be decoded: {e}")))?
-            .to_rgba8();
-        let mask = image::load_from_memory(&mask)
-            .map_err(|e| bad(format!("the mask cannot be decoded: {e}")))?
-            .to_rgba8();
+        let mut image = decode_bounded(&original, "the original image")?.to_rgba8();
+        let mask = decode_bounded(&mask, "the mask")?.to_rgba8();
         if mask.dimensions() != image.dimensions() {
             return Err(bad(format!(
                 "the mask is {:?} pixels, the original image {:?}",
