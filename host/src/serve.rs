@@ -282,6 +282,22 @@ fn app_state(
     }))
 }
 
+/// `incoming` connections with Nagle's algorithm off. A response goes out in several small
+/// writes (headers, body, an event stream's events and its end); with Nagle on, each write
+/// after the first waits for the client's ACK of the one before, which a client that delays
+/// its ACKs holds back for up to 40 ms.
+fn no_delay(
+    incoming: tokio_stream::wrappers::TcpListenerStream,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use futures::StreamExt;
+    incoming.map(|accepted| {
+        let stream = accepted?;
+        // A connection the peer already dropped may refuse the option; it fails on its own.
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    })
+}
+
 /// Serves `state`'s routes on `listener`. A `standalone` server announces its address and
 /// stops on a shutdown signal; an embedded one serves until the process ends.
 fn listen(
@@ -291,7 +307,9 @@ fn listen(
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let bound = listener.local_addr()?;
     listener.set_nonblocking(true)?;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(tokio::net::TcpListener::from_std(listener)?);
+    let incoming = no_delay(tokio_stream::wrappers::TcpListenerStream::new(
+        tokio::net::TcpListener::from_std(listener)?,
+    ));
     let shutdown = async move {
         if standalone {
             shutdown_signal().await
@@ -314,7 +332,9 @@ fn listen_operator(
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let bound = listener.local_addr()?;
     listener.set_nonblocking(true)?;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(tokio::net::TcpListener::from_std(listener)?);
+    let incoming = no_delay(tokio_stream::wrappers::TcpListenerStream::new(
+        tokio::net::TcpListener::from_std(listener)?,
+    ));
     let server =
         warp::serve(api::operator_routes(state)).serve_incoming_with_graceful_shutdown(incoming, shutdown_signal());
     tracing::info!(addr = %bound, "operator routes listening");
