@@ -29,8 +29,8 @@ use support::{percentile, rss_mib, Nothing, Server};
 weft_allocator::install!();
 
 /// Runs `call` `n` times, timing each; returns the sorted samples and the total. Kept out
-/// of line so that a profiler can count only it (`valgrind --tool=callgrind
-/// --collect-atstart=no --toggle-collect='*measured_calls*'`).
+/// of line so that it is a frame of its own in a profile (`perf record -g`; valgrind cannot
+/// map the pooling allocator's address-space reservation).
 #[inline(never)]
 fn measured_calls(call: &dyn Fn(), n: usize) -> (Vec<Duration>, Duration) {
     let mut samples = Vec::with_capacity(n);
@@ -68,7 +68,7 @@ fn per_node_overhead() {
     for _ in 0..500 {
         call();
     }
-    // WEFT_BENCH_CALLS: fewer calls for a run under a profiler.
+    // WEFT_BENCH_CALLS: more (or fewer) calls for a run under a profiler.
     let calls = std::env::var("WEFT_BENCH_CALLS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -123,9 +123,26 @@ fn validation(runtime: &Runtime) {
     }
 }
 
-/// Starts `weft` on `dir`; returns it and the time until it served.
-fn start(dir: tempfile::TempDir) -> (Server, Duration) {
-    support::start(Path::new(env!("CARGO_BIN_EXE_weft")), dir, &[], "warn")
+/// Starts `weft` with `args` on `dir`; returns it and the time until it served.
+fn start(dir: tempfile::TempDir, args: &[&str]) -> (Server, Duration) {
+    support::start(Path::new(env!("CARGO_BIN_EXE_weft")), dir, args, "warn")
+}
+
+/// Starts `weft` with `args` twice: cold (compiling its plugins), then on a fresh data
+/// directory holding the first one's compiled-code cache. Returns the warm server and both
+/// start-up times; the compiler's memory is not in the warm server's RSS.
+fn start_warm(args: &[&str]) -> (Server, Duration, Duration) {
+    let (first, cold) = start(tempfile::tempdir().unwrap(), args);
+    let dir = tempfile::tempdir().unwrap();
+    // Re-use the compiled-code cache of the first start for a warm start.
+    let _ = Command::new("cp")
+        .arg("-r")
+        .arg(first.dir.path().join("cache"))
+        .arg(dir.path())
+        .status();
+    drop(first);
+    let (server, warm) = start(dir, args);
+    (server, cold, warm)
 }
 
 fn metric_sum(text: &str, name: &str) -> f64 {
@@ -245,7 +262,12 @@ fn two_branch_graph(color: u64) -> Value {
 
 /// Jobs the server has finished, by its own count.
 fn finished_jobs(http: &reqwest::blocking::Client, server: &Server) -> f64 {
-    let text = http.get(format!("{}/metrics", server.base)).send().unwrap().text().unwrap();
+    let text = http
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
     metric_sum(&text, "weft_job_duration_seconds_count")
 }
 
@@ -317,7 +339,7 @@ fn burst(server: &Server, count: u64, seed: u64) -> (Duration, Duration, f64) {
 /// workers: a burst of 5,000 queued image jobs, then RSS after 10,000 and 100,000 jobs and
 /// a minute later (`WEFT_BENCH_QUICK=1` stops after the first burst).
 fn throughput_and_memory() {
-    let (server, _) = support::start(Path::new(env!("CARGO_BIN_EXE_weft")), tempfile::tempdir().unwrap(), &["--workers", "2"], "warn");
+    let (server, _, _) = start_warm(&["--workers", "2"]);
     std::thread::sleep(Duration::from_millis(500));
     let idle = rss_mib(server.child.id());
     println!("idle RSS (2 workers): {idle:.1} MiB (goal < 30 MiB)");
@@ -370,25 +392,17 @@ fn main() {
     if !(selected("polling") || selected("idle")) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (first, cold) = start(dir);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path()).unwrap();
-    // Re-use the compiled-code cache of the first start for a warm start.
-    let _ = Command::new("cp")
-        .arg("-r")
-        .arg(first.dir.path().join("cache"))
-        .arg(dir.path())
-        .status();
-    drop(first);
-    let (server, warm) = start(dir);
+    let (server, cold, warm) = start_warm(&[]);
     println!(
         "start-up to ready: {:.0} ms cold (compiling plugins), {:.0} ms warm (cached)",
         cold.as_secs_f64() * 1e3,
         warm.as_secs_f64() * 1e3
     );
     std::thread::sleep(Duration::from_millis(500));
-    println!("idle RSS after start-up: {:.1} MiB (goal < 30 MiB)", rss_mib(server.child.id()));
+    println!(
+        "idle RSS after start-up: {:.1} MiB (goal < 30 MiB)",
+        rss_mib(server.child.id())
+    );
     if selected("idle") {
         let (p50, p99) = idle_latency(&server, image_graph, 300, 8_000_000);
         println!(
