@@ -287,7 +287,24 @@ impl Jobs {
         };
         // The runtime this job runs on to its end, even if a plugin is reloaded meanwhile.
         let runtime = self.runtime();
-        let plan = match graph::validate(&job.workflow, &runtime.catalog()) {
+        // The start's record carries the workflow only where the store read it back.
+        let read;
+        let workflow = if job.workflow.is_null() {
+            read = match self.store.job_workflow(&job.id).await {
+                Ok(Some(workflow)) => workflow,
+                Ok(None) => return Err(fail("invalid_workflow", "the job's workflow is gone".into())),
+                Err(e) => {
+                    return Err(fail(
+                        "internal_error",
+                        format!("the job's workflow cannot be read: {e}"),
+                    ))
+                }
+            };
+            &read
+        } else {
+            &job.workflow
+        };
+        let plan = match graph::validate(workflow, &runtime.catalog()) {
             Ok(plan) => plan,
             Err(e) => {
                 return Err(fail(
@@ -297,7 +314,7 @@ impl Jobs {
             }
         };
         let mut assets = HashMap::new();
-        for (_, asset) in graph::asset_refs(&job.workflow) {
+        for (_, asset) in graph::asset_refs(workflow) {
             match self.assets.get(&job.tenant, &asset.id).await {
                 Ok(Some(record)) => {
                     assets.insert(asset.id, self.assets.blob_path(&record));
@@ -313,7 +330,7 @@ impl Jobs {
             memory: runtime.job_memory(),
         };
         tracker.update(true, |p| p.nodes_total = plan.nodes.len() as u32);
-        let workflow_text: Arc<str> = job.workflow.to_string().into();
+        let workflow_text: Arc<str> = workflow.to_string().into();
         let mut job_files = JobFiles::default();
         let mut committed = Committed::default();
         // Each node's outputs are dropped once the last node that reads them has run, so a

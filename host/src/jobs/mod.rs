@@ -534,6 +534,30 @@ impl Jobs {
         })
     }
 
+    /// The views of `jobs` (a page of a list), with every job's outputs read at once.
+    pub async fn views(&self, jobs: Vec<JobRecord>) -> Result<Vec<JobView>, StoreError> {
+        let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
+        let mut outputs = self.store.outputs_of_jobs(&ids).await?;
+        let mut views = Vec::with_capacity(jobs.len());
+        for mut job in jobs {
+            if let Some(running) = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(&job.id) {
+                if !job.status.is_terminal() {
+                    job.progress = Some(running.progress.lock().unwrap_or_else(|e| e.into_inner()).clone());
+                }
+            }
+            let queue_position = match job.status {
+                JobStatus::Queued => Some(self.queue_position(&job.tenant, &job.id).await?),
+                _ => None,
+            };
+            views.push(JobView {
+                outputs: outputs.remove(&job.id).unwrap_or_default(),
+                job,
+                queue_position,
+            });
+        }
+        Ok(views)
+    }
+
     /// The latest `preview` event of running job `id`, if it sent one.
     pub fn latest_preview(&self, id: &str) -> Option<JobEvent> {
         let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
