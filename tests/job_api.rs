@@ -242,6 +242,28 @@ fn malformed_json_gets_the_envelope() {
     assert!(body["error"]["code"].is_string() && body["error"]["message"].is_string());
 }
 
+/// A large body is parsed off the async workers; its errors read as a small one's do, and a
+/// large valid one is accepted.
+#[test]
+fn large_bodies_parse_like_small_ones() {
+    let server = Server::start();
+    let valid = json!({"workflow": text_workflow(&"x".repeat(512 << 10))}).to_string();
+    let post = |body: String| {
+        server
+            .request(reqwest::Method::POST, "/api/v2/jobs")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .unwrap()
+    };
+    let r = post(valid[..valid.len() - 3].to_string());
+    assert_eq!(r.status().as_u16(), 400);
+    let body: Value = r.json().unwrap();
+    assert_envelope(&body, "invalid_json");
+    let r = post(valid);
+    assert_eq!(r.status().as_u16(), 201);
+}
+
 #[test]
 fn unknown_routes_wrong_methods_and_oversized_bodies_get_the_envelope() {
     let server = Server::start();
@@ -512,6 +534,31 @@ fn list_is_newest_first_with_limit_cursor_and_metadata_filters() {
         .unwrap();
     assert_eq!(one["jobs"].as_array().unwrap().len(), 1);
     assert_eq!(one["jobs"][0]["id"], ids[1].as_str());
+}
+
+/// A page of the list shows each job with its own outputs (read for the whole page at once),
+/// as `GET /api/v2/jobs/{id}` shows them.
+#[test]
+fn list_items_carry_each_jobs_own_outputs() {
+    let server = Server::start();
+    let mut ids = Vec::new();
+    for text in ["one", "two", "three"] {
+        let (status, _, job) = submit_with(&server, json!({"workflow": text_workflow(text)}), None);
+        assert_eq!(status, 201);
+        ids.push(job["id"].as_str().unwrap().to_string());
+    }
+    for id in &ids {
+        wait_status(&server, id, "succeeded");
+    }
+    let page: Value = server.get("/api/v2/jobs").json().unwrap();
+    let items = page["jobs"].as_array().unwrap();
+    assert_eq!(items.len(), 3);
+    for item in items {
+        let id = item["id"].as_str().unwrap();
+        let alone = job(&server, id);
+        assert_eq!(item["outputs"].as_array().map(Vec::len), Some(1), "{}", short(item));
+        assert_eq!(item["outputs"], alone["outputs"], "job {id}");
+    }
 }
 
 #[test]

@@ -318,9 +318,12 @@ fn listen_operator(
     Ok(tokio::spawn(server))
 }
 
-/// Serves `routes` on `listener` with warp's HTTP server (hyper), with Nagle's delay off and
-/// each request's client address in its extensions ([`api::ClientAddr`]), until `shutdown`;
-/// then open connections finish their requests.
+/// Serves `routes` on `listener` with warp's HTTP server (hyper), until `shutdown` (then open
+/// connections finish their requests), with each request's client address in its extensions
+/// ([`api::ClientAddr`]) and Nagle's algorithm off: a response goes out in several small
+/// writes (headers, body, an event stream's events and its end), and with Nagle on each write
+/// after the first waits for the client's ACK of the one before, which a client that delays
+/// its ACKs holds back for up to 40 ms.
 fn serve_with_client_addr(
     listener: std::net::TcpListener,
     routes: warp::filters::BoxedFilter<(warp::reply::Response,)>,

@@ -110,7 +110,8 @@ async fn submit(
             return Err(ApiError::IdempotencyKeyReuse { job_id });
         }
     }
-    let body: Json = serde_json::from_slice(&body)
+    let body: Json = super::parse_json(body)
+        .await
         .map_err(|e| ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}")))?;
     let Json::Object(mut body) = body else {
         return Err(ApiError::bad_request(
@@ -342,14 +343,11 @@ async fn list(state: Arc<AppState>, caller: Caller, query: String) -> Result<war
         .await
         .map_err(|e| ApiError::upstream("listing jobs", e))?;
     let links = state.links.clone();
-    let mut items = Vec::with_capacity(page.jobs.len());
-    for job in page.jobs {
-        let view = jobs
-            .view(job)
-            .await
-            .map_err(|e| ApiError::upstream("listing jobs", e))?;
-        items.push(render::list_item(&links, &view));
-    }
+    let views = jobs
+        .views(page.jobs)
+        .await
+        .map_err(|e| ApiError::upstream("listing jobs", e))?;
+    let items: Vec<Json> = views.iter().map(|view| render::list_item(&links, view)).collect();
     Ok(reply(
         StatusCode::OK,
         &json!({"jobs": items, "next_cursor": page.next.map(|n| format!("c{n}"))}),

@@ -169,6 +169,21 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
         .boxed()
 }
 
+/// Request bodies from this size on are parsed on a blocking thread: a workflow of tens of
+/// MiB takes milliseconds to parse, which would hold one of tokio's few async workers (two
+/// on a 2-core machine) and every request and job step queued behind it.
+const PARSE_ON_BLOCKING_THREAD: usize = 256 << 10;
+
+/// `body` parsed as JSON; a large one on a blocking thread.
+pub(crate) async fn parse_json(body: bytes::Bytes) -> Result<serde_json::Value, serde_json::Error> {
+    if body.len() < PARSE_ON_BLOCKING_THREAD {
+        return serde_json::from_slice(&body);
+    }
+    tokio::task::spawn_blocking(move || serde_json::from_slice(&body))
+        .await
+        .unwrap_or_else(|e| Err(serde::de::Error::custom(format!("the body's parse was lost: {e}"))))
+}
+
 /// Wraps a handler result as a response.
 pub fn respond(result: Result<warp::reply::Response, ApiError>) -> Result<warp::reply::Response, warp::Rejection> {
     Ok(result.unwrap_or_else(|e| e.into_response()))

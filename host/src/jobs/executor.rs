@@ -14,7 +14,7 @@ use super::outputs::{self, JobFiles};
 use super::state::Trigger;
 use super::{Jobs, Running};
 use crate::graph::{self, PlanInput};
-use crate::runtime::{AssetReader, AssetRef, CallContext, CancelToken, ProgressSink, TailLog, Value};
+use crate::runtime::{AssetReader, AssetRef, CallContext, CancelToken, OutputFile, ProgressSink, TailLog, Value};
 use crate::store::{AssetRecord, JobError, JobLogs, JobRecord, JobStatus, JobUpdate, Progress};
 
 /// Snapshots reach the event stream at most this often.
@@ -130,6 +130,23 @@ impl ProgressSink for Tracker {
 struct Committed {
     count: i64,
     bytes: u64,
+}
+
+/// Whether one more output of `size` bytes fits bounds of `max_outputs` outputs and
+/// `max_bytes` bytes, given what is `committed`; why not if not.
+fn admit(max_outputs: usize, max_bytes: u64, committed: &Committed, size: u64) -> Result<(), String> {
+    if committed.count as usize >= max_outputs {
+        return Err(format!(
+            "the job may commit at most {max_outputs} outputs (--max-job-outputs)"
+        ));
+    }
+    if committed.bytes.saturating_add(size) > max_bytes {
+        return Err(format!(
+            "the job's outputs would exceed {} MiB in all (--max-job-output-mib)",
+            max_bytes >> 20
+        ));
+    }
+    Ok(())
 }
 
 /// How a run ended, before it is recorded.
@@ -270,7 +287,24 @@ impl Jobs {
         };
         // The runtime this job runs on to its end, even if a plugin is reloaded meanwhile.
         let runtime = self.runtime();
-        let plan = match graph::validate(&job.workflow, &runtime.catalog()) {
+        // The start's record carries the workflow only where the store read it back.
+        let read;
+        let workflow = if job.workflow.is_null() {
+            read = match self.store.job_workflow(&job.id).await {
+                Ok(Some(workflow)) => workflow,
+                Ok(None) => return Err(fail("invalid_workflow", "the job's workflow is gone".into())),
+                Err(e) => {
+                    return Err(fail(
+                        "internal_error",
+                        format!("the job's workflow cannot be read: {e}"),
+                    ))
+                }
+            };
+            &read
+        } else {
+            &job.workflow
+        };
+        let plan = match graph::validate(workflow, &runtime.catalog()) {
             Ok(plan) => plan,
             Err(e) => {
                 return Err(fail(
@@ -280,7 +314,7 @@ impl Jobs {
             }
         };
         let mut assets = HashMap::new();
-        for (_, asset) in graph::asset_refs(&job.workflow) {
+        for (_, asset) in graph::asset_refs(workflow) {
             match self.assets.get(&job.tenant, &asset.id).await {
                 Ok(Some(record)) => {
                     assets.insert(asset.id, self.assets.blob_path(&record));
@@ -296,7 +330,7 @@ impl Jobs {
             memory: runtime.job_memory(),
         };
         tracker.update(true, |p| p.nodes_total = plan.nodes.len() as u32);
-        let workflow_text = job.workflow.to_string();
+        let workflow_text: Arc<str> = workflow.to_string().into();
         let mut job_files = JobFiles::default();
         let mut committed = Committed::default();
         // Each node's outputs are dropped once the last node that reads them has run, so a
@@ -415,27 +449,22 @@ impl Jobs {
                         ));
                     }
                     // One file at a time: encoded, checked against the job's bounds, stored
-                    // and committed before the next is encoded.
-                    for file in &output.files {
+                    // and committed before the next is encoded. Encoding and the blob's
+                    // write and fsync run on a blocking thread, off the async workers.
+                    for file in output.files {
+                        let file = Arc::new(file);
                         for index in 0..file.data.files() {
                             if !keep_going() {
                                 return stopped();
                             }
-                            let e = outputs::encode(file, index, &mut job_files, &workflow_text)
-                                .map_err(|m| node_error("output_encoding_failed", m, None))?;
-                            self.admit_output(&committed, e.bytes.len() as u64)
-                                .map_err(|m| node_error("job_output_limit", m, None))?;
-                            let (blob, size) = self
-                                .assets
-                                .put(&e.bytes)
-                                .map_err(|io| node_error("output_commit_failed", io.to_string(), None))?;
-                            let cached = CachedFile {
-                                name: e.name,
-                                kind: e.kind,
-                                content_type: e.content_type,
-                                blob,
-                                size,
+                            let stored = self
+                                .store_output(file.clone(), index, job_files, workflow_text.clone(), &committed)
+                                .await;
+                            let (cached, returned) = match stored {
+                                Ok(done) => done,
+                                Err((code, message)) => return Err(node_error(code, message, None)),
                             };
+                            job_files = returned;
                             self.commit(job, &node.id, cached.clone(), &mut committed)
                                 .await
                                 .map_err(|m| node_error("output_commit_failed", m, None))?;
@@ -495,19 +524,44 @@ impl Jobs {
 
     /// Whether one more output of `size` bytes fits the job's output bounds; why not if not.
     fn admit_output(&self, committed: &Committed, size: u64) -> Result<(), String> {
+        admit(self.config.max_outputs, self.config.max_output_bytes, committed, size)
+    }
+
+    /// Encodes file `index` of `file`, checks it against the job's output bounds and writes
+    /// its blob, on a blocking thread. Returns the stored file and `job_files` back, or the
+    /// failure's code and message.
+    async fn store_output(
+        &self,
+        file: Arc<OutputFile>,
+        index: usize,
+        mut job_files: JobFiles,
+        workflow_text: Arc<str>,
+        committed: &Committed,
+    ) -> Result<(CachedFile, JobFiles), (&'static str, String)> {
         let (max_outputs, max_bytes) = (self.config.max_outputs, self.config.max_output_bytes);
-        if committed.count as usize >= max_outputs {
-            return Err(format!(
-                "the job may commit at most {max_outputs} outputs (--max-job-outputs)"
-            ));
-        }
-        if committed.bytes.saturating_add(size) > max_bytes {
-            return Err(format!(
-                "the job's outputs would exceed {} MiB in all (--max-job-output-mib)",
-                max_bytes >> 20
-            ));
-        }
-        Ok(())
+        let committed = Committed {
+            count: committed.count,
+            bytes: committed.bytes,
+        };
+        let assets = self.assets.clone();
+        tokio::task::spawn_blocking(move || {
+            let e = outputs::encode(&file, index, &mut job_files, &workflow_text)
+                .map_err(|m| ("output_encoding_failed", m))?;
+            admit(max_outputs, max_bytes, &committed, e.bytes.len() as u64).map_err(|m| ("job_output_limit", m))?;
+            let (blob, size) = assets
+                .put(&e.bytes)
+                .map_err(|io| ("output_commit_failed", io.to_string()))?;
+            let cached = CachedFile {
+                name: e.name,
+                kind: e.kind,
+                content_type: e.content_type,
+                blob,
+                size,
+            };
+            Ok((cached, job_files))
+        })
+        .await
+        .map_err(|e| ("output_commit_failed", format!("the output's write was lost: {e}")))?
     }
 
     /// Records `file` as the job's next output (numbered by `committed`, which then counts

@@ -453,7 +453,7 @@ impl Jobs {
             let _ = self.queue.push(tenant, job.id.clone(), true);
         }
         self.metrics.submitted();
-        self.publish(&job.id, JobEvent::Status(Box::new(job.clone())));
+        self.publish(&job.id, status_event(&job));
         Ok(job)
     }
 
@@ -534,6 +534,30 @@ impl Jobs {
         })
     }
 
+    /// The views of `jobs` (a page of a list), with every job's outputs read at once.
+    pub async fn views(&self, jobs: Vec<JobRecord>) -> Result<Vec<JobView>, StoreError> {
+        let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
+        let mut outputs = self.store.outputs_of_jobs(&ids).await?;
+        let mut views = Vec::with_capacity(jobs.len());
+        for mut job in jobs {
+            if let Some(running) = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(&job.id) {
+                if !job.status.is_terminal() {
+                    job.progress = Some(running.progress.lock().unwrap_or_else(|e| e.into_inner()).clone());
+                }
+            }
+            let queue_position = match job.status {
+                JobStatus::Queued => Some(self.queue_position(&job.tenant, &job.id).await?),
+                _ => None,
+            };
+            views.push(JobView {
+                outputs: outputs.remove(&job.id).unwrap_or_default(),
+                job,
+                queue_position,
+            });
+        }
+        Ok(views)
+    }
+
     /// The latest `preview` event of running job `id`, if it sent one.
     pub fn latest_preview(&self, id: &str) -> Option<JobEvent> {
         let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
@@ -580,7 +604,7 @@ impl Jobs {
         let updated = self.store.update_job(id, &state::moves(trigger), update).await?;
         if let Some(job) = &updated {
             self.metrics.transition(job.status);
-            self.publish(id, JobEvent::Status(Box::new(job.clone())));
+            self.publish(id, status_event(job));
         }
         Ok(updated)
     }
@@ -599,6 +623,28 @@ impl Jobs {
             r.cancel.cancel();
         }
     }
+}
+
+/// The status event of `job`: the record without its workflow, which no reader of events
+/// needs and which would otherwise be copied into every status event and sit in each live
+/// job's replay buffer (`GET /api/v2/jobs/{id}/workflow` reads it from the store).
+fn status_event(job: &JobRecord) -> JobEvent {
+    JobEvent::Status(Box::new(JobRecord {
+        id: job.id.clone(),
+        tenant: job.tenant.clone(),
+        status: job.status,
+        workflow: Json::Null,
+        labels: job.labels.clone(),
+        created_at: job.created_at,
+        updated_at: job.updated_at,
+        started_at: job.started_at,
+        completed_at: job.completed_at,
+        expires_at: job.expires_at,
+        progress: job.progress.clone(),
+        error: job.error.clone(),
+        logs: job.logs.clone(),
+        seq: job.seq,
+    }))
 }
 
 #[cfg(test)]

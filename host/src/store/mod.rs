@@ -5,7 +5,7 @@
 //! weft processes sharing one database) can follow; [`sqlite::SqliteStore`] is the embedded
 //! default.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -150,13 +150,20 @@ pub trait Store: Send + Sync {
     async fn job_seq_exists(&self, tenant: &str, seq: i64) -> Result<bool, StoreError>;
     /// Applies `update` and the move of `moves` (from, to) that starts at the job's current
     /// status, in one write; a move to a terminal status also sets `completed_at`. Returns
-    /// the updated job, or `None` when no move starts at the current status.
+    /// the updated job, or `None` when no move starts at the current status. The returned
+    /// record's `workflow` may be `Null` (a state change need not read the workflow back and
+    /// parse it): [`job_workflow`](Self::job_workflow) reads it.
     async fn update_job(
         &self,
         id: &str,
         moves: &[(JobStatus, JobStatus)],
         update: JobUpdate,
     ) -> Result<Option<JobRecord>, StoreError>;
+    /// The workflow of job `id`, or `None` when there is no such job. The default reads the
+    /// whole record.
+    async fn job_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        Ok(self.job_by_id(id).await?.map(|job| job.workflow))
+    }
     /// Every job in one of `statuses`, oldest first.
     async fn jobs_with_status(&self, statuses: &[JobStatus]) -> Result<Vec<JobRecord>, StoreError>;
     /// Ids and statuses of jobs whose `expires_at` is before `now`.
@@ -186,6 +193,16 @@ pub trait Store: Send + Sync {
     ) -> Result<Vec<String>, StoreError>;
     /// The outputs of a job, in commit order.
     async fn job_outputs(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError>;
+    /// The outputs of each of `job_ids`, each job's in commit order (a job without outputs
+    /// may be missing from the map). One read where the store can: a page of jobs is listed
+    /// with it. The default asks [`job_outputs`](Self::job_outputs) once per job.
+    async fn outputs_of_jobs(&self, job_ids: &[String]) -> Result<HashMap<String, Vec<AssetRecord>>, StoreError> {
+        let mut outputs = HashMap::with_capacity(job_ids.len());
+        for id in job_ids {
+            outputs.insert(id.clone(), self.job_outputs(id).await?);
+        }
+        Ok(outputs)
+    }
     /// Deletes an uploaded asset; outputs of a live job are [`StoreError::InUse`].
     async fn delete_asset(&self, tenant: &str, id: &str) -> Result<Deleted, StoreError>;
     /// Deletes uploaded assets whose `expires_at` passed; returns their blobs.

@@ -9,7 +9,7 @@
 //! beside the writer.
 
 use std::any::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 
@@ -328,6 +328,9 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
 
 const JOB_COLUMNS: &str = "id, seq, tenant, status, workflow, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs";
 
+/// [`JOB_COLUMNS`] with a JSON `null` in the workflow's place, for reads that do not need it.
+const JOB_COLUMNS_NO_WORKFLOW: &str = "id, seq, tenant, status, 'null', labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs";
+
 fn job_from_row(row: &Row) -> rusqlite::Result<JobRecord> {
     let status: String = row.get(3)?;
     let workflow: String = row.get(4)?;
@@ -535,7 +538,10 @@ impl Store for SqliteStore {
         let id = id.to_string();
         let moves = moves.to_vec();
         self.write(Durability::Relaxed, move |c| {
-            let Some(job) = job_where(c, "id = ?1", params![id])? else {
+            // The workflow is not read back: a state change does not need it, and parsing a
+            // large one would hold the one writer thread.
+            let sql = format!("SELECT {JOB_COLUMNS_NO_WORKFLOW} FROM jobs WHERE id = ?1");
+            let Some(job) = c.prepare_cached(&sql)?.query_row(params![id], job_from_row).optional()? else {
                 return Ok(None);
             };
             let Some(&(_, to)) = moves.iter().find(|(from, _)| *from == job.status) else {
@@ -577,6 +583,19 @@ impl Store for SqliteStore {
                 time_text(now),
             ])?;
             Ok(Some(next))
+        })
+        .await
+    }
+
+    async fn job_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        let id = id.to_string();
+        // Parsed on the reader's blocking thread, as whole records are.
+        self.read(move |c| {
+            let text: Option<String> = c
+                .prepare_cached("SELECT workflow FROM jobs WHERE id = ?1")?
+                .query_row(params![id], |r| r.get(0))
+                .optional()?;
+            Ok(text.map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::Null)))
         })
         .await
     }
@@ -859,6 +878,30 @@ impl Store for SqliteStore {
             Ok(c.prepare_cached(&sql)?
                 .query_map(params![job_id], asset_from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    async fn outputs_of_jobs(&self, job_ids: &[String]) -> Result<HashMap<String, Vec<AssetRecord>>, StoreError> {
+        let job_ids = job_ids.to_vec();
+        self.read(move |c| {
+            let mut outputs: HashMap<String, Vec<AssetRecord>> = HashMap::with_capacity(job_ids.len());
+            // SQLite binds at most 32,766 parameters a statement.
+            for ids in job_ids.chunks(1_000) {
+                let marks = vec!["?"; ids.len()].join(", ");
+                let sql = format!(
+                    "SELECT {ASSET_COLUMNS} FROM assets WHERE job_id IN ({marks}) ORDER BY job_id, output_index"
+                );
+                let rows = c
+                    .prepare(&sql)?
+                    .query_map(rusqlite::params_from_iter(ids), asset_from_row)?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                for asset in rows {
+                    let job = asset.job_id.clone().unwrap_or_default();
+                    outputs.entry(job).or_default().push(asset);
+                }
+            }
+            Ok(outputs)
         })
         .await
     }

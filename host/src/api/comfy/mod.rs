@@ -69,7 +69,7 @@ fn json_body(state: &Arc<AppState>) -> BoxedFilter<(Json,)> {
             if body.iter().all(u8::is_ascii_whitespace) {
                 return Ok(Json::Object(Default::default()));
             }
-            serde_json::from_slice(&body).map_err(|e| {
+            super::parse_json(body).await.map_err(|e| {
                 warp::reject::custom(ApiError::bad_request(
                     "invalid_json",
                     format!("the body is not valid JSON: {e}"),
