@@ -476,3 +476,57 @@ fn the_jobs_list_pages_by_cursor_and_filters_by_status_and_label() {
         assert!(!text.contains("<script>"), "{bad}: an error page, escaped");
     }
 }
+
+/// The state and time cells of node `id`'s row on a job page.
+fn node_cells(page: &str, id: &str) -> (String, String) {
+    let row = page
+        .split(&format!("<tr data-node=\"{id}\">"))
+        .nth(1)
+        .and_then(|rest| rest.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no row for node {id}"));
+    let cell = |class: &str| {
+        row.split(&format!("class=\"{class}\">"))
+            .nth(1)
+            .and_then(|rest| rest.split("</td>").next())
+            .unwrap_or("")
+            .to_string()
+    };
+    (cell("node-state"), cell("node-time"))
+}
+
+#[test]
+fn a_finished_jobs_page_shows_each_nodes_time_as_the_server_measured_it() {
+    let server = Server::start();
+    let client = raw_client();
+    let page = |id: &str| {
+        client
+            .get(server.url(&format!("/ui/jobs/{id}")))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap()
+    };
+    let first = server.run(image_graph());
+    let id = first["id"].as_str().unwrap();
+    let shown = page(id);
+    for node in ["1", "2", "3"] {
+        let (state, time) = node_cells(&shown, node);
+        assert_eq!(state, "done", "node {node}");
+        assert!(time.ends_with(" ms") || time.ends_with(" s"), "node {node}: {time:?}");
+    }
+    // The same graph again comes from the node cache.
+    let again = server.run(image_graph());
+    let shown = page(again["id"].as_str().unwrap());
+    assert_eq!(node_cells(&shown, "3").0, "cached");
+    // A failing node is marked; nodes after it never ran and show nothing.
+    let text = server.upload("not-an-image.png", b"plain text".to_vec());
+    let broken = server.run(json!({
+        "1": {"class_type": "LoadImage", "inputs": {"image": {"__type": "core/ASSET", "info": {"id": text["id"]}}}},
+        "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "x"}}
+    }));
+    assert_eq!(broken["status"], "failed");
+    let shown = page(broken["id"].as_str().unwrap());
+    assert_eq!(node_cells(&shown, "1").0, "failed");
+    assert_eq!(node_cells(&shown, "3"), (String::new(), String::new()));
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use weft::store::postgres::PgStore;
 use weft::store::{
-    AssetRecord, Coordinator, Database, Deleted, JobRecord, JobStatus, JobUpdate, Signal, Store, StoreError,
+    AssetRecord, Coordinator, Database, Deleted, JobRecord, JobStatus, JobUpdate, NodeTime, Signal, Store, StoreError,
 };
 
 /// A store of each kind, fresh: SQLite in a temp dir, PostgreSQL in a new database.
@@ -77,6 +77,7 @@ fn job(id: &str, tenant: &str, created_at: DateTime<Utc>) -> JobRecord {
         progress: None,
         error: None,
         logs: None,
+        node_times: Vec::new(),
         seq: 0,
     }
 }
@@ -296,6 +297,7 @@ async fn a_status_moves_only_from_where_it_is(f: Fixture) {
                     value: 1.0,
                     ..Default::default()
                 }),
+                node_times: Some(vec![node_time("1", false), node_time("2", true)]),
                 ..Default::default()
             },
         )
@@ -306,6 +308,7 @@ async fn a_status_moves_only_from_where_it_is(f: Fixture) {
     let read = f.store.job_by_id("j").await.unwrap().unwrap();
     assert_eq!(read.status, JobStatus::Succeeded);
     assert_eq!(read.progress.unwrap().value, 1.0);
+    assert_eq!(read.node_times, [node_time("1", false), node_time("2", true)]);
     assert!(f
         .store
         .update_job("missing", &start, JobUpdate::default())
@@ -321,6 +324,42 @@ async fn a_status_moves_only_from_where_it_is(f: Fixture) {
     );
 }
 both!(a_status_moves_only_from_where_it_is);
+
+fn node_time(node_id: &str, cached: bool) -> NodeTime {
+    NodeTime {
+        node_id: node_id.into(),
+        class_type: "X".into(),
+        started_ms: 3,
+        duration_ms: 7,
+        cached,
+    }
+}
+
+#[tokio::test]
+async fn a_sqlite_database_of_schema_1_is_migrated_and_keeps_its_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weft.db");
+    let store = weft::store::sqlite::SqliteStore::open(&path).unwrap();
+    store.insert_job(job("old", "t", Utc::now()), None, 0).await.unwrap();
+    drop(store);
+    // Back to what version 1 held: no node times.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch("ALTER TABLE jobs DROP COLUMN node_times; PRAGMA user_version = 1;")
+        .unwrap();
+    drop(conn);
+    let store = weft::store::sqlite::SqliteStore::open(&path).unwrap();
+    let old = store
+        .job_by_id("old")
+        .await
+        .unwrap()
+        .expect("the job survives the migration");
+    assert!(old.node_times.is_empty());
+    let version: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, weft::store::sqlite::SCHEMA_VERSION);
+}
 
 async fn assets_outputs_and_their_lifetimes(f: Fixture) {
     f.store.insert_job(job("j", "t", Utc::now()), None, 0).await.unwrap();

@@ -15,7 +15,7 @@ use super::state::Trigger;
 use super::{Jobs, Running};
 use crate::graph::{self, PlanInput};
 use crate::runtime::{AssetReader, AssetRef, CallContext, CancelToken, OutputFile, ProgressSink, TailLog, Value};
-use crate::store::{AssetRecord, JobError, JobLogs, JobRecord, JobStatus, JobUpdate, Progress};
+use crate::store::{AssetRecord, JobError, JobLogs, JobRecord, JobStatus, JobUpdate, NodeTime, Progress};
 
 /// Snapshots reach the event stream at most this often.
 const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
@@ -45,9 +45,46 @@ struct Tracker {
     preview: Arc<Mutex<Option<JobEvent>>>,
     last_preview: Mutex<Option<Instant>>,
     last_step: Mutex<Option<Instant>>,
+    /// When the job started running, and the nodes' times so far (the last one still open
+    /// while its node runs).
+    times: Mutex<NodeTimes>,
+}
+
+/// The times of a job's nodes, in the order they ran.
+struct NodeTimes {
+    job_began: Instant,
+    done: Vec<NodeTime>,
+    /// When the node now running began.
+    open: Option<Instant>,
+}
+
+impl NodeTimes {
+    fn begin(&mut self, node: &graph::PlannedNode, cached: bool) {
+        self.end();
+        let now = Instant::now();
+        self.done.push(NodeTime {
+            node_id: node.id.clone(),
+            class_type: node.class_type.clone(),
+            started_ms: now.duration_since(self.job_began).as_millis() as u64,
+            duration_ms: 0,
+            cached,
+        });
+        self.open = Some(now);
+    }
+
+    /// Closes the node running, if one is.
+    fn end(&mut self) {
+        if let (Some(began), Some(last)) = (self.open.take(), self.done.last_mut()) {
+            last.duration_ms = began.elapsed().as_millis() as u64;
+        }
+    }
 }
 
 impl Tracker {
+    fn node_times(&self) -> std::sync::MutexGuard<'_, NodeTimes> {
+        self.times.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn update(&self, force: bool, change: impl FnOnce(&mut Progress)) {
         let snapshot = {
             let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
@@ -193,6 +230,11 @@ impl Jobs {
             preview,
             last_preview: Mutex::new(None),
             last_step: Mutex::new(None),
+            times: Mutex::new(NodeTimes {
+                job_began: started,
+                done: Vec::new(),
+                open: None,
+            }),
         });
         let outcome = match self.execute(&job, &cancel, &log, &tracker).await {
             Ok(()) if cancel.is_canceled() => Outcome::Canceled,
@@ -244,6 +286,11 @@ impl Jobs {
             ),
         };
         update.logs = logs;
+        update.node_times = Some({
+            let mut times = tracker.node_times();
+            times.end();
+            std::mem::take(&mut times.done)
+        });
         self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
         match self.transition(&id, trigger, update.clone()).await {
             Ok(Some(_)) => {}
@@ -253,6 +300,7 @@ impl Jobs {
                     let keep = JobUpdate {
                         progress: update.progress,
                         logs: update.logs,
+                        node_times: update.node_times,
                         ..Default::default()
                     };
                     let _ = self
@@ -373,6 +421,7 @@ impl Jobs {
             } else {
                 NodePhase::Started
             };
+            tracker.node_times().begin(node, cached.is_some());
             self.publish_node(&job.id, node, phase);
             let entry = match cached {
                 Some(entry) => {
@@ -495,6 +544,7 @@ impl Jobs {
                 p.step = None;
                 p.steps = None;
             });
+            tracker.node_times().end();
             self.publish_node(&job.id, node, NodePhase::Finished);
         }
         Ok(())

@@ -436,6 +436,7 @@ impl Jobs {
             progress: None,
             error: None,
             logs: None,
+            node_times: Vec::new(),
             seq: 0,
         };
         let cost = self.config.job_cost;
@@ -643,6 +644,7 @@ fn status_event(job: &JobRecord) -> JobEvent {
         progress: job.progress.clone(),
         error: job.error.clone(),
         logs: job.logs.clone(),
+        node_times: job.node_times.clone(),
         seq: job.seq,
     }))
 }

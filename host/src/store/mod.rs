@@ -71,6 +71,8 @@ pub struct JobUpdate {
     pub error: Option<JobError>,
     /// Set `logs`.
     pub logs: Option<JobLogs>,
+    /// Set `node_times`.
+    pub node_times: Option<Vec<NodeTime>>,
 }
 
 /// A page of jobs.

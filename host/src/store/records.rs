@@ -139,8 +139,26 @@ pub struct JobRecord {
     pub error: Option<JobError>,
     /// Captured log.
     pub logs: Option<JobLogs>,
+    /// How long each node that ran took, in the order they ran (set when the job ends).
+    #[serde(default)]
+    pub node_times: Vec<NodeTime>,
     /// Ordering key: larger is newer.
     pub seq: i64,
+}
+
+/// How long one node of a job took.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeTime {
+    /// The node's id in the workflow.
+    pub node_id: String,
+    /// Its class.
+    pub class_type: String,
+    /// When it started, in milliseconds after the job started running.
+    pub started_ms: u64,
+    /// How long it took, in milliseconds (its outputs' commit included).
+    pub duration_ms: u64,
+    /// Its result came from the node cache.
+    pub cached: bool,
 }
 
 /// An asset: a UUID record over a content-addressed blob.

@@ -52,7 +52,7 @@ pub struct SqliteStore {
 
 /// The schema version this build knows, kept in SQLite's `user_version`. Version 1 is the
 /// schema below; a later version adds a step to [`migrate`].
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS jobs (
@@ -150,6 +150,12 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
         // Version 1 is also what databases made before versioning hold: every statement is
         // `IF NOT EXISTS`.
         conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = 1; COMMIT;"))?;
+    }
+    if version < 2 {
+        // Version 2: how long each node of a job took.
+        conn.execute_batch(
+            "BEGIN IMMEDIATE; ALTER TABLE jobs ADD COLUMN node_times TEXT; PRAGMA user_version = 2; COMMIT;",
+        )?;
     }
     Ok(())
 }
@@ -326,10 +332,10 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("records serialize")
 }
 
-const JOB_COLUMNS: &str = "id, seq, tenant, status, workflow, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs";
+const JOB_COLUMNS: &str = "id, seq, tenant, status, workflow, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs, node_times";
 
 /// [`JOB_COLUMNS`] with a JSON `null` in the workflow's place, for reads that do not need it.
-const JOB_COLUMNS_NO_WORKFLOW: &str = "id, seq, tenant, status, 'null', labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs";
+const JOB_COLUMNS_NO_WORKFLOW: &str = "id, seq, tenant, status, 'null', labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs, node_times";
 
 fn job_from_row(row: &Row) -> rusqlite::Result<JobRecord> {
     let status: String = row.get(3)?;
@@ -350,6 +356,7 @@ fn job_from_row(row: &Row) -> rusqlite::Result<JobRecord> {
         progress: json_col(row.get(11)?),
         error: json_col(row.get(12)?),
         logs: json_col(row.get(13)?),
+        node_times: json_col(row.get(14)?).unwrap_or_default(),
     })
 }
 
@@ -565,12 +572,15 @@ impl Store for SqliteStore {
             if let Some(l) = update.logs {
                 next.logs = Some(l);
             }
+            if let Some(t) = update.node_times {
+                next.node_times = t;
+            }
             if to.is_terminal() && next.completed_at.is_none() {
                 next.completed_at = Some(now);
             }
             next.updated_at = now;
             c.prepare_cached(
-                "UPDATE jobs SET status = ?2, started_at = ?3, completed_at = ?4, progress = ?5, error = ?6, logs = ?7, updated_at = ?8 WHERE id = ?1",
+                "UPDATE jobs SET status = ?2, started_at = ?3, completed_at = ?4, progress = ?5, error = ?6, logs = ?7, updated_at = ?8, node_times = ?9 WHERE id = ?1",
             )?
             .execute(params![
                 next.id,
@@ -581,6 +591,7 @@ impl Store for SqliteStore {
                 next.error.as_ref().map(to_json),
                 next.logs.as_ref().map(to_json),
                 time_text(now),
+                (!next.node_times.is_empty()).then(|| to_json(&next.node_times)),
             ])?;
             Ok(Some(next))
         })
@@ -1083,6 +1094,7 @@ mod tests {
             progress: None,
             error: None,
             logs: None,
+            node_times: Vec::new(),
             seq: 0,
         }
     }

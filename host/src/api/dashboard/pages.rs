@@ -249,6 +249,15 @@ async fn jobs_page(state: &AppState, viewer: &SessionInfo, query: &str) -> Resul
     Ok(body)
 }
 
+/// A node's duration for people: milliseconds under a second, else seconds.
+fn duration_text(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else {
+        format!("{:.2} s", ms as f64 / 1000.0)
+    }
+}
+
 /// A workflow input value for people: links as `← node N output K`, literals as JSON.
 fn input_text(value: &Json) -> String {
     match value {
@@ -310,9 +319,24 @@ async fn job_page(state: &AppState, viewer: &SessionInfo, id: &str) -> Result<St
                 let _ = write!(inputs, "<div><b>{}</b>: {}</div>", esc(name), esc(&text));
             }
         }
+        // What the server recorded of the node, once the job ended.
+        let failed = job.error.as_ref().and_then(|e| e.node_id.as_deref()) == Some(node_id.as_str());
+        let (state, time) = match job.node_times.iter().find(|t| &t.node_id == node_id) {
+            Some(t) => (
+                if failed {
+                    "failed"
+                } else if t.cached {
+                    "cached"
+                } else {
+                    "done"
+                },
+                duration_text(t.duration_ms),
+            ),
+            None => ("", String::new()),
+        };
         let _ = write!(
             body,
-            "<tr data-node=\"{0}\"><td>{0}</td><td>{1}</td><td>{inputs}</td><td class=\"node-state\"></td><td class=\"node-time\"></td></tr>",
+            "<tr data-node=\"{0}\"><td>{0}</td><td>{1}</td><td>{inputs}</td><td class=\"node-state\">{state}</td><td class=\"node-time\">{time}</td></tr>",
             esc(node_id),
             esc(class)
         );

@@ -165,7 +165,7 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("records serialize")
 }
 
-const JOB_COLUMNS: &str = "id, seq, tenant, status, workflow, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs";
+const JOB_COLUMNS: &str = "id, seq, tenant, status, workflow, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs, node_times";
 
 fn job_from_row(row: &Row) -> JobRecord {
     let status: String = row.get(3);
@@ -186,6 +186,7 @@ fn job_from_row(row: &Row) -> JobRecord {
         progress: json_col(row.get(11)),
         error: json_col(row.get(12)),
         logs: json_col(row.get(13)),
+        node_times: json_col(row.get(14)).unwrap_or_default(),
     }
 }
 
@@ -421,12 +422,15 @@ impl Store for PgStore {
         if let Some(l) = update.logs {
             next.logs = Some(l);
         }
+        if let Some(t) = update.node_times {
+            next.node_times = t;
+        }
         if to.is_terminal() && next.completed_at.is_none() {
             next.completed_at = Some(now);
         }
         next.updated_at = now;
         tx.execute(
-            "UPDATE jobs SET status = $2, started_at = $3, completed_at = $4, progress = $5, error = $6, logs = $7, updated_at = $8 WHERE id = $1",
+            "UPDATE jobs SET status = $2, started_at = $3, completed_at = $4, progress = $5, error = $6, logs = $7, updated_at = $8, node_times = $9 WHERE id = $1",
             &[
                 &next.id,
                 &next.status.as_str(),
@@ -436,6 +440,7 @@ impl Store for PgStore {
                 &next.error.as_ref().map(to_json),
                 &next.logs.as_ref().map(to_json),
                 &now,
+                &(!next.node_times.is_empty()).then(|| to_json(&next.node_times)),
             ],
         )
         .await?;

@@ -11,7 +11,8 @@ use crate::store::StoreError;
 const MIGRATION_LOCK: i64 = 0x7765_6674_6d69_6772;
 
 /// The migrations, in order: version `i + 1` is `MIGRATIONS[i]`.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE jobs (
     id TEXT PRIMARY KEY,
     seq BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,
@@ -97,7 +98,12 @@ CREATE TABLE api_keys (
     tenant TEXT NOT NULL,
     created_at TIMESTAMPTZ NOT NULL
 );
-"#];
+"#,
+    r#"
+-- How long each node of a job took (a JSON array, set when the job ends).
+ALTER TABLE jobs ADD COLUMN node_times TEXT;
+"#,
+];
 
 /// The newest schema version this build knows.
 pub(crate) const LATEST: i64 = MIGRATIONS.len() as i64;
