@@ -172,7 +172,9 @@ mod tests {
         let refused = read_capped(&path, "plugin", 4096).unwrap_err();
         assert!(refused.contains("larger than"), "{refused}");
         std::fs::write(path.with_extension("toml"), vec![b'#'; 2 * 1024 * 1024]).unwrap();
-        let refused = read_source(&path).err().expect("a 2 MiB manifest is refused");
+        let Err(refused) = read_source(&path) else {
+            panic!("a 2 MiB manifest is refused");
+        };
         assert!(
             refused.contains("manifest") && refused.contains("larger than"),
             "{refused}"

@@ -66,7 +66,7 @@ impl Conversion {
         if let Some(preview) = query.get("preview") {
             let mut parts = preview.split(';');
             let format = parts.next().unwrap_or("");
-            let quality = match parts.last() {
+            let quality = match parts.next_back() {
                 Some(q) => q
                     .trim()
                     .parse::<u8>()
