@@ -514,13 +514,23 @@ impl Jobs {
         self.view(job).await.map(Some)
     }
 
-    /// Adds outputs, live progress and queue position to a stored job.
-    pub async fn view(&self, mut job: JobRecord) -> Result<JobView, StoreError> {
+    /// Puts the live progress of `job`, if it runs here, in place of the stored one, once
+    /// the run has planned its nodes (before that there is nothing to report).
+    fn add_live_progress(&self, job: &mut JobRecord) {
+        if job.status.is_terminal() {
+            return;
+        }
         if let Some(running) = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(&job.id) {
-            if !job.status.is_terminal() {
-                job.progress = Some(running.progress.lock().unwrap_or_else(|e| e.into_inner()).clone());
+            let live = running.progress.lock().unwrap_or_else(|e| e.into_inner());
+            if live.nodes_total > 0 {
+                job.progress = Some(live.clone());
             }
         }
+    }
+
+    /// Adds outputs, live progress and queue position to a stored job.
+    pub async fn view(&self, mut job: JobRecord) -> Result<JobView, StoreError> {
+        self.add_live_progress(&mut job);
         let outputs = self.store.job_outputs(&job.id).await?;
         let queue_position = match job.status {
             // A queued job no longer in the queue has been taken by a worker that is
@@ -541,11 +551,7 @@ impl Jobs {
         let mut outputs = self.store.outputs_of_jobs(&ids).await?;
         let mut views = Vec::with_capacity(jobs.len());
         for mut job in jobs {
-            if let Some(running) = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(&job.id) {
-                if !job.status.is_terminal() {
-                    job.progress = Some(running.progress.lock().unwrap_or_else(|e| e.into_inner()).clone());
-                }
-            }
+            self.add_live_progress(&mut job);
             let queue_position = match job.status {
                 JobStatus::Queued => Some(self.queue_position(&job.tenant, &job.id).await?),
                 _ => None,
