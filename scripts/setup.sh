@@ -4,7 +4,8 @@
 # server binaries (the tests start throw-away clusters; no server is left running), and
 # Chromium with its WebDriver (the browser tests), and comfy-api-simplified from PyPI in a
 # venv under target/ (the ComfyUI protocol tests). Options add:
-#   --with-python  componentize-py (the Python example plugin);
+#   --with-python  componentize-py (the Python example plugin), and moto's S3 server in a
+#                  venv under target/ (the S3 blob store tests);
 #   --with-js      Node.js, npm and the pinned componentize-js/jco of scripts/js-toolchain
 #                  (the JavaScript example plugin), installed into target/js-toolchain;
 #   --with-fuzz    cargo-fuzz (the fuzz targets in fuzz/).
@@ -53,6 +54,10 @@ fi
 
 if $with_python && ! command -v componentize-py >/dev/null 2>&1; then
   python3 -m pip install --quiet componentize-py==0.17.2
+fi
+# moto's S3 server, in a venv under target/ (the S3 blob store tests, tests/blob_store.rs).
+if $with_python; then
+  "$(dirname "$0")/moto.sh" >/dev/null
 fi
 
 if $with_js; then

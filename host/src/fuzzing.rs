@@ -20,7 +20,7 @@ use crate::jobs::assets::Assets;
 use crate::jobs::outputs::{self, JobFiles};
 use crate::runtime::worlds::v0_2::{self, wit};
 use crate::runtime::{Catalog, Held, JobMemory, NodeDef, Runtime, RuntimeConfig, Value};
-use crate::store::Blobs;
+use crate::store::blobs::LocalBlobs;
 
 /// The boundary the multipart targets' bodies are framed with.
 pub const BOUNDARY: &str = "weftfuzzboundary";
@@ -54,7 +54,7 @@ fn context() -> &'static Context {
         let store = tokio
             .block_on(crate::serve::open_store(&crate::store::Database::parse(None, &dir)))
             .expect("opening the fuzz store");
-        let blobs = Blobs::open(&dir.join("blobs")).expect("opening the fuzz blobs");
+        let blobs = Arc::new(LocalBlobs::open(&dir.join("blobs")).expect("opening the fuzz blobs"));
         std::fs::create_dir_all(dir.join("v2m-tmp")).expect("creating the v2m temporary directory");
         Context {
             assets: Assets::new(store, blobs),

@@ -16,6 +16,7 @@ use weft::runtime::{
     default_host_memory, Capabilities, CapabilityConfig, DiffusionConfig, Limits, ModelLibrary, Runtime, RuntimeConfig,
 };
 use weft::serve::{self, Role, ServeConfig};
+use weft::store::blobs::BlobLocation;
 use weft::store::Database;
 
 use cli::models::ModelsCommand;
@@ -177,9 +178,10 @@ struct ServeArgs {
     #[arg(long, env = "WEFT_DATABASE")]
     database: Option<String>,
     /// The content-addressed blobs (default DATA_DIR/blobs). Processes sharing a database
-    /// share it: a local folder on one machine, a network mount across machines.
+    /// share it: a local folder on one machine, a network mount across machines, or an S3
+    /// bucket, s3://BUCKET/PREFIX (configured from the AWS_* environment variables).
     #[arg(long, env = "WEFT_BLOB_DIR")]
-    blob_dir: Option<PathBuf>,
+    blob_dir: Option<String>,
     /// api serves HTTP only, worker runs jobs only (with /healthz and /metrics on
     /// --operator-addr), all does both. api and worker need a shared (postgres://) database.
     #[arg(long, env = "WEFT_ROLE", value_enum, default_value = "all")]
@@ -465,7 +467,10 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
     }
     Ok(ServeConfig {
         addr: args.addr,
-        blob_dir: args.blob_dir.unwrap_or_else(|| args.data_dir.join("blobs")),
+        blob_dir: match &args.blob_dir {
+            Some(text) => BlobLocation::parse(text)?,
+            None => BlobLocation::Dir(args.data_dir.join("blobs")),
+        },
         database,
         role: args.role,
         operator_addr: args.operator_addr,

@@ -12,7 +12,8 @@ use crate::api::{self, ApiConfig, AppState};
 use crate::jobs::assets::Assets;
 use crate::jobs::{self, Jobs, JobsConfig};
 use crate::runtime::{Runtime, RuntimeConfig};
-use crate::store::{Blobs, Coordinator, Database, Store};
+use crate::store::blobs::BlobLocation;
+use crate::store::{Coordinator, Database, Store};
 
 /// What a process does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -35,7 +36,7 @@ pub struct ServeConfig {
     /// The store.
     pub database: Database,
     /// The content-addressed blobs, shared by every process of a shared store.
-    pub blob_dir: PathBuf,
+    pub blob_dir: BlobLocation,
     /// What this process does.
     pub role: Role,
     /// Where a worker-only process serves `/healthz` and `/metrics` (default: `addr`).
@@ -58,40 +59,19 @@ pub struct ServeConfig {
     pub initial_credits: i64,
 }
 
-/// The key that signs content links, made once per `dir`: the data dir, or with a shared
-/// store the shared blob dir, so a link signed by one process opens on every other. Of
-/// processes starting together, the first to link its key into place wins and the others
-/// read that one.
-fn link_key(dir: &Path) -> anyhow::Result<[u8; 32]> {
-    let path = dir.join("link.key");
-    let read = || -> Option<[u8; 32]> { <[u8; 32]>::try_from(std::fs::read(&path).ok()?.as_slice()).ok() };
-    if let Some(key) = read() {
-        return Ok(key);
-    }
-    std::fs::create_dir_all(dir)?;
-    let mut key = [0u8; 32];
-    key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-    key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-    let tmp = dir.join(format!("link.key.{}", uuid::Uuid::new_v4()));
-    std::fs::write(&tmp, key)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
-    }
-    let placed = std::fs::hard_link(&tmp, &path);
-    let _ = std::fs::remove_file(&tmp);
-    if placed.is_ok() {
-        return Ok(key);
-    }
-    if let Some(theirs) = read() {
-        return Ok(theirs);
-    }
-    // An unreadable or short key file (an interrupted write): replace it.
-    let tmp = dir.join(format!("link.key.{}", uuid::Uuid::new_v4()));
-    std::fs::write(&tmp, key)?;
-    std::fs::rename(&tmp, &path)?;
-    Ok(key)
+/// The key that signs content links: one per data dir, or with a shared store one beside
+/// the shared blobs (a file in a folder, an object in a bucket), so a link signed by one
+/// process opens on every other. Of processes starting together, the first to place its key
+/// wins and the others read that one.
+async fn link_key(config: &ServeConfig, assets: &Assets) -> anyhow::Result<[u8; 32]> {
+    let key = match config.database {
+        Database::Postgres(_) => assets.shared_key("link.key").await,
+        Database::Sqlite(_) => {
+            let dir = config.data_dir.clone();
+            tokio::task::spawn_blocking(move || crate::store::blobs::local::shared_key(&dir, "link.key")).await?
+        }
+    };
+    key.map_err(|e| anyhow::anyhow!("reading the link-signing key: {e}"))
 }
 
 /// The video-to-music engine, writing its videos under `<data_dir>/v2m-tmp` (emptied of
@@ -152,7 +132,13 @@ async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<(Soc
             .ensure_tenant(api::auth::DEFAULT_TENANT, config.initial_credits)
             .await?;
     }
-    let assets = Arc::new(Assets::new(store.clone(), Blobs::open(&config.blob_dir)?));
+    let spool = config.data_dir.join("blob-spool");
+    let blobs = config
+        .blob_dir
+        .open(&spool)
+        .map_err(|e| anyhow::anyhow!("opening the blob store: {e}"))?;
+    let assets = Arc::new(Assets::new(store.clone(), blobs));
+    let link_key = link_key(&config, &assets).await?;
     let v2m_engine = v2m_engine(&config.api.v2m, &config.data_dir);
     let listen_early = config.api.surface == api::Surface::Serverless && config.role != Role::Worker;
     let early = if listen_early {
@@ -163,6 +149,7 @@ async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<(Soc
             store.clone(),
             assets.clone(),
             &v2m_engine,
+            link_key,
         )?;
         let addr = listener.local_addr()?;
         let server = listen(listener, state.clone(), standalone)?;
@@ -211,7 +198,7 @@ async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<(Soc
     let (server, addr) = if config.role == Role::Worker {
         let listener = std::net::TcpListener::bind(config.operator_addr.unwrap_or(config.addr))?;
         let addr = listener.local_addr()?;
-        let state = app_state(&config, addr, store, assets, &v2m_engine)?;
+        let state = app_state(&config, addr, store, assets, &v2m_engine, link_key)?;
         let _ = state.jobs.set(jobs);
         (listen_operator(listener, state)?, addr)
     } else {
@@ -223,7 +210,7 @@ async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<(Soc
             None => {
                 let listener = std::net::TcpListener::bind(config.addr)?;
                 let addr = listener.local_addr()?;
-                let state = app_state(&config, addr, store, assets, &v2m_engine)?;
+                let state = app_state(&config, addr, store, assets, &v2m_engine, link_key)?;
                 let _ = state.jobs.set(jobs);
                 (listen(listener, state, standalone)?, addr)
             }
@@ -248,6 +235,7 @@ fn app_state(
     store: Arc<dyn Store>,
     assets: Arc<Assets>,
     v2m_engine: &Option<Arc<V2mEngine>>,
+    link_key: [u8; 32],
 ) -> anyhow::Result<Arc<AppState>> {
     let origin = config
         .api
@@ -257,10 +245,7 @@ fn app_state(
     let links = api::links::Links::new(
         &origin,
         &config.api.mount_prefix,
-        link_key(match config.database {
-            Database::Postgres(_) => &config.blob_dir,
-            Database::Sqlite(_) => &config.data_dir,
-        })?,
+        link_key,
         config.link_ttl,
     );
     Ok(Arc::new(AppState {

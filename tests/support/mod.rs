@@ -65,6 +65,8 @@ pub(crate) struct Options {
     /// `--database` (default: the data dir's own SQLite store, or with
     /// `WEFT_TEST_STORE=postgres` a fresh PostgreSQL database kept with the data dir).
     pub database: Option<String>,
+    /// Extra environment variables (for example `AWS_*` for an S3 blob store).
+    pub env: Vec<(String, String)>,
 }
 
 /// The file in a data dir that names the PostgreSQL database its tests use.
@@ -131,7 +133,7 @@ impl Server {
                 }
             }
         }
-        cmd.args(&options.args).stdout(Stdio::piped());
+        cmd.args(&options.args).envs(options.env.iter().cloned()).stdout(Stdio::piped());
         match &options.log_file {
             Some(path) => cmd
                 .stderr(std::fs::File::create(path).expect("creating the log file"))

@@ -385,9 +385,7 @@ async fn content(
         Some((start, end)) => (start, end - start + 1, StatusCode::PARTIAL_CONTENT),
         None => (0, size, StatusCode::OK),
     };
-    let file = state.assets.open(&asset, start).await?;
-    use tokio::io::AsyncReadExt;
-    let body = tokio_util::io::ReaderStream::new(file.take(len));
+    let body = state.assets.read(&asset, start..start + len).await?;
     let mut response = warp::http::Response::new(warp::hyper::Body::wrap_stream(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();

@@ -5,16 +5,16 @@
 //! asset is being linked to it (an upload finished, a blob adopted by hash, an output
 //! committed). Garbage collection takes the same lock, so it sees either no asset yet (and
 //! the blob is not yet in place or is re-linked after) or the new asset (and keeps the blob).
-//! Reads need no lock: an open blob stays readable when its file is removed.
+//! Reads need no lock: an open blob stays readable when its file is removed (a read from
+//! object storage that loses its blob fails, as reading a deleted asset does).
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use tokio::io::AsyncSeekExt;
 use tokio::sync::Mutex;
 
-use crate::store::blobs::{is_hex_hash, BlobWriter};
+use crate::store::blobs::{self, is_hex_hash, BlobWriter, ByteStream, LocalFile};
 use crate::store::{AssetRecord, Blobs, Deleted, Store, StoreError};
 
 /// Why an asset operation failed.
@@ -119,9 +119,10 @@ impl Assets {
     /// the tenant (false when the tenant already had an asset with the same content).
     pub async fn upload(&self, upload: Upload, details: UploadDetails) -> Result<(AssetRecord, bool), AssetError> {
         let guard = self.link_lock.lock().await;
-        let (hash, size) = tokio::task::spawn_blocking(move || upload.0.finish())
+        let (hash, size) = self
+            .blobs
+            .finish(upload.0)
             .await
-            .map_err(|e| AssetError::failed("storing an upload", e))?
             .map_err(|e| AssetError::failed("storing an upload", e))?;
         if let Some(expected) = details.expected_hash {
             if expected != hash {
@@ -176,7 +177,15 @@ impl Assets {
             .asset_by_blob(tenant, hash)
             .await
             .map_err(|e| AssetError::failed("finding a blob", e))?;
-        let Some(existing) = existing.filter(|_| self.blobs.exists(hash)) else {
+        let stored = match &existing {
+            Some(_) => self
+                .blobs
+                .exists(hash)
+                .await
+                .map_err(|e| AssetError::failed("finding a blob", e))?,
+            None => false,
+        };
+        let Some(existing) = existing.filter(|_| stored) else {
             return Err(AssetError::BlobNotFound);
         };
         let asset = AssetRecord {
@@ -235,37 +244,61 @@ impl Assets {
         }
     }
 
-    /// The content of `asset`, opened at byte `start`.
-    pub async fn open(&self, asset: &AssetRecord, start: u64) -> Result<tokio::fs::File, AssetError> {
-        let mut file = tokio::fs::File::open(self.blob_path(asset))
+    /// Bytes `range` of `asset`'s content, streamed.
+    pub async fn read(&self, asset: &AssetRecord, range: std::ops::Range<u64>) -> Result<ByteStream, AssetError> {
+        self.blobs
+            .read(&asset.blob, range)
             .await
-            .map_err(|e| AssetError::failed("opening a blob", e))?;
-        file.seek(std::io::SeekFrom::Start(start))
-            .await
-            .map_err(|e| AssetError::failed("reading a blob", e))?;
-        Ok(file)
+            .map_err(|e| AssetError::failed("reading a blob", e))
     }
 
-    /// Where the content of `asset` lives on disk (to read it, or hard-link it).
-    pub fn blob_path(&self, asset: &AssetRecord) -> PathBuf {
-        self.blobs.path(&asset.blob)
+    /// The whole content of `asset`, in memory (for small assets).
+    pub async fn read_all(&self, asset: &AssetRecord) -> Result<Vec<u8>, AssetError> {
+        blobs::read_all(self.blobs.as_ref(), &asset.blob, asset.size_bytes.max(0) as u64)
+            .await
+            .map_err(|e| AssetError::failed("reading a blob", e))
+    }
+
+    /// `asset`'s content as a local file (the blob's own, or a temp copy removed on drop),
+    /// for readers that need a path; a copy is refused over `max` bytes.
+    pub async fn local_file(&self, asset: &AssetRecord, max: u64) -> Result<LocalFile, AssetError> {
+        blobs::local_file(self.blobs.as_ref(), &asset.blob, asset.size_bytes.max(0) as u64, max)
+            .await
+            .map_err(|e| AssetError::failed("copying a blob", e))
+    }
+
+    /// Copies `asset`'s content into the new file `dest`, unless it is over `max` bytes.
+    pub async fn download(&self, asset: &AssetRecord, dest: &Path, max: u64) -> Result<(), AssetError> {
+        blobs::download(self.blobs.as_ref(), &asset.blob, asset.size_bytes.max(0) as u64, dest, max)
+            .await
+            .map_err(|e| AssetError::failed("copying a blob", e))
+    }
+
+    /// The blob's own file, when blobs are files (none in object storage).
+    pub fn blob_file(&self, asset: &AssetRecord) -> Option<std::path::PathBuf> {
+        self.blobs.file_path(&asset.blob)
+    }
+
+    /// A random key kept beside the blobs, the same for every process sharing them.
+    pub async fn shared_key(&self, name: &str) -> std::io::Result<[u8; 32]> {
+        self.blobs.shared_key(name).await
     }
 
     /// Stores `bytes` as a blob, returning (hash hex, size). It stays collectable until an
     /// asset is recorded over it with [`commit_output`](Self::commit_output).
-    pub(super) fn put(&self, bytes: &[u8]) -> std::io::Result<(String, u64)> {
-        self.blobs.put(bytes)
+    pub(super) async fn put(&self, bytes: Vec<u8>) -> std::io::Result<(String, u64)> {
+        blobs::put(self.blobs.as_ref(), bytes).await
     }
 
-    /// Whether blob `hash` is stored.
-    pub(super) fn blob_exists(&self, hash: &str) -> bool {
-        self.blobs.exists(hash)
+    /// Whether blob `hash` is stored (a store that cannot tell says no).
+    pub(super) async fn blob_exists(&self, hash: &str) -> bool {
+        self.blobs.exists(hash).await.unwrap_or(false)
     }
 
     /// Records a job output over a blob stored before (or cached from an earlier run).
     pub(super) async fn commit_output(&self, asset: AssetRecord) -> Result<(), String> {
         let _guard = self.link_lock.lock().await;
-        if !self.blobs.exists(&asset.blob) {
+        if !self.blobs.exists(&asset.blob).await.map_err(|e| e.to_string())? {
             return Err(format!("blob {} is missing", asset.blob));
         }
         self.store.insert_asset(asset).await.map_err(|e| e.to_string())
@@ -281,7 +314,7 @@ impl Assets {
         let _guard = self.link_lock.lock().await;
         let orphans = self.store.unreferenced_blobs(candidates).await?;
         for hash in &orphans {
-            if let Err(e) = self.blobs.remove(hash) {
+            if let Err(e) = self.blobs.remove(hash).await {
                 tracing::warn!(blob = %hash, error = %e, "cannot remove blob");
             }
         }
@@ -292,10 +325,10 @@ impl Assets {
     /// crash or a failed commit left behind. The grace spares blobs whose asset is still
     /// being recorded. Returns them.
     pub(super) async fn collect_orphans(&self, grace: std::time::Duration) -> Result<Vec<String>, StoreError> {
-        let blobs = self.blobs.clone();
-        let old = tokio::task::spawn_blocking(move || blobs.older_than(grace))
+        let old = self
+            .blobs
+            .older_than(grace)
             .await
-            .map_err(|e| StoreError::Backend(e.to_string()))?
             .map_err(|e| StoreError::Backend(format!("listing blobs: {e}")))?;
         let mut removed = Vec::new();
         for batch in old.chunks(1000) {

@@ -2,7 +2,6 @@
 //! where possible), commit outputs as they are produced, and record the outcome.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -15,6 +14,7 @@ use super::state::Trigger;
 use super::{Jobs, Running};
 use crate::graph::{self, PlanInput};
 use crate::runtime::{AssetReader, AssetRef, CallContext, CancelToken, OutputFile, ProgressSink, TailLog, Value};
+use crate::store::blobs::LocalFile;
 use crate::store::{AssetRecord, JobError, JobLogs, JobRecord, JobStatus, JobUpdate, NodeTime, Progress};
 
 /// Snapshots reach the event stream at most this often.
@@ -23,8 +23,9 @@ const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(
 /// except a node's last step.
 const STEP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// Reads the blobs of the assets a job references, resolved before it runs.
-struct ResolvedAssets(HashMap<String, PathBuf>);
+/// Reads the blobs of the assets a job references, resolved before it runs (copied out of
+/// object storage into temp files that last as long as the job).
+struct ResolvedAssets(HashMap<String, LocalFile>);
 
 impl AssetReader for ResolvedAssets {
     fn read(&self, asset: &AssetRef) -> Result<Vec<u8>, String> {
@@ -32,7 +33,7 @@ impl AssetReader for ResolvedAssets {
             .0
             .get(&asset.id)
             .ok_or_else(|| format!("asset {} is not available to this job", asset.id))?;
-        std::fs::read(path).map_err(|e| format!("asset {} cannot be read: {e}", asset.id))
+        std::fs::read(path.path()).map_err(|e| format!("asset {} cannot be read: {e}", asset.id))
     }
 }
 
@@ -364,9 +365,12 @@ impl Jobs {
         let mut assets = HashMap::new();
         for (_, asset) in graph::asset_refs(workflow) {
             match self.assets.get(&job.tenant, &asset.id).await {
-                Ok(Some(record)) => {
-                    assets.insert(asset.id, self.assets.blob_path(&record));
-                }
+                Ok(Some(record)) => match self.assets.local_file(&record, u64::MAX).await {
+                    Ok(file) => {
+                        assets.insert(asset.id, file);
+                    }
+                    Err(e) => return Err(fail("missing_asset", format!("asset {} cannot be read: {e}", asset.id))),
+                },
                 _ => return Err(fail("missing_asset", format!("asset {} no longer exists", asset.id))),
             }
         }
@@ -412,10 +416,15 @@ impl Jobs {
             });
             // The cache is this process's; with a shared blob dir another process may have
             // collected a blob it names, and then the node runs again.
-            let cached = node
-                .cache_key
-                .and_then(|key| self.cache.get(&job.tenant, &key))
-                .filter(|entry| entry.files.iter().all(|f| self.assets.blob_exists(&f.blob)));
+            let mut cached = node.cache_key.and_then(|key| self.cache.get(&job.tenant, &key));
+            if let Some(entry) = &cached {
+                for file in &entry.files {
+                    if !self.assets.blob_exists(&file.blob).await {
+                        cached = None;
+                        break;
+                    }
+                }
+            }
             let phase = if cached.is_some() {
                 NodePhase::Cached
             } else {
@@ -593,25 +602,27 @@ impl Jobs {
             count: committed.count,
             bytes: committed.bytes,
         };
-        let assets = self.assets.clone();
-        tokio::task::spawn_blocking(move || {
+        let (e, job_files) = tokio::task::spawn_blocking(move || {
             let e = outputs::encode(&file, index, &mut job_files, &workflow_text)
                 .map_err(|m| ("output_encoding_failed", m))?;
             admit(max_outputs, max_bytes, &committed, e.bytes.len() as u64).map_err(|m| ("job_output_limit", m))?;
-            let (blob, size) = assets
-                .put(&e.bytes)
-                .map_err(|io| ("output_commit_failed", io.to_string()))?;
-            let cached = CachedFile {
-                name: e.name,
-                kind: e.kind,
-                content_type: e.content_type,
-                blob,
-                size,
-            };
-            Ok((cached, job_files))
+            Ok((e, job_files))
         })
         .await
-        .map_err(|e| ("output_commit_failed", format!("the output's write was lost: {e}")))?
+        .map_err(|e| ("output_commit_failed", format!("the output's write was lost: {e}")))??;
+        let (blob, size) = self
+            .assets
+            .put(e.bytes)
+            .await
+            .map_err(|io| ("output_commit_failed", io.to_string()))?;
+        let cached = CachedFile {
+            name: e.name,
+            kind: e.kind,
+            content_type: e.content_type,
+            blob,
+            size,
+        };
+        Ok((cached, job_files))
     }
 
     /// Records `file` as the job's next output (numbered by `committed`, which then counts

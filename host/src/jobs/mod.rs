@@ -659,7 +659,7 @@ fn status_event(job: &JobRecord) -> JobEvent {
 mod tests {
     use super::*;
     use crate::runtime::RuntimeConfig;
-    use crate::store::{sqlite::SqliteStore, Blobs};
+    use crate::store::{blobs::LocalBlobs, sqlite::SqliteStore};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn outputs_are_numbered_in_the_order_they_are_committed() {
@@ -667,7 +667,7 @@ mod tests {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("weft.db")).unwrap());
         let assets = Arc::new(Assets::new(
             store.clone(),
-            Blobs::open(&dir.path().join("blobs")).unwrap(),
+            Arc::new(LocalBlobs::open(&dir.path().join("blobs")).unwrap()),
         ));
         let runtime = tokio::task::spawn_blocking(|| Runtime::load(RuntimeConfig::default()))
             .await

@@ -1,5 +1,5 @@
 //! Everything persistent: jobs, assets, idempotency keys, tenants and API keys behind the
-//! [`Store`] trait, and blobs in a content-addressed directory.
+//! [`Store`] trait, and content-addressed blobs behind the [`blobs::BlobStore`] trait.
 //!
 //! The trait is async and free of SQLite-isms so that a PostgreSQL implementation (many
 //! weft processes sharing one database) can follow; [`sqlite::SqliteStore`] is the embedded

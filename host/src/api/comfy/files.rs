@@ -178,9 +178,7 @@ async fn view(
             .acquire()
             .await
             .map_err(|e| ApiError::upstream("waiting to convert an image", e))?;
-        let bytes = tokio::fs::read(state.assets.blob_path(&asset))
-            .await
-            .map_err(|e| ApiError::upstream("reading a file", e))?;
+        let bytes = state.assets.read_all(&asset).await?;
         let (converted, content_type) = tokio::task::spawn_blocking(move || conversion.apply(&bytes))
             .await
             .map_err(|e| ApiError::upstream("converting an image", e))??;
@@ -190,8 +188,7 @@ async fn view(
         content_safety_headers(headers, content_type, &asset.file_path);
         return Ok(response);
     }
-    let file = state.assets.open(&asset, 0).await?;
-    let body = tokio_util::io::ReaderStream::new(file);
+    let body = state.assets.read(&asset, 0..asset.size_bytes.max(0) as u64).await?;
     let mut response = warp::http::Response::new(warp::hyper::Body::wrap_stream(body));
     let headers = response.headers_mut();
     headers.insert("content-length", HeaderValue::from(asset.size_bytes.max(0) as u64));
@@ -360,9 +357,7 @@ async fn compose_mask(state: &AppState, tenant: &str, original_ref: &str, mask: 
     let asset = find_file(state, tenant, &file)
         .await?
         .ok_or(ApiError::NotFound("the original image".into()))?;
-    let original = tokio::fs::read(state.assets.blob_path(&asset))
-        .await
-        .map_err(|e| ApiError::upstream("reading the original image", e))?;
+    let original = state.assets.read_all(&asset).await?;
     let mask = mask.to_vec();
     let _turn = CONVERSIONS
         .acquire()

@@ -76,7 +76,7 @@ pub(super) async fn node_output(state: &AppState, outputs: &[&AssetRecord]) -> J
             Some("audio") => push("audio", file_ref(asset)),
             Some("latent") => push("latents", file_ref(asset)),
             Some("text") if asset.size_bytes <= MAX_INLINE_TEXT => {
-                let text = tokio::fs::read(state.assets.blob_path(asset)).await.ok();
+                let text = state.assets.read_all(asset).await.ok();
                 match text.and_then(|t| String::from_utf8(t).ok()) {
                     Some(text) => push("text", json!(text)),
                     None => push("files", file_ref(asset)),

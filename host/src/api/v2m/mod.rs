@@ -283,9 +283,21 @@ async fn resolve_reference(
             "`video` names no asset of yours: {reference:?} (give an asset id or a URL)"
         ))
     })?;
-    let blob = state.assets.blob_path(&asset);
-    // A hard link keeps the bytes readable even if the asset is deleted meanwhile.
     let temp = svc.engine.temp_video();
+    let Some(blob) = state.assets.blob_file(&asset) else {
+        // In object storage: ffmpeg needs a file, so the blob is copied (within the upload
+        // bound), and the copy removed with `temp`.
+        state
+            .assets
+            .download(&asset, temp.path(), svc.settings.max_upload_bytes)
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "copying a video blob");
+                DetailError::GenerationFailed("the video could not be read".into())
+            })?;
+        return Ok((temp, asset.blob));
+    };
+    // A hard link keeps the bytes readable even if the asset is deleted meanwhile.
     let temp = match std::fs::hard_link(&blob, temp.path()) {
         Ok(()) => temp,
         Err(_) => {

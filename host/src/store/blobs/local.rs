@@ -1,13 +1,21 @@
-//! Content-addressed blobs: one file per distinct content, named by its blake3 hash, written
-//! atomically (temp file, then rename).
+//! Blobs in a folder: one file per distinct content, named by its blake3 hash, written
+//! atomically (temp file, then rename). The folder may be a network mount shared by several
+//! machines.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use futures::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+
+use super::{BlobStore, ByteStream};
+
 /// The blob directory.
 #[derive(Debug, Clone)]
-pub struct Blobs {
+pub struct LocalBlobs {
     dir: PathBuf,
+    /// `dir/tmp`: blobs being written, swept of crash leftovers at open.
+    tmp: PathBuf,
 }
 
 /// A blob being written: bytes are hashed as they arrive.
@@ -16,14 +24,14 @@ pub struct BlobWriter {
     tmp: PathBuf,
     hasher: blake3::Hasher,
     size: u64,
-    blobs: Blobs,
+    blobs: LocalBlobs,
 }
 
 /// How old a temp file must be before it counts as left by a crash: writes in progress
 /// touch theirs far more often.
 pub const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(3600);
 
-impl Blobs {
+impl LocalBlobs {
     /// Opens (creating) the blob directory `dir`, and removes temp files a crash left. The
     /// directory may be shared by several processes (one PostgreSQL store): a temp file
     /// is removed only when it is [`STALE_TEMP`] old, so no other process is writing it.
@@ -38,7 +46,10 @@ impl Blobs {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
-        Ok(Self { dir: dir.to_path_buf() })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            tmp: dir.join("tmp"),
+        })
     }
 
     /// Where the blob `hash` (hex) lives.
@@ -54,7 +65,7 @@ impl Blobs {
 
     /// Starts writing a new blob.
     pub fn writer(&self) -> std::io::Result<BlobWriter> {
-        let tmp = self.dir.join("tmp").join(uuid::Uuid::new_v4().to_string());
+        let tmp = self.tmp.join(uuid::Uuid::new_v4().to_string());
         let file = std::fs::File::create(&tmp)?;
         Ok(BlobWriter {
             file,
@@ -65,16 +76,9 @@ impl Blobs {
         })
     }
 
-    /// Stores `bytes`, returning (hash, size).
-    pub fn put(&self, bytes: &[u8]) -> std::io::Result<(String, u64)> {
-        let mut writer = self.writer()?;
-        writer.write_chunk(bytes)?;
-        writer.finish()
-    }
-
     /// The blobs last written more than `age` ago (a blob written again, by an upload or an
     /// output of the same content, counts as new).
-    pub fn older_than(&self, age: std::time::Duration) -> std::io::Result<Vec<String>> {
+    fn older_than_sync(&self, age: std::time::Duration) -> std::io::Result<Vec<String>> {
         let cutoff = std::time::SystemTime::now()
             .checked_sub(age)
             .unwrap_or(std::time::UNIX_EPOCH);
@@ -96,7 +100,7 @@ impl Blobs {
     }
 
     /// Removes blob `hash` if present.
-    pub fn remove(&self, hash: &str) -> std::io::Result<()> {
+    fn remove_sync(&self, hash: &str) -> std::io::Result<()> {
         if !is_hex_hash(hash) {
             return Ok(());
         }
@@ -120,6 +124,15 @@ impl BlobWriter {
         self.size
     }
 
+    /// Ends the write without placing the blob: returns (hash hex, size, the temp file),
+    /// which the caller then owns (a remote store uploads it and removes it).
+    pub(super) fn spooled(mut self) -> std::io::Result<(String, u64, super::LocalFile)> {
+        self.file.flush()?;
+        let hash = self.hasher.finalize().to_hex().to_string();
+        let tmp = super::LocalFile::Spooled(std::mem::take(&mut self.tmp));
+        Ok((hash, self.size, tmp))
+    }
+
     /// Makes the blob durable and moves it into place. Returns (hash hex, size). The rename
     /// is made durable too (its directory is synced, and the blob directory when the
     /// prefix directory is new), so an acknowledged upload survives a power loss.
@@ -140,9 +153,98 @@ impl BlobWriter {
 
 impl Drop for BlobWriter {
     fn drop(&mut self) {
-        // After `finish` the temp file is gone; after an abandoned upload this cleans up.
-        let _ = std::fs::remove_file(&self.tmp);
+        // After `finish` the temp file is gone (after `spooled` it is not ours); after an
+        // abandoned upload this cleans up.
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
     }
+}
+
+#[async_trait::async_trait]
+impl BlobStore for LocalBlobs {
+    fn writer(&self) -> std::io::Result<BlobWriter> {
+        LocalBlobs::writer(self)
+    }
+
+    async fn finish(&self, writer: BlobWriter) -> std::io::Result<(String, u64)> {
+        blocking(move || writer.finish()).await
+    }
+
+    async fn exists(&self, hash: &str) -> std::io::Result<bool> {
+        Ok(LocalBlobs::exists(self, hash))
+    }
+
+    async fn read(&self, hash: &str, range: std::ops::Range<u64>) -> std::io::Result<ByteStream> {
+        if !is_hex_hash(hash) {
+            return Err(std::io::ErrorKind::NotFound.into());
+        }
+        let mut file = tokio::fs::File::open(self.path(hash)).await?;
+        file.seek(std::io::SeekFrom::Start(range.start)).await?;
+        let len = range.end.saturating_sub(range.start);
+        Ok(tokio_util::io::ReaderStream::new(file.take(len)).boxed())
+    }
+
+    fn file_path(&self, hash: &str) -> Option<PathBuf> {
+        is_hex_hash(hash).then(|| self.path(hash))
+    }
+
+    fn spool_dir(&self) -> &Path {
+        &self.tmp
+    }
+
+    async fn older_than(&self, age: std::time::Duration) -> std::io::Result<Vec<String>> {
+        let blobs = self.clone();
+        blocking(move || blobs.older_than_sync(age)).await
+    }
+
+    async fn remove(&self, hash: &str) -> std::io::Result<()> {
+        let (blobs, hash) = (self.clone(), hash.to_string());
+        blocking(move || blobs.remove_sync(&hash)).await
+    }
+
+    async fn shared_key(&self, name: &str) -> std::io::Result<[u8; 32]> {
+        let (dir, name) = (self.dir.clone(), name.to_string());
+        blocking(move || shared_key(&dir, &name)).await
+    }
+}
+
+/// Runs blocking file work off the async threads.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(work).await.map_err(std::io::Error::other)?
+}
+
+/// The random 32-byte key in file `name` of folder `dir`, made (mode 0600) if missing.
+/// Processes starting together agree: the key is placed with a hard link, which fails if
+/// another process placed one first, and then theirs is read.
+pub(crate) fn shared_key(dir: &Path, name: &str) -> std::io::Result<[u8; 32]> {
+    let path = dir.join(name);
+    let read = || -> Option<[u8; 32]> { <[u8; 32]>::try_from(std::fs::read(&path).ok()?.as_slice()).ok() };
+    if let Some(key) = read() {
+        return Ok(key);
+    }
+    std::fs::create_dir_all(dir)?;
+    let key = super::random_key();
+    let tmp = dir.join(format!("{name}.{}", uuid::Uuid::new_v4()));
+    std::fs::write(&tmp, key)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+    }
+    let placed = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    if placed.is_ok() {
+        return Ok(key);
+    }
+    if let Some(theirs) = read() {
+        return Ok(theirs);
+    }
+    // An unreadable or short key file (an interrupted write): replace it.
+    let tmp = dir.join(format!("{name}.{}", uuid::Uuid::new_v4()));
+    std::fs::write(&tmp, key)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(key)
 }
 
 /// Flushes directory `dir`'s entries (a rename or a new file in it) to disk. Directories
