@@ -23,7 +23,11 @@ impl Moto {
         let setup = Command::new(support::root().join("scripts/moto.sh"))
             .output()
             .expect("running scripts/moto.sh");
-        assert!(setup.status.success(), "scripts/moto.sh failed: {}", String::from_utf8_lossy(&setup.stderr));
+        assert!(
+            setup.status.success(),
+            "scripts/moto.sh failed: {}",
+            String::from_utf8_lossy(&setup.stderr)
+        );
         let binary = support::root().join(String::from_utf8(setup.stdout).unwrap().trim());
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -126,7 +130,11 @@ fn uploads_job_inputs_outputs_and_ranged_reads_go_through_s3_and_deleting_remove
     let picture = png([0, 0, 255, 255]);
     let asset = server.upload("photo.png", picture.clone());
     let asset_key = key_of(&asset["hash"]);
-    assert!(moto.keys("weft").contains(&asset_key), "the upload is an object: {:?}", moto.keys("weft"));
+    assert!(
+        moto.keys("weft").contains(&asset_key),
+        "the upload is an object: {:?}",
+        moto.keys("weft")
+    );
 
     // The job reads its input from S3 and writes its output there.
     let job = server.run(json!({
@@ -148,14 +156,20 @@ fn uploads_job_inputs_outputs_and_ranged_reads_go_through_s3_and_deleting_remove
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 206);
-    assert_eq!(r.headers()["content-range"], format!("bytes 1-3/{}", picture.len()).as_str());
+    assert_eq!(
+        r.headers()["content-range"],
+        format!("bytes 1-3/{}", picture.len()).as_str()
+    );
     assert_eq!(r.bytes().unwrap().as_ref(), b"PNG");
     let whole = server.request(reqwest::Method::GET, &content).send().unwrap();
     assert_eq!(whole.bytes().unwrap().as_ref(), picture.as_slice());
 
     // Deleting the only asset over a blob deletes its object.
     let r = server
-        .request(reqwest::Method::DELETE, &format!("/api/v2/assets/{}", asset["id"].as_str().unwrap()))
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/api/v2/assets/{}", asset["id"].as_str().unwrap()),
+        )
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 204);
@@ -169,7 +183,14 @@ fn retention_removes_an_expired_jobs_output_object() {
     moto.create_bucket("weft");
     let server = moto.weft(
         "weft",
-        &["--retention-secs", "1", "--expired-grace-secs", "0", "--sweep-interval-secs", "1"],
+        &[
+            "--retention-secs",
+            "1",
+            "--expired-grace-secs",
+            "0",
+            "--sweep-interval-secs",
+            "1",
+        ],
     );
     let job = server.run(json!({
         "1": {"class_type": "PrimitiveString", "inputs": {"value": "kept for a second"}},
@@ -178,7 +199,9 @@ fn retention_removes_an_expired_jobs_output_object() {
     assert_eq!(job["status"], "succeeded", "{job}");
     let key = key_of(&job["outputs"][0]["hash"]);
     assert!(moto.keys("weft").contains(&key));
-    wait_until("retention removed the output's object", || !moto.keys("weft").contains(&key));
+    wait_until("retention removed the output's object", || {
+        !moto.keys("weft").contains(&key)
+    });
 }
 
 #[test]
@@ -187,7 +210,10 @@ fn an_unreachable_object_store_is_a_clear_error_not_a_crash() {
     // No bucket: every request to the store fails.
     let server = moto.weft("missing", &[]);
     let form = reqwest::blocking::multipart::Form::new()
-        .part("file", reqwest::blocking::multipart::Part::bytes(b"x".to_vec()).file_name("x.txt"))
+        .part(
+            "file",
+            reqwest::blocking::multipart::Part::bytes(b"x".to_vec()).file_name("x.txt"),
+        )
         .text("file_path", "x.txt");
     let r = server
         .request(reqwest::Method::POST, "/api/v2/assets")

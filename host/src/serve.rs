@@ -242,12 +242,7 @@ fn app_state(
         .public_url
         .clone()
         .unwrap_or_else(|| format!("http://{bound}"));
-    let links = api::links::Links::new(
-        &origin,
-        &config.api.mount_prefix,
-        link_key,
-        config.link_ttl,
-    );
+    let links = api::links::Links::new(&origin, &config.api.mount_prefix, link_key, config.link_ttl);
     Ok(Arc::new(AppState {
         config: config.api.clone(),
         store,

@@ -133,7 +133,9 @@ impl Server {
                 }
             }
         }
-        cmd.args(&options.args).envs(options.env.iter().cloned()).stdout(Stdio::piped());
+        cmd.args(&options.args)
+            .envs(options.env.iter().cloned())
+            .stdout(Stdio::piped());
         match &options.log_file {
             Some(path) => cmd
                 .stderr(std::fs::File::create(path).expect("creating the log file"))

@@ -269,9 +269,15 @@ impl Assets {
 
     /// Copies `asset`'s content into the new file `dest`, unless it is over `max` bytes.
     pub async fn download(&self, asset: &AssetRecord, dest: &Path, max: u64) -> Result<(), AssetError> {
-        blobs::download(self.blobs.as_ref(), &asset.blob, asset.size_bytes.max(0) as u64, dest, max)
-            .await
-            .map_err(|e| AssetError::failed("copying a blob", e))
+        blobs::download(
+            self.blobs.as_ref(),
+            &asset.blob,
+            asset.size_bytes.max(0) as u64,
+            dest,
+            max,
+        )
+        .await
+        .map_err(|e| AssetError::failed("copying a blob", e))
     }
 
     /// The blob's own file, when blobs are files (none in object storage).

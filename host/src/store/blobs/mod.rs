@@ -125,7 +125,9 @@ pub async fn read_all(blobs: &dyn BlobStore, hash: &str, size: u64) -> std::io::
 /// bytes. A partial file is left for the caller to remove.
 pub async fn download(blobs: &dyn BlobStore, hash: &str, size: u64, dest: &Path, max: u64) -> std::io::Result<()> {
     if size > max {
-        return Err(std::io::Error::other(format!("the blob is over the {max} bytes allowed")));
+        return Err(std::io::Error::other(format!(
+            "the blob is over the {max} bytes allowed"
+        )));
     }
     let mut file = tokio::fs::File::create(dest).await?;
     let mut stream = blobs.read(hash, 0..size).await?;
