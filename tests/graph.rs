@@ -333,7 +333,11 @@ fn cached_results_left_unused_for_the_idle_time_are_dropped_and_their_nodes_run_
     assert_eq!(metric(&server, "weft_node_cache_bytes"), 0.0);
     let hits = metric(&server, "weft_node_cache_hits_total");
     let job = server.run(chain("aging"));
-    assert_eq!(metric(&server, "weft_node_cache_hits_total") - hits, 0.0, "every node ran again");
+    assert_eq!(
+        metric(&server, "weft_node_cache_hits_total") - hits,
+        0.0,
+        "every node ran again"
+    );
     assert_eq!(server.download(job["outputs"][0]["url"].as_str().unwrap()), b"AGING!");
 }
 

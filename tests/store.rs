@@ -348,7 +348,11 @@ async fn a_tenants_unfinished_jobs_are_read_and_counted_without_the_other_tenant
     assert_eq!(ids(read), ["a1", "a2", "a3"], "oldest first, tenant a only");
     let read = f.store.tenant_jobs_with_status("a", &active, 2).await.unwrap();
     assert_eq!(ids(read), ["a1", "a2"], "at most the limit");
-    let read = f.store.tenant_jobs_with_status("a", &[JobStatus::Running], 10).await.unwrap();
+    let read = f
+        .store
+        .tenant_jobs_with_status("a", &[JobStatus::Running], 10)
+        .await
+        .unwrap();
     assert_eq!(ids(read), ["a2"]);
     assert_eq!(f.store.count_tenant_jobs("a", &active).await.unwrap(), 3);
     assert_eq!(f.store.count_tenant_jobs("b", &active).await.unwrap(), 1);

@@ -663,8 +663,9 @@ impl Store for SqliteStore {
         let (tenant, list) = (tenant.to_string(), status_list(statuses));
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.read(move |c| {
-            let sql =
-                format!("SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = ?1 AND status IN ({list}) ORDER BY seq LIMIT ?2");
+            let sql = format!(
+                "SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = ?1 AND status IN ({list}) ORDER BY seq LIMIT ?2"
+            );
             Ok(c.prepare_cached(&sql)?
                 .query_map(params![tenant, limit], job_from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?)

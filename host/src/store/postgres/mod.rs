@@ -480,7 +480,8 @@ impl Store for PgStore {
     ) -> Result<Vec<JobRecord>, StoreError> {
         let names: Vec<&str> = statuses.iter().map(|s| s.as_str()).collect();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = $1 AND status = ANY($2) ORDER BY seq LIMIT $3");
+        let sql =
+            format!("SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = $1 AND status = ANY($2) ORDER BY seq LIMIT $3");
         Ok(self
             .rows(&sql, &[&tenant, &names, &limit])
             .await?
@@ -726,7 +727,10 @@ impl Store for PgStore {
         let sql = format!("SELECT {ASSET_COLUMNS} FROM assets WHERE job_id = ANY($1) ORDER BY job_id, output_index");
         let mut outputs: HashMap<String, Vec<AssetRecord>> = HashMap::with_capacity(job_ids.len());
         for asset in self.rows(&sql, &[&job_ids]).await?.iter().map(asset_from_row) {
-            outputs.entry(asset.job_id.clone().unwrap_or_default()).or_default().push(asset);
+            outputs
+                .entry(asset.job_id.clone().unwrap_or_default())
+                .or_default()
+                .push(asset);
         }
         Ok(outputs)
     }
