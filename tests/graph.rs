@@ -311,6 +311,37 @@ fn a_repeated_job_runs_nothing_again_and_its_outputs_have_the_same_hashes() {
 }
 
 #[test]
+fn cached_results_left_unused_for_the_idle_time_are_dropped_and_their_nodes_run_again() {
+    let server = Server::with(Options {
+        args: vec!["--cache-idle-secs".into(), "5".into()],
+        ..Default::default()
+    });
+    server.run(chain("aging"));
+    let hits = metric(&server, "weft_node_cache_hits_total");
+    server.run(chain("aging"));
+    assert_eq!(
+        metric(&server, "weft_node_cache_hits_total") - hits,
+        4.0,
+        "a result used again at once is still cached"
+    );
+    // Left alone, the entries age out: the gauges fall to zero.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while metric(&server, "weft_node_cache_entries") > 0.0 {
+        assert!(std::time::Instant::now() < deadline, "the cache never aged out");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(metric(&server, "weft_node_cache_bytes"), 0.0);
+    let hits = metric(&server, "weft_node_cache_hits_total");
+    let job = server.run(chain("aging"));
+    assert_eq!(
+        metric(&server, "weft_node_cache_hits_total") - hits,
+        0.0,
+        "every node ran again"
+    );
+    assert_eq!(server.download(job["outputs"][0]["url"].as_str().unwrap()), b"AGING!");
+}
+
+#[test]
 fn a_changed_input_reruns_only_that_node_and_what_depends_on_it() {
     let server = Server::start();
     server.run(chain("one"));

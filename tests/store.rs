@@ -105,7 +105,17 @@ async fn a_job_reads_back_as_written_and_only_by_its_tenant(f: Fixture) {
     j.labels = BTreeMap::from([("k".to_string(), "v".to_string())]);
     f.store.insert_job(j.clone(), None, 0).await.unwrap();
     let read = f.store.job("a", "j1").await.unwrap().unwrap();
-    assert_eq!(read.workflow.to_string(), j.workflow.to_string(), "key order is kept");
+    assert!(read.workflow.is_null(), "a record is read without its workflow");
+    let workflow = f.store.job_workflow("j1").await.unwrap().unwrap();
+    assert_eq!(workflow.to_string(), j.workflow.to_string(), "key order is kept");
+    assert!(f.store.job_workflow("nope").await.unwrap().is_none());
+    let workflows = f
+        .store
+        .workflows_of_jobs(&["j1".to_string(), "nope".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(workflows.len(), 1);
+    assert_eq!(workflows["j1"].to_string(), j.workflow.to_string());
     assert_eq!(read.labels, j.labels);
     assert_eq!(read.status, JobStatus::Queued);
     assert_eq!(read.created_at.timestamp_micros(), j.created_at.timestamp_micros());
@@ -325,6 +335,31 @@ async fn a_status_moves_only_from_where_it_is(f: Fixture) {
 }
 both!(a_status_moves_only_from_where_it_is);
 
+async fn a_tenants_unfinished_jobs_are_read_and_counted_without_the_other_tenants(f: Fixture) {
+    let now = Utc::now();
+    for (id, tenant) in [("a1", "a"), ("b1", "b"), ("a2", "a"), ("a3", "a")] {
+        f.store.insert_job(job(id, tenant, now), None, 0).await.unwrap();
+    }
+    let start = [(JobStatus::Queued, JobStatus::Running)];
+    f.store.update_job("a2", &start, JobUpdate::default()).await.unwrap();
+    let active = [JobStatus::Queued, JobStatus::Running];
+    let ids = |jobs: Vec<JobRecord>| jobs.into_iter().map(|j| j.id).collect::<Vec<_>>();
+    let read = f.store.tenant_jobs_with_status("a", &active, 10).await.unwrap();
+    assert_eq!(ids(read), ["a1", "a2", "a3"], "oldest first, tenant a only");
+    let read = f.store.tenant_jobs_with_status("a", &active, 2).await.unwrap();
+    assert_eq!(ids(read), ["a1", "a2"], "at most the limit");
+    let read = f
+        .store
+        .tenant_jobs_with_status("a", &[JobStatus::Running], 10)
+        .await
+        .unwrap();
+    assert_eq!(ids(read), ["a2"]);
+    assert_eq!(f.store.count_tenant_jobs("a", &active).await.unwrap(), 3);
+    assert_eq!(f.store.count_tenant_jobs("b", &active).await.unwrap(), 1);
+    assert_eq!(f.store.count_tenant_jobs("c", &active).await.unwrap(), 0);
+}
+both!(a_tenants_unfinished_jobs_are_read_and_counted_without_the_other_tenants);
+
 fn node_time(node_id: &str, cached: bool) -> NodeTime {
     NodeTime {
         node_id: node_id.into(),
@@ -386,6 +421,14 @@ async fn assets_outputs_and_their_lifetimes(f: Fixture) {
         .map(|a| a.id)
         .collect();
     assert_eq!(outputs, ["o0", "o1"]);
+    let by_job = f
+        .store
+        .outputs_of_jobs(&["j".to_string(), "none".to_string()])
+        .await
+        .unwrap();
+    let ids: Vec<&str> = by_job["j"].iter().map(|a| a.id.as_str()).collect();
+    assert_eq!(ids, ["o0", "o1"], "each job's outputs in commit order");
+    assert!(by_job.get("none").is_none_or(Vec::is_empty));
     assert!(matches!(f.store.delete_asset("t", "o0").await, Err(StoreError::InUse)));
     assert_eq!(f.store.delete_asset("u", "up").await.unwrap(), Deleted::NotFound);
     let orphans = f

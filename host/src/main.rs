@@ -299,6 +299,10 @@ struct ServeArgs {
     /// Node result cache, in MiB.
     #[arg(long, env = "WEFT_CACHE_MIB", default_value_t = 512)]
     cache_mib: usize,
+    /// Seconds a cached node result may go unused before it is dropped and its memory handed
+    /// back to the OS; 0 keeps results until the cache's size evicts them.
+    #[arg(long, env = "WEFT_CACHE_IDLE_SECS", default_value_t = 30)]
+    cache_idle_secs: u64,
     /// Grants a plugin a capability its manifest asks for: PLUGIN=env:NAME, PLUGIN=dir:/path
     /// or PLUGIN=network. Repeatable.
     #[arg(long = "grant", env = "WEFT_GRANTS", value_delimiter = ',')]
@@ -506,6 +510,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             retention: Duration::from_secs(args.retention_secs),
             expired_grace: Duration::from_secs(args.expired_grace_secs),
             cache_bytes: args.cache_mib << 20,
+            cache_idle: Duration::from_secs(args.cache_idle_secs),
             capture_logs: args.surface == Surface::Serverless,
             job_cost: if paid { args.job_cost.max(0) } else { 0 },
             log_bytes: limits.log_bytes,

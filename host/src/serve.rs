@@ -195,6 +195,7 @@ async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<(Soc
         _ => None,
     };
     jobs::retention::start(jobs.clone(), config.sweep_interval);
+    jobs.start_cache_aging();
     let (server, addr) = if config.role == Role::Worker {
         let listener = std::net::TcpListener::bind(config.operator_addr.unwrap_or(config.addr))?;
         let addr = listener.local_addr()?;

@@ -83,6 +83,13 @@ macro_rules! __node_impl {
         $vis struct $name;
 
         impl $crate::Node for $name {
+            fn class_type() -> ::std::borrow::Cow<'static, str> {
+                #[allow(unused_mut)]
+                let mut class_type = ::std::borrow::Cow::Borrowed(stringify!($name));
+                $($crate::__node_class_type!(class_type, $key, $val);)*
+                class_type
+            }
+
             fn definition() -> $crate::NodeDef {
                 #[allow(unused_imports)]
                 use $crate::input;
@@ -150,6 +157,16 @@ macro_rules! __spec {
         let spec: $crate::Spec<<$ity as $crate::Input>::Base> = $spec;
         spec
     }};
+}
+
+/// Takes the `class_type` key of [`node!`], if it is given, as the class name.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __node_class_type {
+    ($name:ident, class_type, $v:expr) => {
+        $name = ::std::borrow::Cow::from($v);
+    };
+    ($name:ident, $other:ident, $v:expr) => {};
 }
 
 /// Applies one `key: value` of [`node!`] to the definition.

@@ -219,6 +219,15 @@ fn describe_lists_all() {
 }
 
 #[test]
+fn class_type_without_the_definition_names_the_class_the_definition_names() {
+    assert_eq!(StringConcatenate::class_type(), "StringConcatenate");
+    assert_eq!(Everything::class_type(), "Everything!");
+    for entry in NODES {
+        assert_eq!((entry.class_type)(), (entry.definition)().class_type);
+    }
+}
+
+#[test]
 fn input_values_take_last() {
     let mut v = InputValues::new(vec![nv("a", Value::Int(1)), nv("a", Value::Int(2))]);
     assert!(matches!(v.take("a"), Some(Value::Int(2))));

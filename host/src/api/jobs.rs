@@ -275,11 +275,14 @@ async fn workflow(state: Arc<AppState>, caller: Caller, id: String) -> Result<wa
         .job(&caller.tenant, &id)
         .await
         .map_err(|e| ApiError::upstream("reading a job", e))?;
-    let job = job.ok_or(ApiError::NotFound("job".into()))?;
-    Ok(reply(
-        StatusCode::OK,
-        &json!({"workflow": job.workflow, "format": "api"}),
-    ))
+    job.ok_or(ApiError::NotFound("job".into()))?;
+    let workflow = state
+        .store
+        .job_workflow(&id)
+        .await
+        .map_err(|e| ApiError::upstream("reading a job", e))?
+        .ok_or(ApiError::NotFound("job".into()))?;
+    Ok(reply(StatusCode::OK, &json!({"workflow": workflow, "format": "api"})))
 }
 
 async fn cancel(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::reply::Response, ApiError> {

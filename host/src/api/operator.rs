@@ -168,6 +168,17 @@ pub async fn metrics_text(state: &AppState) -> Result<String, ApiError> {
             let n = counts.iter().find(|(s, _)| *s == status).map_or(0, |(_, n)| *n);
             let _ = writeln!(out, "weft_jobs{{status=\"{}\"}} {n}", status.as_str());
         }
+        let cache = jobs.node_cache();
+        let _ = writeln!(
+            out,
+            "# HELP weft_node_cache_entries Node results held by the cache.\n# TYPE weft_node_cache_entries gauge"
+        );
+        let _ = writeln!(out, "weft_node_cache_entries {}", cache.len());
+        let _ = writeln!(
+            out,
+            "# HELP weft_node_cache_bytes Bytes of node results held by the cache.\n# TYPE weft_node_cache_bytes gauge"
+        );
+        let _ = writeln!(out, "weft_node_cache_bytes {}", cache.bytes());
         jobs.metrics.render(&mut out);
     }
     Ok(out)

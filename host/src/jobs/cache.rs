@@ -1,7 +1,9 @@
 //! The node result cache: results keyed by class, inputs and ancestors' keys (as ComfyUI
-//! keys them), kept per tenant, bounded in memory, least recently used evicted first.
+//! keys them), kept per tenant, bounded in memory, least recently used evicted first, and
+//! aged out once unused for a while, so an idle server hands the memory back.
 
 use std::sync::Mutex;
+use std::time::Instant;
 
 use lru::LruCache;
 
@@ -47,8 +49,15 @@ fn weight(entry: &Entry) -> usize {
         + 256
 }
 
+/// An entry with its weight and when it was last stored or read.
+struct Held {
+    entry: Entry,
+    size: usize,
+    used: Instant,
+}
+
 struct Inner {
-    lru: LruCache<(String, [u8; 32]), (Entry, usize)>,
+    lru: LruCache<(String, [u8; 32]), Held>,
     bytes: usize,
 }
 
@@ -73,7 +82,9 @@ impl NodeCache {
     /// `tenant`'s entry for `key`.
     pub fn get(&self, tenant: &str, key: &[u8; 32]) -> Option<Entry> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.lru.get(&(tenant.to_string(), *key)).map(|(e, _)| e.clone())
+        let held = inner.lru.get_mut(&(tenant.to_string(), *key))?;
+        held.used = Instant::now();
+        Some(held.entry.clone())
     }
 
     /// Stores `entry` for `tenant` and `key`, evicting old entries beyond the budget.
@@ -83,16 +94,35 @@ impl NodeCache {
             return;
         }
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, old)) = inner.lru.put((tenant.to_string(), key), (entry, size)) {
-            inner.bytes -= old;
+        let held = Held {
+            entry,
+            size,
+            used: Instant::now(),
+        };
+        if let Some(old) = inner.lru.put((tenant.to_string(), key), held) {
+            inner.bytes -= old.size;
         }
         inner.bytes += size;
         while inner.bytes > self.budget {
             match inner.lru.pop_lru() {
-                Some((_, (_, s))) => inner.bytes -= s,
+                Some((_, old)) => inner.bytes -= old.size,
                 None => break,
             }
         }
+    }
+
+    /// Drops the entries last stored or read before `since`; returns the bytes freed.
+    pub fn evict_unused_since(&self, since: Instant) -> usize {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut freed = 0;
+        // Least recently used first: the first entry used since then ends the walk.
+        while inner.lru.peek_lru().is_some_and(|(_, held)| held.used < since) {
+            if let Some((_, old)) = inner.lru.pop_lru() {
+                inner.bytes -= old.size;
+                freed += old.size;
+            }
+        }
+        freed
     }
 
     /// Drops every entry whose committed files use one of `removed` (blobs garbage-collected
@@ -106,14 +136,19 @@ impl NodeCache {
         let stale: Vec<(String, [u8; 32])> = inner
             .lru
             .iter()
-            .filter(|(_, (entry, _))| entry.files.iter().any(|f| removed.contains(f.blob.as_str())))
+            .filter(|(_, held)| held.entry.files.iter().any(|f| removed.contains(f.blob.as_str())))
             .map(|(key, _)| key.clone())
             .collect();
         for key in stale {
-            if let Some((_, size)) = inner.lru.pop(&key) {
-                inner.bytes -= size;
+            if let Some(old) = inner.lru.pop(&key) {
+                inner.bytes -= old.size;
             }
         }
+    }
+
+    /// Bytes held (by the cache's own weighing of values).
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).bytes
     }
 
     /// Entries held.
@@ -146,6 +181,30 @@ mod tests {
         }
         assert!(cache.len() < 11);
         assert!(cache.get("a", &[1; 32]).is_none());
+    }
+
+    #[test]
+    fn entries_unused_since_a_time_are_aged_out_and_used_ones_stay() {
+        let cache = NodeCache::new(1 << 20);
+        let e = Entry {
+            values: vec![Value::Text("x".into())],
+            files: vec![],
+        };
+        // The sleeps only make sure the clock has moved between the marks and the uses.
+        let tick = || std::thread::sleep(std::time::Duration::from_millis(1));
+        let before = Instant::now();
+        tick();
+        cache.put("a", [1; 32], e.clone());
+        cache.put("a", [2; 32], e.clone());
+        cache.put("a", [3; 32], e);
+        assert_eq!(cache.evict_unused_since(before), 0, "all were used since");
+        tick();
+        let mark = Instant::now();
+        tick();
+        assert!(cache.get("a", &[2; 32]).is_some(), "a read counts as a use");
+        assert!(cache.evict_unused_since(mark) > 0);
+        assert_eq!(cache.len(), 1);
+        assert!(cache.get("a", &[2; 32]).is_some());
     }
 
     #[test]

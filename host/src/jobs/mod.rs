@@ -51,6 +51,9 @@ pub struct JobsConfig {
     pub expired_grace: Duration,
     /// Bytes of node results the cache may hold.
     pub cache_bytes: usize,
+    /// How long a cached node result may go unused before it is dropped (zero: kept until
+    /// the budget evicts it).
+    pub cache_idle: Duration,
     /// Whether every job's log is captured into the job (the serverless surface).
     pub capture_logs: bool,
     /// Credits one job costs; zero disables credit checks (self-hosted).
@@ -72,6 +75,7 @@ impl Default for JobsConfig {
             retention: Duration::from_secs(7 * 24 * 3600),
             expired_grace: Duration::from_secs(3600),
             cache_bytes: 512 << 20,
+            cache_idle: Duration::from_secs(30),
             capture_logs: false,
             job_cost: 0,
             log_bytes: 64 << 10,
@@ -216,6 +220,40 @@ impl Jobs {
         if let Some(shared) = &self.shared {
             self.start_shared(shared);
         }
+    }
+
+    /// The node result cache (for its gauges).
+    pub fn node_cache(&self) -> &cache::NodeCache {
+        &self.cache
+    }
+
+    /// Starts the cache's aging: a few times per [`JobsConfig::cache_idle`], the node
+    /// results unused for that long are dropped, and the memory they held is handed back to
+    /// the OS, so a server that goes idle after a load shrinks back.
+    pub fn start_cache_aging(self: &Arc<Self>) {
+        let idle = self.config.cache_idle;
+        if idle.is_zero() {
+            return;
+        }
+        let jobs = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval((idle / 4).max(Duration::from_secs(1)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(since) = std::time::Instant::now().checked_sub(idle) else {
+                    continue;
+                };
+                let cache = jobs.clone();
+                // Dropping large values and purging the allocator are blocking work.
+                let _ = tokio::task::spawn_blocking(move || {
+                    if cache.cache.evict_unused_since(since) > 0 {
+                        weft_allocator::release_free_memory();
+                    }
+                })
+                .await;
+            }
+        });
     }
 
     /// Starts the workers. Call once, after recovery (and [`start_services`](Self::start_services)).

@@ -135,7 +135,8 @@ pub trait Store: Send + Sync {
         key: &str,
         now: DateTime<Utc>,
     ) -> Result<Option<Option<String>>, StoreError>;
-    /// A job of `tenant`.
+    /// A job of `tenant`. Like every job record read back, its `workflow` is `Null`:
+    /// [`job_workflow`](Self::job_workflow) reads it, for the few readers that need it.
     async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError>;
     /// A job of any tenant (for workers and maintenance).
     async fn job_by_id(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
@@ -152,22 +153,37 @@ pub trait Store: Send + Sync {
     async fn job_seq_exists(&self, tenant: &str, seq: i64) -> Result<bool, StoreError>;
     /// Applies `update` and the move of `moves` (from, to) that starts at the job's current
     /// status, in one write; a move to a terminal status also sets `completed_at`. Returns
-    /// the updated job, or `None` when no move starts at the current status. The returned
-    /// record's `workflow` may be `Null` (a state change need not read the workflow back and
-    /// parse it): [`job_workflow`](Self::job_workflow) reads it.
+    /// the updated job, or `None` when no move starts at the current status.
     async fn update_job(
         &self,
         id: &str,
         moves: &[(JobStatus, JobStatus)],
         update: JobUpdate,
     ) -> Result<Option<JobRecord>, StoreError>;
-    /// The workflow of job `id`, or `None` when there is no such job. The default reads the
-    /// whole record.
-    async fn job_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
-        Ok(self.job_by_id(id).await?.map(|job| job.workflow))
+    /// The workflow of job `id`, or `None` when there is no such job.
+    async fn job_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError>;
+    /// The workflows of each of `job_ids` that exists. The default asks
+    /// [`job_workflow`](Self::job_workflow) once per job.
+    async fn workflows_of_jobs(&self, job_ids: &[String]) -> Result<HashMap<String, serde_json::Value>, StoreError> {
+        let mut workflows = HashMap::with_capacity(job_ids.len());
+        for id in job_ids {
+            if let Some(workflow) = self.job_workflow(id).await? {
+                workflows.insert(id.clone(), workflow);
+            }
+        }
+        Ok(workflows)
     }
     /// Every job in one of `statuses`, oldest first.
     async fn jobs_with_status(&self, statuses: &[JobStatus]) -> Result<Vec<JobRecord>, StoreError>;
+    /// `tenant`'s jobs in one of `statuses`, oldest first, at most `limit`.
+    async fn tenant_jobs_with_status(
+        &self,
+        tenant: &str,
+        statuses: &[JobStatus],
+        limit: usize,
+    ) -> Result<Vec<JobRecord>, StoreError>;
+    /// How many of `tenant`'s jobs are in one of `statuses`.
+    async fn count_tenant_jobs(&self, tenant: &str, statuses: &[JobStatus]) -> Result<i64, StoreError>;
     /// Ids and statuses of jobs whose `expires_at` is before `now`.
     async fn jobs_expiring(&self, now: DateTime<Utc>) -> Result<Vec<(String, JobStatus)>, StoreError>;
     /// Deletes a job and its output assets.

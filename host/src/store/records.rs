@@ -119,7 +119,8 @@ pub struct JobRecord {
     pub tenant: String,
     /// Status.
     pub status: JobStatus,
-    /// The workflow as submitted.
+    /// The workflow as submitted. `Null` in records read back from a store, which reads it
+    /// only when asked ([`Store::job_workflow`](super::Store::job_workflow)).
     pub workflow: serde_json::Value,
     /// String labels given at submit (`metadata`).
     pub labels: std::collections::BTreeMap<String, String>,

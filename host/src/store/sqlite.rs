@@ -332,32 +332,44 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("records serialize")
 }
 
-const JOB_COLUMNS: &str = "id, seq, tenant, status, workflow, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs, node_times";
-
-/// [`JOB_COLUMNS`] with a JSON `null` in the workflow's place, for reads that do not need it.
-const JOB_COLUMNS_NO_WORKFLOW: &str = "id, seq, tenant, status, 'null', labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs, node_times";
+/// The columns [`job_from_row`] reads. The workflow is not among them: it can be megabytes,
+/// and only a few readers need it ([`Store::job_workflow`] reads it).
+const JOB_COLUMNS: &str = "id, seq, tenant, status, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs, node_times";
 
 fn job_from_row(row: &Row) -> rusqlite::Result<JobRecord> {
     let status: String = row.get(3)?;
-    let workflow: String = row.get(4)?;
-    let labels: String = row.get(5)?;
+    let labels: String = row.get(4)?;
     Ok(JobRecord {
         id: row.get(0)?,
         seq: row.get(1)?,
         tenant: row.get(2)?,
         status: JobStatus::parse(&status).unwrap_or(JobStatus::Failed),
-        workflow: serde_json::from_str(&workflow).unwrap_or(serde_json::Value::Null),
+        workflow: serde_json::Value::Null,
         labels: serde_json::from_str(&labels).unwrap_or_default(),
-        created_at: parse_time(row.get(6)?).unwrap_or_default(),
-        updated_at: parse_time(row.get(7)?).unwrap_or_default(),
-        started_at: parse_time(row.get(8)?),
-        completed_at: parse_time(row.get(9)?),
-        expires_at: parse_time(row.get(10)?).unwrap_or_default(),
-        progress: json_col(row.get(11)?),
-        error: json_col(row.get(12)?),
-        logs: json_col(row.get(13)?),
-        node_times: json_col(row.get(14)?).unwrap_or_default(),
+        created_at: parse_time(row.get(5)?).unwrap_or_default(),
+        updated_at: parse_time(row.get(6)?).unwrap_or_default(),
+        started_at: parse_time(row.get(7)?),
+        completed_at: parse_time(row.get(8)?),
+        expires_at: parse_time(row.get(9)?).unwrap_or_default(),
+        progress: json_col(row.get(10)?),
+        error: json_col(row.get(11)?),
+        logs: json_col(row.get(12)?),
+        node_times: json_col(row.get(13)?).unwrap_or_default(),
     })
+}
+
+/// A job's stored workflow text, parsed (`Null` if it somehow is not JSON).
+fn parse_workflow(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
+}
+
+/// `'queued','running'`: statuses as an SQL list (their names are fixed identifiers).
+fn status_list(statuses: &[JobStatus]) -> String {
+    statuses
+        .iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 const ASSET_COLUMNS: &str =
@@ -545,9 +557,7 @@ impl Store for SqliteStore {
         let id = id.to_string();
         let moves = moves.to_vec();
         self.write(Durability::Relaxed, move |c| {
-            // The workflow is not read back: a state change does not need it, and parsing a
-            // large one would hold the one writer thread.
-            let sql = format!("SELECT {JOB_COLUMNS_NO_WORKFLOW} FROM jobs WHERE id = ?1");
+            let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
             let Some(job) = c.prepare_cached(&sql)?.query_row(params![id], job_from_row).optional()? else {
                 return Ok(None);
             };
@@ -606,22 +616,68 @@ impl Store for SqliteStore {
                 .prepare_cached("SELECT workflow FROM jobs WHERE id = ?1")?
                 .query_row(params![id], |r| r.get(0))
                 .optional()?;
-            Ok(text.map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::Null)))
+            Ok(text.as_deref().map(parse_workflow))
+        })
+        .await
+    }
+
+    async fn workflows_of_jobs(&self, job_ids: &[String]) -> Result<HashMap<String, serde_json::Value>, StoreError> {
+        let job_ids = job_ids.to_vec();
+        self.read(move |c| {
+            let mut workflows = HashMap::with_capacity(job_ids.len());
+            // SQLite binds at most 32,766 parameters a statement.
+            for ids in job_ids.chunks(1_000) {
+                let marks = vec!["?"; ids.len()].join(", ");
+                let sql = format!("SELECT id, workflow FROM jobs WHERE id IN ({marks})");
+                let mut stmt = c.prepare(&sql)?;
+                let rows = stmt.query_map(rusqlite::params_from_iter(ids), |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                })?;
+                for row in rows {
+                    let (id, text) = row?;
+                    workflows.insert(id, parse_workflow(&text));
+                }
+            }
+            Ok(workflows)
         })
         .await
     }
 
     async fn jobs_with_status(&self, statuses: &[JobStatus]) -> Result<Vec<JobRecord>, StoreError> {
-        let list = statuses
-            .iter()
-            .map(|s| format!("'{}'", s.as_str()))
-            .collect::<Vec<_>>()
-            .join(",");
+        let list = status_list(statuses);
         self.read(move |c| {
             let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE status IN ({list}) ORDER BY seq");
             Ok(c.prepare(&sql)?
                 .query_map([], job_from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    async fn tenant_jobs_with_status(
+        &self,
+        tenant: &str,
+        statuses: &[JobStatus],
+        limit: usize,
+    ) -> Result<Vec<JobRecord>, StoreError> {
+        let (tenant, list) = (tenant.to_string(), status_list(statuses));
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(move |c| {
+            let sql = format!(
+                "SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = ?1 AND status IN ({list}) ORDER BY seq LIMIT ?2"
+            );
+            Ok(c.prepare_cached(&sql)?
+                .query_map(params![tenant, limit], job_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    async fn count_tenant_jobs(&self, tenant: &str, statuses: &[JobStatus]) -> Result<i64, StoreError> {
+        let (tenant, list) = (tenant.to_string(), status_list(statuses));
+        self.read(move |c| {
+            let sql = format!("SELECT COUNT(*) FROM jobs WHERE tenant = ?1 AND status IN ({list})");
+            Ok(c.prepare_cached(&sql)?.query_row(params![tenant], |r| r.get(0))?)
         })
         .await
     }

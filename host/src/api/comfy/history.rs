@@ -8,7 +8,7 @@ use warp::filters::BoxedFilter;
 use warp::http::StatusCode;
 use warp::Filter;
 
-use super::prompt::{id_list, queue_item};
+use super::prompt::{id_list, queue_item, with_workflows};
 use super::{answer, json_body, json_reply, ok_empty, with_caller};
 use crate::api::auth::Caller;
 use crate::api::error::ApiError;
@@ -214,6 +214,7 @@ async fn list(state: Arc<AppState>, caller: Caller, query: String) -> Result<war
             None => break,
         }
     }
+    with_workflows(&state, &mut found).await?;
     let mut history = Map::new();
     for job in found.iter().rev() {
         history.insert(job.id.clone(), entry(&state, job).await?);
@@ -229,7 +230,9 @@ async fn one(state: Arc<AppState>, caller: Caller, id: String) -> Result<warp::r
         .map_err(|e| ApiError::upstream("reading a job", e))?;
     let mut history = Map::new();
     if let Some(job) = job.filter(|j| j.status.is_terminal()) {
-        history.insert(job.id.clone(), entry(&state, &job).await?);
+        let mut found = [job];
+        with_workflows(&state, &mut found).await?;
+        history.insert(found[0].id.clone(), entry(&state, &found[0]).await?);
     }
     Ok(json_reply(StatusCode::OK, &Json::Object(history)))
 }

@@ -349,21 +349,40 @@ pub(super) fn number(job: &JobRecord) -> i64 {
     job.seq
 }
 
-/// The tenant's jobs that have not finished, oldest first.
-pub(super) async fn active_jobs(state: &AppState, tenant: &str) -> Result<Vec<JobRecord>, ApiError> {
-    let mut jobs = state
+/// The statuses of a job that has not finished.
+const ACTIVE: [JobStatus; 3] = [JobStatus::Queued, JobStatus::Running, JobStatus::Canceling];
+
+/// The tenant's jobs that have not finished, oldest first, at most `limit` (without their
+/// workflows: [`with_workflows`] adds them).
+pub(super) async fn active_jobs(state: &AppState, tenant: &str, limit: usize) -> Result<Vec<JobRecord>, ApiError> {
+    state
         .store
-        .jobs_with_status(&[JobStatus::Queued, JobStatus::Running, JobStatus::Canceling])
+        .tenant_jobs_with_status(tenant, &ACTIVE, limit)
         .await
-        .map_err(|e| ApiError::upstream("reading the queue", e))?;
-    jobs.retain(|j| j.tenant == tenant);
-    jobs.sort_by_key(|j| j.seq);
-    Ok(jobs)
+        .map_err(|e| ApiError::upstream("reading the queue", e))
+}
+
+/// Reads the workflows of `jobs` (records come from the store without them), in one read.
+pub(super) async fn with_workflows(state: &AppState, jobs: &mut [JobRecord]) -> Result<(), ApiError> {
+    let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
+    let mut workflows = state
+        .store
+        .workflows_of_jobs(&ids)
+        .await
+        .map_err(|e| ApiError::upstream("reading workflows", e))?;
+    for job in jobs {
+        job.workflow = workflows.remove(&job.id).unwrap_or_default();
+    }
+    Ok(())
 }
 
 /// `{exec_info: {queue_remaining}}` for the tenant.
 pub(super) async fn queue_info(state: &AppState, tenant: &str) -> Result<Json, ApiError> {
-    let remaining = active_jobs(state, tenant).await?.len();
+    let remaining = state
+        .store
+        .count_tenant_jobs(tenant, &ACTIVE)
+        .await
+        .map_err(|e| ApiError::upstream("reading the queue", e))?;
     Ok(json!({"exec_info": {"queue_remaining": remaining}}))
 }
 
@@ -387,11 +406,9 @@ async fn queue(state: Arc<AppState>, caller: Caller) -> Result<warp::reply::Resp
     let jobs = state.jobs()?;
     let runtime = jobs.runtime();
     let catalog = runtime.catalog();
-    let active = active_jobs(&state, &caller.tenant).await?;
-    let (running, pending): (Vec<_>, Vec<_>) = active
-        .iter()
-        .take(MAX_LISTED)
-        .partition(|j| j.status != JobStatus::Queued);
+    let mut active = active_jobs(&state, &caller.tenant, MAX_LISTED).await?;
+    with_workflows(&state, &mut active).await?;
+    let (running, pending): (Vec<_>, Vec<_>) = active.iter().partition(|j| j.status != JobStatus::Queued);
     let render = |list: Vec<&JobRecord>| list.into_iter().map(|j| queue_item(j, &catalog)).collect::<Vec<_>>();
     Ok(json_reply(
         StatusCode::OK,
@@ -425,7 +442,7 @@ async fn edit_queue(state: Arc<AppState>, caller: Caller, body: Json) -> Result<
     let mut targets = Vec::new();
     if clear {
         targets.extend(
-            active_jobs(&state, &caller.tenant)
+            active_jobs(&state, &caller.tenant, usize::MAX)
                 .await?
                 .into_iter()
                 .filter(|j| j.status == JobStatus::Queued)
@@ -455,9 +472,13 @@ async fn edit_queue(state: Arc<AppState>, caller: Caller, body: Json) -> Result<
 async fn interrupt(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp::reply::Response, ApiError> {
     let jobs = state.jobs()?;
     let only = body.get("prompt_id").and_then(Json::as_str).map(String::from);
-    for job in active_jobs(&state, &caller.tenant).await? {
-        let running = matches!(job.status, JobStatus::Running);
-        if running && only.as_ref().is_none_or(|id| *id == job.id) {
+    let running = state
+        .store
+        .tenant_jobs_with_status(&caller.tenant, &[JobStatus::Running], usize::MAX)
+        .await
+        .map_err(|e| ApiError::upstream("reading the queue", e))?;
+    for job in running {
+        if only.as_ref().is_none_or(|id| *id == job.id) {
             jobs.cancel(&caller.tenant, &job.id)
                 .await
                 .map_err(|e| ApiError::upstream("interrupting a job", e))?;

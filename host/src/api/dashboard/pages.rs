@@ -275,6 +275,12 @@ async fn job_page(state: &AppState, viewer: &SessionInfo, id: &str) -> Result<St
         StatusCode::NOT_FOUND,
         "There is no such job (or it is not yours).".to_string(),
     ))?;
+    let workflow = state
+        .store
+        .job_workflow(id)
+        .await
+        .map_err(store_error)?
+        .unwrap_or_default();
     let job = &view.job;
     let shows_logs = state.config.surface == crate::api::Surface::Serverless && !state.config.public_demo;
     let rendered = render::job(&state.links, &view, shows_logs);
@@ -304,7 +310,7 @@ async fn job_page(state: &AppState, viewer: &SessionInfo, id: &str) -> Result<St
         p.and_then(|p| p.step).unwrap_or(0),
     );
     // The workflow as a node list, in node-id order.
-    let mut nodes: Vec<(&String, &Json)> = job.workflow.as_object().map(|o| o.iter().collect()).unwrap_or_default();
+    let mut nodes: Vec<(&String, &Json)> = workflow.as_object().map(|o| o.iter().collect()).unwrap_or_default();
     nodes.sort_by(|a, b| match (a.0.parse::<u64>(), b.0.parse::<u64>()) {
         (Ok(x), Ok(y)) => x.cmp(&y),
         _ => a.0.cmp(b.0),

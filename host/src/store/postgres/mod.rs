@@ -165,29 +165,35 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("records serialize")
 }
 
-const JOB_COLUMNS: &str = "id, seq, tenant, status, workflow, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs, node_times";
+/// The columns [`job_from_row`] reads. The workflow is not among them: it can be megabytes,
+/// and only a few readers need it ([`Store::job_workflow`] reads it).
+const JOB_COLUMNS: &str = "id, seq, tenant, status, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs, node_times";
 
 fn job_from_row(row: &Row) -> JobRecord {
     let status: String = row.get(3);
-    let workflow: String = row.get(4);
-    let labels: String = row.get(5);
+    let labels: String = row.get(4);
     JobRecord {
         id: row.get(0),
         seq: row.get(1),
         tenant: row.get(2),
         status: JobStatus::parse(&status).unwrap_or(JobStatus::Failed),
-        workflow: serde_json::from_str(&workflow).unwrap_or(serde_json::Value::Null),
+        workflow: serde_json::Value::Null,
         labels: serde_json::from_str(&labels).unwrap_or_default(),
-        created_at: row.get(6),
-        updated_at: row.get(7),
-        started_at: row.get(8),
-        completed_at: row.get(9),
-        expires_at: row.get(10),
-        progress: json_col(row.get(11)),
-        error: json_col(row.get(12)),
-        logs: json_col(row.get(13)),
-        node_times: json_col(row.get(14)).unwrap_or_default(),
+        created_at: row.get(5),
+        updated_at: row.get(6),
+        started_at: row.get(7),
+        completed_at: row.get(8),
+        expires_at: row.get(9),
+        progress: json_col(row.get(10)),
+        error: json_col(row.get(11)),
+        logs: json_col(row.get(12)),
+        node_times: json_col(row.get(13)).unwrap_or_default(),
     }
+}
+
+/// A job's stored workflow text, parsed (`Null` if it somehow is not JSON).
+fn parse_workflow(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
 }
 
 const ASSET_COLUMNS: &str =
@@ -448,10 +454,51 @@ impl Store for PgStore {
         Ok(Some(next))
     }
 
+    async fn job_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        let row = self.row("SELECT workflow FROM jobs WHERE id = $1", &[&id]).await?;
+        Ok(row.map(|r| parse_workflow(r.get(0))))
+    }
+
+    async fn workflows_of_jobs(&self, job_ids: &[String]) -> Result<HashMap<String, serde_json::Value>, StoreError> {
+        let rows = self
+            .rows("SELECT id, workflow FROM jobs WHERE id = ANY($1)", &[&job_ids])
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), parse_workflow(r.get(1)))).collect())
+    }
+
     async fn jobs_with_status(&self, statuses: &[JobStatus]) -> Result<Vec<JobRecord>, StoreError> {
         let names: Vec<&str> = statuses.iter().map(|s| s.as_str()).collect();
         let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE status = ANY($1) ORDER BY seq");
         Ok(self.rows(&sql, &[&names]).await?.iter().map(job_from_row).collect())
+    }
+
+    async fn tenant_jobs_with_status(
+        &self,
+        tenant: &str,
+        statuses: &[JobStatus],
+        limit: usize,
+    ) -> Result<Vec<JobRecord>, StoreError> {
+        let names: Vec<&str> = statuses.iter().map(|s| s.as_str()).collect();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let sql =
+            format!("SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = $1 AND status = ANY($2) ORDER BY seq LIMIT $3");
+        Ok(self
+            .rows(&sql, &[&tenant, &names, &limit])
+            .await?
+            .iter()
+            .map(job_from_row)
+            .collect())
+    }
+
+    async fn count_tenant_jobs(&self, tenant: &str, statuses: &[JobStatus]) -> Result<i64, StoreError> {
+        let names: Vec<&str> = statuses.iter().map(|s| s.as_str()).collect();
+        let row = self
+            .row(
+                "SELECT COUNT(*) FROM jobs WHERE tenant = $1 AND status = ANY($2)",
+                &[&tenant, &names],
+            )
+            .await?;
+        Ok(row.map_or(0, |r| r.get(0)))
     }
 
     async fn jobs_expiring(&self, now: DateTime<Utc>) -> Result<Vec<(String, JobStatus)>, StoreError> {
@@ -674,6 +721,18 @@ impl Store for PgStore {
     async fn job_outputs(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError> {
         let sql = format!("SELECT {ASSET_COLUMNS} FROM assets WHERE job_id = $1 ORDER BY output_index");
         Ok(self.rows(&sql, &[&job_id]).await?.iter().map(asset_from_row).collect())
+    }
+
+    async fn outputs_of_jobs(&self, job_ids: &[String]) -> Result<HashMap<String, Vec<AssetRecord>>, StoreError> {
+        let sql = format!("SELECT {ASSET_COLUMNS} FROM assets WHERE job_id = ANY($1) ORDER BY job_id, output_index");
+        let mut outputs: HashMap<String, Vec<AssetRecord>> = HashMap::with_capacity(job_ids.len());
+        for asset in self.rows(&sql, &[&job_ids]).await?.iter().map(asset_from_row) {
+            outputs
+                .entry(asset.job_id.clone().unwrap_or_default())
+                .or_default()
+                .push(asset);
+        }
+        Ok(outputs)
     }
 
     async fn delete_asset(&self, tenant: &str, id: &str) -> Result<Deleted, StoreError> {
