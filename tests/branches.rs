@@ -127,7 +127,9 @@ fn independent_branches_run_at_the_same_time() {
     // Each counter runs for an hour: the second starts only beside the first.
     let seen = ws.until_started(&["a1", "b1"]);
     assert!(
-        !seen.iter().any(|m| m["type"] == "executed" || m["type"] == "execution_error"),
+        !seen
+            .iter()
+            .any(|m| m["type"] == "executed" || m["type"] == "execution_error"),
         "a node finished first: {seen:?}"
     );
     let running: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
@@ -135,12 +137,7 @@ fn independent_branches_run_at_the_same_time() {
     assert_eq!(running["progress"]["nodes_total"], 4, "{running}");
     assert_eq!(running["progress"]["nodes_done"], 0, "{running}");
     // The current node is the one that started last.
-    let last = seen
-        .iter()
-        .rev()
-        .find(|m| m["type"] == "executing")
-        .unwrap()["data"]["node"]
-        .clone();
+    let last = seen.iter().rev().find(|m| m["type"] == "executing").unwrap()["data"]["node"].clone();
     assert_eq!(running["progress"]["current_node"], last, "{running}");
     cancel(&server, &id);
     assert_eq!(server.wait(&id)["status"], "canceled");
@@ -177,7 +174,10 @@ fn a_failing_branch_fails_the_job_and_stops_the_other() {
     // The counter runs for an hour and never checks: the job ends only if it is stopped.
     let done = server.wait(&id);
     assert_eq!(done["status"], "failed", "{done}");
-    assert_eq!(done["error"]["node_id"], "b1", "the failing node's error is the job's: {done}");
+    assert_eq!(
+        done["error"]["node_id"], "b1",
+        "the failing node's error is the job's: {done}"
+    );
     assert_eq!(done["error"]["class_type"], "HostilePanic", "{done}");
     assert_eq!(done["outputs"], json!([]), "{done}");
     assert_eq!(calls_of(&server, "SlowCounter"), 1);
@@ -206,7 +206,11 @@ fn outputs_commit_in_node_order_when_a_later_branch_finishes_first() {
     }
     let waiting: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
     assert_eq!(waiting["status"], "running", "{waiting}");
-    assert_eq!(waiting["outputs"], json!([]), "b2's output went ahead of a2's: {waiting}");
+    assert_eq!(
+        waiting["outputs"],
+        json!([]),
+        "b2's output went ahead of a2's: {waiting}"
+    );
     cancel(&server, &id);
     let done = server.wait(&id);
     assert_eq!(done["status"], "canceled", "{done}");

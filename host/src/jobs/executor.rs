@@ -538,10 +538,10 @@ impl Jobs {
         // Per node: its links to nodes not finished yet, and the nodes that link to it.
         let mut waiting = vec![0usize; n];
         let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
-        for index in 0..n {
+        for (index, links) in waiting.iter_mut().enumerate() {
             for source in plan.dependencies(index) {
                 readers[source] += 1;
-                waiting[index] += 1;
+                *links += 1;
                 dependents[source].push(index);
             }
         }
@@ -579,7 +579,16 @@ impl Jobs {
                     results[index] = if readers[index] > 0 { entry.values } else { Vec::new() };
                     if entry.files.is_empty() {
                         self.metrics.cache_hit();
-                        self.finished(job, &plan, index, slots[index], tracker, &mut waiting, &dependents, &mut fresh);
+                        self.finished(
+                            job,
+                            &plan,
+                            index,
+                            slots[index],
+                            tracker,
+                            &mut waiting,
+                            &dependents,
+                            &mut fresh,
+                        );
                         pending[index] = Some(Commit::Done);
                     } else {
                         pending[index] = Some(Commit::Cached(entry.files));
@@ -594,7 +603,10 @@ impl Jobs {
                             Err(_) => {
                                 let permits = permits.clone();
                                 permit_wait.push(Box::pin(async move {
-                                    permits.acquire_owned().await.expect("the call permits are never closed")
+                                    permits
+                                        .acquire_owned()
+                                        .await
+                                        .expect("the call permits are never closed")
                                 }));
                                 break;
                             }
@@ -651,8 +663,9 @@ impl Jobs {
                             let stop = &stop;
                             tasks.push(Box::pin(async move {
                                 let cached = matches!(work, Commit::Cached(_));
-                                let (result, books, values) =
-                                    self.commit_node(job, node, work, committed, job_files, text, stop).await;
+                                let (result, books, values) = self
+                                    .commit_node(job, node, work, committed, job_files, text, stop)
+                                    .await;
                                 Event::Committed {
                                     index,
                                     cached,
@@ -722,9 +735,25 @@ impl Jobs {
                     results[index] = if readers[index] > 0 { output.values } else { Vec::new() };
                     if output.files.is_empty() {
                         if let (Some(key), Some(values)) = (node.cache_key, cache_values) {
-                            self.cache.put(&job.tenant, key, Entry { values, files: Vec::new() });
+                            self.cache.put(
+                                &job.tenant,
+                                key,
+                                Entry {
+                                    values,
+                                    files: Vec::new(),
+                                },
+                            );
                         }
-                        self.finished(job, &plan, index, slots[index], tracker, &mut waiting, &dependents, &mut fresh);
+                        self.finished(
+                            job,
+                            &plan,
+                            index,
+                            slots[index],
+                            tracker,
+                            &mut waiting,
+                            &dependents,
+                            &mut fresh,
+                        );
                         pending[index] = Some(Commit::Done);
                     } else {
                         // The output commit is part of the node's time: what the call left
@@ -753,7 +782,16 @@ impl Jobs {
                             } else if let (Some(key), Some(values)) = (node.cache_key, values) {
                                 self.cache.put(&job.tenant, key, Entry { values, files });
                             }
-                            self.finished(job, &plan, index, slots[index], tracker, &mut waiting, &dependents, &mut fresh);
+                            self.finished(
+                                job,
+                                &plan,
+                                index,
+                                slots[index],
+                                tracker,
+                                &mut waiting,
+                                &dependents,
+                                &mut fresh,
+                            );
                             next_commit += 1;
                         }
                         Ok(_) => tracker.node_ended(node, slots[index], false),
