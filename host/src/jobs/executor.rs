@@ -1,11 +1,14 @@
 //! Running one job: plan the workflow, run its nodes in dependency order (from the cache
 //! where possible), commit outputs as they are produced, and record the outcome.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use chrono::Utc;
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::cache::{CachedFile, Entry};
 use super::events::{JobEvent, NodePhase};
@@ -46,22 +49,25 @@ struct Tracker {
     preview: Arc<Mutex<Option<JobEvent>>>,
     last_preview: Mutex<Option<Instant>>,
     last_step: Mutex<Option<Instant>>,
-    /// When the job started running, and the nodes' times so far (the last one still open
-    /// while its node runs).
+    /// When the job started running, and the nodes' times so far (those of nodes still
+    /// running open).
     times: Mutex<NodeTimes>,
+    /// The nodes running now (id and class), in the order they started: the last one is
+    /// the job's current node.
+    running: Mutex<Vec<(String, String)>>,
 }
 
-/// The times of a job's nodes, in the order they ran.
+/// The times of a job's nodes, in the order they started.
 struct NodeTimes {
     job_began: Instant,
     done: Vec<NodeTime>,
-    /// When the node now running began.
-    open: Option<Instant>,
+    /// When each node of `done` began, while it runs (same indices as `done`).
+    open: Vec<Option<Instant>>,
 }
 
 impl NodeTimes {
-    fn begin(&mut self, node: &graph::PlannedNode, cached: bool) {
-        self.end();
+    /// Opens the time of `node`, starting now; returns its slot for [`end`](Self::end).
+    fn begin(&mut self, node: &graph::PlannedNode, cached: bool) -> usize {
         let now = Instant::now();
         self.done.push(NodeTime {
             node_id: node.id.clone(),
@@ -70,13 +76,21 @@ impl NodeTimes {
             duration_ms: 0,
             cached,
         });
-        self.open = Some(now);
+        self.open.push(Some(now));
+        self.done.len() - 1
     }
 
-    /// Closes the node running, if one is.
-    fn end(&mut self) {
-        if let (Some(began), Some(last)) = (self.open.take(), self.done.last_mut()) {
-            last.duration_ms = began.elapsed().as_millis() as u64;
+    /// Closes the time in `slot`, if it is open.
+    fn end(&mut self, slot: usize) {
+        if let (Some(began), Some(time)) = (self.open.get_mut(slot).and_then(Option::take), self.done.get_mut(slot)) {
+            time.duration_ms = began.elapsed().as_millis() as u64;
+        }
+    }
+
+    /// Closes every time still open.
+    fn end_all(&mut self) {
+        for slot in 0..self.done.len() {
+            self.end(slot);
         }
     }
 }
@@ -84,6 +98,57 @@ impl NodeTimes {
 impl Tracker {
     fn node_times(&self) -> std::sync::MutexGuard<'_, NodeTimes> {
         self.times.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, Vec<(String, String)>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `node` starts (or is taken from the cache): it becomes the current node. Returns
+    /// the slot of its time.
+    fn node_started(&self, node: &graph::PlannedNode, cached: bool) -> usize {
+        self.running().push((node.id.clone(), node.class_type.clone()));
+        self.update(false, |p| {
+            p.current_node = Some(node.id.clone());
+            p.current_node_class = Some(node.class_type.clone());
+            p.step = None;
+            p.steps = None;
+            p.message = None;
+        });
+        self.node_times().begin(node, cached)
+    }
+
+    /// `node`, whose time is in `slot`, is done: counted when `counted`, and the current
+    /// node becomes the most recently started of those still running (it stays when none
+    /// is).
+    fn node_ended(&self, node: &graph::PlannedNode, slot: usize, counted: bool) {
+        let next = {
+            let mut running = self.running();
+            if let Some(at) = running.iter().rposition(|(id, _)| *id == node.id) {
+                running.remove(at);
+            }
+            running.last().cloned()
+        };
+        self.node_times().end(slot);
+        self.update(false, |p| {
+            if counted {
+                p.nodes_done += 1;
+            }
+            match next {
+                Some((id, class)) if p.current_node.as_deref() != Some(id.as_str()) => {
+                    p.current_node = Some(id);
+                    p.current_node_class = Some(class);
+                    p.step = None;
+                    p.steps = None;
+                    p.message = None;
+                }
+                Some(_) => {}
+                None => {
+                    p.step = None;
+                    p.steps = None;
+                }
+            }
+        });
     }
 
     fn update(&self, force: bool, change: impl FnOnce(&mut Progress)) {
@@ -110,56 +175,59 @@ impl Tracker {
     }
 }
 
-impl ProgressSink for Tracker {
+/// Where one node call's progress goes: the job's tracker, named for the node. The job's
+/// snapshot takes the steps of its current node only; every node's steps are published as
+/// its own `Node` step events.
+struct NodeProgress {
+    tracker: Arc<Tracker>,
+    node_id: String,
+    class_type: String,
+}
+
+impl ProgressSink for NodeProgress {
     fn report(&self, step: u32, steps: u32, message: Option<String>) {
-        let mut node = None;
-        self.update(false, |p| {
-            p.step = Some(step);
-            p.steps = Some(steps);
-            if message.is_some() {
-                p.message = message;
+        let tracker = &self.tracker;
+        tracker.update(false, |p| {
+            if p.current_node.as_deref() == Some(self.node_id.as_str()) {
+                p.step = Some(step);
+                p.steps = Some(steps);
+                if message.is_some() {
+                    p.message = message;
+                }
             }
-            node = p.current_node.clone().zip(p.current_node_class.clone());
         });
-        let mut last = self.last_step.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = tracker.last_step.lock().unwrap_or_else(|e| e.into_inner());
         if step < steps && last.is_some_and(|t| t.elapsed() < STEP_INTERVAL) {
             return;
         }
         *last = Some(Instant::now());
         drop(last);
-        if let Some((node_id, class_type)) = node {
-            let phase = NodePhase::Step { step, steps };
-            self.jobs.publish(
-                &self.job_id,
-                JobEvent::Node {
-                    node_id,
-                    class_type,
-                    phase,
-                },
-            );
-        }
+        let phase = NodePhase::Step { step, steps };
+        tracker.jobs.publish(
+            &tracker.job_id,
+            JobEvent::Node {
+                node_id: self.node_id.clone(),
+                class_type: self.class_type.clone(),
+                phase,
+            },
+        );
     }
 
     fn preview(&self, content_type: &'static str, data: Vec<u8>) {
-        let mut last = self.last_preview.lock().unwrap_or_else(|e| e.into_inner());
+        let tracker = &self.tracker;
+        let mut last = tracker.last_preview.lock().unwrap_or_else(|e| e.into_inner());
         if last.is_some_and(|t| t.elapsed() < PROGRESS_INTERVAL) {
             return;
         }
         *last = Some(Instant::now());
         drop(last);
-        let node_id = self
-            .progress
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .current_node
-            .clone();
         let event = JobEvent::Preview {
-            node_id: node_id.unwrap_or_default(),
+            node_id: self.node_id.clone(),
             content_type: content_type.to_string(),
             data,
         };
-        *self.preview.lock().unwrap_or_else(|e| e.into_inner()) = Some(event.clone());
-        self.jobs.publish(&self.job_id, event);
+        *tracker.preview.lock().unwrap_or_else(|e| e.into_inner()) = Some(event.clone());
+        tracker.jobs.publish(&tracker.job_id, event);
     }
 }
 
@@ -192,6 +260,87 @@ enum Outcome {
     Succeeded,
     Failed(JobError),
     Canceled,
+}
+
+/// What a node that ran leaves to commit when its turn comes.
+enum Commit {
+    /// Nothing: the node is finished.
+    Done,
+    /// Files from the cache, stored already.
+    Cached(Vec<CachedFile>),
+    /// Files the call made, to encode and store, with the node's values for the cache and
+    /// the time it may take.
+    Made {
+        files: Vec<OutputFile>,
+        values: Option<Vec<Value>>,
+        budget: std::time::Duration,
+    },
+}
+
+/// What [`Jobs::commit_node`] returns.
+type CommitResult = (
+    Result<Option<Vec<CachedFile>>, JobError>,
+    Option<(Committed, JobFiles)>,
+    Option<Vec<Value>>,
+);
+
+/// What the run loop of a job waits on.
+enum Event {
+    /// Node `index`'s call, begun at `began`, returned.
+    Ran {
+        index: usize,
+        began: Instant,
+        result: Result<Result<crate::runtime::NodeOutput, crate::runtime::NodeFailure>, tokio::task::JoinError>,
+    },
+    /// Node `index`'s files were committed (or not).
+    Committed {
+        index: usize,
+        cached: bool,
+        result: Result<Option<Vec<CachedFile>>, JobError>,
+        books: Option<(Committed, JobFiles)>,
+        values: Option<Vec<Value>>,
+    },
+}
+
+/// The inputs of node `index` of `plan`: its literals and copies of the values it links
+/// to, or the error for a link to an output its source did not return.
+fn gather_inputs(plan: &graph::Plan, index: usize, results: &[Vec<Value>]) -> Result<Vec<(String, Value)>, JobError> {
+    let node = &plan.nodes[index];
+    let mut inputs = Vec::with_capacity(node.inputs.len());
+    for (name, input) in &node.inputs {
+        let value = match input {
+            PlanInput::Literal(v) => v.clone(),
+            PlanInput::Link { node: source, output } => match results[*source].get(*output) {
+                Some(v) => v.clone(),
+                None => {
+                    return Err(JobError {
+                        code: "node_execution_error".into(),
+                        message: format!(
+                            "input {name:?} links to output {output} of node {}, which returned only {} value(s)",
+                            plan.nodes[*source].id,
+                            results[*source].len()
+                        ),
+                        node_id: Some(node.id.clone()),
+                        class_type: Some(node.class_type.clone()),
+                        traceback: None,
+                    })
+                }
+            },
+        };
+        inputs.push((name.clone(), value));
+    }
+    Ok(inputs)
+}
+
+/// Node `index` no longer needs the values it links to: those it was the last reader of
+/// are dropped.
+fn release_inputs(plan: &graph::Plan, index: usize, readers: &mut [usize], results: &mut [Vec<Value>]) {
+    for source in plan.dependencies(index) {
+        readers[source] -= 1;
+        if readers[source] == 0 {
+            results[source] = Vec::new();
+        }
+    }
 }
 
 impl Jobs {
@@ -234,8 +383,9 @@ impl Jobs {
             times: Mutex::new(NodeTimes {
                 job_began: started,
                 done: Vec::new(),
-                open: None,
+                open: Vec::new(),
             }),
+            running: Mutex::new(Vec::new()),
         });
         let outcome = match self.execute(&job, &cancel, &log, &tracker).await {
             Ok(()) if cancel.is_canceled() => Outcome::Canceled,
@@ -289,7 +439,7 @@ impl Jobs {
         update.logs = logs;
         update.node_times = Some({
             let mut times = tracker.node_times();
-            times.end();
+            times.end_all();
             std::mem::take(&mut times.done)
         });
         self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
@@ -374,189 +524,420 @@ impl Jobs {
                 _ => return Err(fail("missing_asset", format!("asset {} no longer exists", asset.id))),
             }
         }
-        let ctx = CallContext {
-            log: log.clone(),
-            cancel: cancel.clone(),
-            progress: tracker.clone(),
-            assets: Arc::new(ResolvedAssets(assets)),
-            memory: runtime.job_memory(),
-        };
+        // The node calls stop on this: at the job's cancel (or deadline), and at the first
+        // failure, so that a failing branch stops the others.
+        let stop = CancelToken::new();
+        let assets: Arc<dyn AssetReader> = Arc::new(ResolvedAssets(assets));
+        let memory = runtime.job_memory();
         tracker.update(true, |p| p.nodes_total = plan.nodes.len() as u32);
+        if cancel.is_canceled() {
+            return Ok(());
+        }
         let workflow_text: Arc<str> = workflow.to_string().into();
-        let mut job_files = JobFiles::default();
-        let mut committed = Committed::default();
-        // Each node's outputs are dropped once the last node that reads them has run, so a
-        // chain holds about two values at a time, not all of them (the cache keeps its own).
-        let mut readers = vec![0usize; plan.nodes.len()];
-        for node in &plan.nodes {
-            for (_, input) in &node.inputs {
-                if let PlanInput::Link { node: source, .. } = input {
-                    readers[*source] += 1;
-                }
+        let n = plan.nodes.len();
+        // Each node's outputs are dropped once the last node that reads them has started
+        // (it holds its own copies), so a chain holds about two values at a time, not all
+        // of them (the cache keeps its own).
+        let mut readers = vec![0usize; n];
+        // Per node: its links to nodes not finished yet, and the nodes that link to it.
+        let mut waiting = vec![0usize; n];
+        let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (index, links) in waiting.iter_mut().enumerate() {
+            for source in plan.dependencies(index) {
+                readers[source] += 1;
+                *links += 1;
+                dependents[source].push(index);
             }
         }
-        let mut results: Vec<Vec<Value>> = Vec::with_capacity(plan.nodes.len());
-        for (index, node) in plan.nodes.iter().enumerate() {
-            if cancel.is_canceled() {
-                return Ok(());
-            }
-            let node_error = |code: &str, message: String, traceback: Option<String>| JobError {
-                code: code.into(),
-                message,
-                node_id: Some(node.id.clone()),
-                class_type: Some(node.class_type.clone()),
-                traceback,
-            };
-            tracker.update(false, |p| {
-                p.current_node = Some(node.id.clone());
-                p.current_node_class = Some(node.class_type.clone());
-                p.step = None;
-                p.steps = None;
-                p.message = None;
-            });
-            // The cache is this process's; with a shared blob dir another process may have
-            // collected a blob it names, and then the node runs again.
-            let mut cached = node.cache_key.and_then(|key| self.cache.get(&job.tenant, &key));
-            if let Some(entry) = &cached {
-                for file in &entry.files {
-                    if !self.assets.blob_exists(&file.blob).await {
-                        cached = None;
-                        break;
+        let mut results: Vec<Vec<Value>> = vec![Vec::new(); n];
+        // Each node's slot among the node times.
+        let mut slots = vec![0usize; n];
+        // What each node that ran left to commit; outputs commit in plan order, one node
+        // at a time, so `next_commit` is the node whose turn it is.
+        let mut pending: Vec<Option<Commit>> = (0..n).map(|_| None).collect();
+        let mut next_commit = 0;
+        let mut books = Some((Committed::default(), JobFiles::default()));
+        // Nodes whose inputs are ready: `fresh` not yet looked up in the cache, `ready` to
+        // run, lowest plan index first, each once it holds a call permit.
+        let mut fresh: Vec<usize> = (0..n).rev().filter(|&i| waiting[i] == 0).collect();
+        let mut ready: BTreeSet<usize> = BTreeSet::new();
+        let permits = runtime.call_permits().clone();
+        let mut granted: Option<OwnedSemaphorePermit> = None;
+        let mut permit_wait: FuturesUnordered<BoxFuture<'static, OwnedSemaphorePermit>> = FuturesUnordered::new();
+        let mut tasks: FuturesUnordered<BoxFuture<'_, Event>> = FuturesUnordered::new();
+        let mut failure: Option<JobError> = None;
+        let mut log_mark = log.written();
+        let job_canceled = cancel.canceled();
+        tokio::pin!(job_canceled);
+        loop {
+            if !stop.is_canceled() {
+                while let Some(index) = fresh.pop() {
+                    let node = &plan.nodes[index];
+                    let Some(entry) = self.cached(job, node).await else {
+                        ready.insert(index);
+                        continue;
+                    };
+                    slots[index] = tracker.node_started(node, true);
+                    self.publish_node(&job.id, node, NodePhase::Cached);
+                    release_inputs(&plan, index, &mut readers, &mut results);
+                    results[index] = if readers[index] > 0 { entry.values } else { Vec::new() };
+                    if entry.files.is_empty() {
+                        self.metrics.cache_hit();
+                        self.finished(
+                            job,
+                            &plan,
+                            index,
+                            slots[index],
+                            tracker,
+                            &mut waiting,
+                            &dependents,
+                            &mut fresh,
+                        );
+                        pending[index] = Some(Commit::Done);
+                    } else {
+                        pending[index] = Some(Commit::Cached(entry.files));
                     }
                 }
-            }
-            let phase = if cached.is_some() {
-                NodePhase::Cached
-            } else {
-                NodePhase::Started
-            };
-            tracker.node_times().begin(node, cached.is_some());
-            self.publish_node(&job.id, node, phase);
-            let entry = match cached {
-                Some(entry) => {
-                    for file in &entry.files {
-                        self.admit_output(&committed, file.size)
-                            .map_err(|m| node_error("job_output_limit", m, None))?;
-                        self.commit(job, &node.id, file.clone(), &mut committed)
-                            .await
-                            .map_err(|m| node_error("output_commit_failed", m, None))?;
-                    }
-                    self.metrics.cache_hit();
-                    entry
-                }
-                None => {
-                    let mut inputs = Vec::with_capacity(node.inputs.len());
-                    for (name, input) in &node.inputs {
-                        let value = match input {
-                            PlanInput::Literal(v) => v.clone(),
-                            PlanInput::Link { node: source, output } => match results[*source].get(*output) {
-                                Some(v) => v.clone(),
-                                None => {
-                                    return Err(node_error(
-                                        "node_execution_error",
-                                        format!("input {name:?} links to output {output} of node {}, which returned only {} value(s)", plan.nodes[*source].id, results[*source].len()),
-                                        None,
-                                    ))
-                                }
-                            },
-                        };
-                        inputs.push((name.clone(), value));
-                    }
+                while let Some(&index) = ready.first() {
+                    let permit = match granted.take() {
+                        Some(permit) => permit,
+                        None if !permit_wait.is_empty() => break,
+                        None => match permits.clone().try_acquire_owned() {
+                            Ok(permit) => permit,
+                            Err(_) => {
+                                let permits = permits.clone();
+                                permit_wait.push(Box::pin(async move {
+                                    permits
+                                        .acquire_owned()
+                                        .await
+                                        .expect("the call permits are never closed")
+                                }));
+                                break;
+                            }
+                        },
+                    };
+                    ready.pop_first();
+                    let node = &plan.nodes[index];
+                    slots[index] = tracker.node_started(node, false);
+                    self.publish_node(&job.id, node, NodePhase::Started);
+                    let inputs = match gather_inputs(&plan, index, &results) {
+                        Ok(inputs) => inputs,
+                        Err(e) => {
+                            tracker.node_ended(node, slots[index], false);
+                            failure.get_or_insert(e);
+                            stop.cancel();
+                            break;
+                        }
+                    };
+                    release_inputs(&plan, index, &mut readers, &mut results);
                     let call_runtime = runtime.clone();
                     let class = node.class_type.clone();
-                    let call_ctx = ctx.clone();
-                    let began = Instant::now();
-                    let log_start = log.written();
-                    let result = tokio::task::spawn_blocking(move || call_runtime.call(&class, inputs, &call_ctx))
-                        .await
-                        .map_err(|e| {
-                            node_error("node_execution_error", format!("the node call was lost: {e}"), None)
-                        })?;
-                    self.metrics.node_call(&node.class_type, began.elapsed());
-                    self.publish_log(&job.id, log, log_start);
-                    let output = result.map_err(|f| node_error(&f.code, f.message, f.traceback))?;
-                    if cancel.is_canceled() {
-                        // Canceled while the node ran: nothing more is committed.
-                        return Ok(());
-                    }
-                    // The output commit is part of the node's time: it stops at the node's
-                    // deadline or at a cancel, between files.
-                    let timeout = runtime.limits().node_timeout;
-                    let keep_going = || !cancel.is_canceled() && began.elapsed() < timeout;
-                    let stopped = || {
-                        if cancel.is_canceled() {
-                            Ok(())
-                        } else {
-                            Err(node_error(
-                                "node_timeout",
-                                "the node ran past its time limit while its outputs were committed".into(),
-                                None,
-                            ))
-                        }
+                    let call_ctx = CallContext {
+                        log: log.clone(),
+                        cancel: stop.clone(),
+                        progress: Arc::new(NodeProgress {
+                            tracker: tracker.clone(),
+                            node_id: node.id.clone(),
+                            class_type: node.class_type.clone(),
+                        }),
+                        assets: assets.clone(),
+                        memory: memory.clone(),
                     };
-                    let mut files = Vec::new();
-                    let announced: usize = output.files.iter().map(|f| f.data.files()).sum();
-                    if committed.count as usize + announced > self.config.max_outputs {
-                        return Err(node_error(
-                            "job_output_limit",
-                            format!(
-                                "the node would commit {announced} outputs; the job may commit at most {} (--max-job-outputs)",
-                                self.config.max_outputs
-                            ),
-                            None,
-                        ));
-                    }
-                    // One file at a time: encoded, checked against the job's bounds, stored
-                    // and committed before the next is encoded. Encoding and the blob's
-                    // write and fsync run on a blocking thread, off the async workers.
-                    for file in output.files {
-                        let file = Arc::new(file);
-                        for index in 0..file.data.files() {
-                            if !keep_going() {
-                                return stopped();
-                            }
-                            let stored = self
-                                .store_output(file.clone(), index, job_files, workflow_text.clone(), &committed)
-                                .await;
-                            let (cached, returned) = match stored {
-                                Ok(done) => done,
-                                Err((code, message)) => return Err(node_error(code, message, None)),
-                            };
-                            job_files = returned;
-                            self.commit(job, &node.id, cached.clone(), &mut committed)
-                                .await
-                                .map_err(|m| node_error("output_commit_failed", m, None))?;
-                            files.push(cached);
-                        }
-                    }
-                    let entry = Entry {
-                        values: output.values,
-                        files,
-                    };
-                    if let Some(key) = node.cache_key {
-                        self.cache.put(&job.tenant, key, entry.clone());
-                    }
-                    entry
+                    tasks.push(Box::pin(async move {
+                        let began = Instant::now();
+                        // The permit goes with the call: it is held until the call returns,
+                        // even when the job stops waiting for it.
+                        let result = tokio::task::spawn_blocking(move || {
+                            let _permit = permit;
+                            call_runtime.call(&class, inputs, &call_ctx)
+                        })
+                        .await;
+                        Event::Ran { index, began, result }
+                    }));
                 }
-            };
-            results.push(if readers[index] > 0 { entry.values } else { Vec::new() });
-            for (_, input) in &node.inputs {
-                if let PlanInput::Link { node: source, .. } = input {
-                    readers[*source] -= 1;
-                    if readers[*source] == 0 {
-                        results[*source] = Vec::new();
+                while books.is_some() && next_commit < n {
+                    match pending[next_commit].take() {
+                        None => break,
+                        Some(Commit::Done) => next_commit += 1,
+                        Some(work) => {
+                            let (committed, job_files) = books.take().expect("checked");
+                            let index = next_commit;
+                            let node = &plan.nodes[index];
+                            let text = workflow_text.clone();
+                            let stop = &stop;
+                            tasks.push(Box::pin(async move {
+                                let cached = matches!(work, Commit::Cached(_));
+                                let (result, books, values) = self
+                                    .commit_node(job, node, work, committed, job_files, text, stop)
+                                    .await;
+                                Event::Committed {
+                                    index,
+                                    cached,
+                                    result,
+                                    books,
+                                    values,
+                                }
+                            }));
+                        }
                     }
                 }
             }
-            tracker.update(false, |p| {
-                p.nodes_done += 1;
-                p.step = None;
-                p.steps = None;
-            });
-            tracker.node_times().end();
-            self.publish_node(&job.id, node, NodePhase::Finished);
+            if tasks.is_empty() && (permit_wait.is_empty() || stop.is_canceled()) {
+                break;
+            }
+            let event = tokio::select! {
+                biased;
+                () = &mut job_canceled, if !stop.is_canceled() => {
+                    stop.cancel();
+                    continue;
+                }
+                Some(event) = tasks.next() => event,
+                Some(permit) = permit_wait.next(), if !stop.is_canceled() => {
+                    granted = Some(permit);
+                    continue;
+                }
+                else => break,
+            };
+            match event {
+                Event::Ran { index, began, result } => {
+                    let node = &plan.nodes[index];
+                    self.metrics.node_call(&node.class_type, began.elapsed());
+                    let from = log_mark;
+                    log_mark = log.written();
+                    self.publish_log(&job.id, log, from);
+                    let node_error = |code: &str, message: String, traceback: Option<String>| JobError {
+                        code: code.into(),
+                        message,
+                        node_id: Some(node.id.clone()),
+                        class_type: Some(node.class_type.clone()),
+                        traceback,
+                    };
+                    let output = match result {
+                        Ok(Ok(output)) => Ok(output),
+                        Ok(Err(f)) => Err(node_error(&f.code, f.message, f.traceback)),
+                        Err(e) => Err(node_error(
+                            "node_execution_error",
+                            format!("the node call was lost: {e}"),
+                            None,
+                        )),
+                    };
+                    let output = match output {
+                        // Stopped while the node ran: nothing more is committed.
+                        _ if stop.is_canceled() => {
+                            tracker.node_ended(node, slots[index], false);
+                            continue;
+                        }
+                        Ok(output) => output,
+                        Err(e) => {
+                            tracker.node_ended(node, slots[index], false);
+                            failure.get_or_insert(e);
+                            stop.cancel();
+                            continue;
+                        }
+                    };
+                    let cache_values = node.cache_key.map(|_| output.values.clone());
+                    results[index] = if readers[index] > 0 { output.values } else { Vec::new() };
+                    if output.files.is_empty() {
+                        if let (Some(key), Some(values)) = (node.cache_key, cache_values) {
+                            self.cache.put(
+                                &job.tenant,
+                                key,
+                                Entry {
+                                    values,
+                                    files: Vec::new(),
+                                },
+                            );
+                        }
+                        self.finished(
+                            job,
+                            &plan,
+                            index,
+                            slots[index],
+                            tracker,
+                            &mut waiting,
+                            &dependents,
+                            &mut fresh,
+                        );
+                        pending[index] = Some(Commit::Done);
+                    } else {
+                        // The output commit is part of the node's time: what the call left
+                        // of the node's time limit, from when its turn to commit comes.
+                        let budget = runtime.limits().node_timeout.saturating_sub(began.elapsed());
+                        pending[index] = Some(Commit::Made {
+                            files: output.files,
+                            values: cache_values,
+                            budget,
+                        });
+                    }
+                }
+                Event::Committed {
+                    index,
+                    cached,
+                    result,
+                    books: returned,
+                    values,
+                } => {
+                    books = returned;
+                    let node = &plan.nodes[index];
+                    match result {
+                        Ok(Some(files)) if !stop.is_canceled() => {
+                            if cached {
+                                self.metrics.cache_hit();
+                            } else if let (Some(key), Some(values)) = (node.cache_key, values) {
+                                self.cache.put(&job.tenant, key, Entry { values, files });
+                            }
+                            self.finished(
+                                job,
+                                &plan,
+                                index,
+                                slots[index],
+                                tracker,
+                                &mut waiting,
+                                &dependents,
+                                &mut fresh,
+                            );
+                            next_commit += 1;
+                        }
+                        Ok(_) => tracker.node_ended(node, slots[index], false),
+                        Err(e) => {
+                            tracker.node_ended(node, slots[index], false);
+                            failure.get_or_insert(e);
+                            stop.cancel();
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        if !stop.is_canceled() && next_commit < n {
+            return Err(fail(
+                "internal_error",
+                format!("the job stopped after {next_commit} of its {n} nodes"),
+            ));
         }
         Ok(())
+    }
+
+    /// `node` is taken from the cache if the cache holds it and every blob it names. The
+    /// cache is this process's; with a shared blob dir another process may have collected
+    /// a blob it names, and then the node runs again.
+    async fn cached(&self, job: &JobRecord, node: &graph::PlannedNode) -> Option<Entry> {
+        let entry = self.cache.get(&job.tenant, &node.cache_key?)?;
+        for file in &entry.files {
+            if !self.assets.blob_exists(&file.blob).await {
+                return None;
+            }
+        }
+        Some(entry)
+    }
+
+    /// Node `index` of `plan` is finished (its outputs committed): counted, announced, and
+    /// the nodes that were waiting only for it are `fresh`.
+    #[allow(clippy::too_many_arguments)]
+    fn finished(
+        &self,
+        job: &JobRecord,
+        plan: &graph::Plan,
+        index: usize,
+        slot: usize,
+        tracker: &Tracker,
+        waiting: &mut [usize],
+        dependents: &[Vec<usize>],
+        fresh: &mut Vec<usize>,
+    ) {
+        let node = &plan.nodes[index];
+        tracker.node_ended(node, slot, true);
+        self.publish_node(&job.id, node, NodePhase::Finished);
+        for &next in dependents[index].iter().rev() {
+            waiting[next] -= 1;
+            if waiting[next] == 0 {
+                fresh.push(next);
+            }
+        }
+    }
+
+    /// Commits the files `work` left for `node`, in order, as the job's next outputs
+    /// (numbered from `committed`). Returns the files (`None` when the job was stopped
+    /// between files), the job's books back (`None` after a failure, when the job ends),
+    /// and the node's values for the cache.
+    #[allow(clippy::too_many_arguments)]
+    async fn commit_node(
+        &self,
+        job: &JobRecord,
+        node: &graph::PlannedNode,
+        work: Commit,
+        mut committed: Committed,
+        mut job_files: JobFiles,
+        workflow_text: Arc<str>,
+        stop: &CancelToken,
+    ) -> CommitResult {
+        let node_error = |code: &str, message: String| JobError {
+            code: code.into(),
+            message,
+            node_id: Some(node.id.clone()),
+            class_type: Some(node.class_type.clone()),
+            traceback: None,
+        };
+        match work {
+            Commit::Done => (Ok(Some(Vec::new())), Some((committed, job_files)), None),
+            Commit::Cached(files) => {
+                for file in &files {
+                    if stop.is_canceled() {
+                        return (Ok(None), Some((committed, job_files)), None);
+                    }
+                    if let Err(m) = self.admit_output(&committed, file.size) {
+                        return (Err(node_error("job_output_limit", m)), None, None);
+                    }
+                    if let Err(m) = self.commit(job, &node.id, file.clone(), &mut committed).await {
+                        return (Err(node_error("output_commit_failed", m)), None, None);
+                    }
+                }
+                (Ok(Some(files)), Some((committed, job_files)), None)
+            }
+            Commit::Made { files, values, budget } => {
+                // It stops at the node's deadline or at a stop, between files.
+                let began = Instant::now();
+                let announced: usize = files.iter().map(|f| f.data.files()).sum();
+                if committed.count as usize + announced > self.config.max_outputs {
+                    let message = format!(
+                        "the node would commit {announced} outputs; the job may commit at most {} (--max-job-outputs)",
+                        self.config.max_outputs
+                    );
+                    return (Err(node_error("job_output_limit", message)), None, None);
+                }
+                let mut stored_files = Vec::new();
+                // One file at a time: encoded, checked against the job's bounds, stored
+                // and committed before the next is encoded. Encoding and the blob's
+                // write and fsync run on a blocking thread, off the async workers.
+                for file in files {
+                    let file = Arc::new(file);
+                    for index in 0..file.data.files() {
+                        if stop.is_canceled() {
+                            return (Ok(None), Some((committed, job_files)), None);
+                        }
+                        if began.elapsed() >= budget {
+                            let message = "the node ran past its time limit while its outputs were committed".into();
+                            return (Err(node_error("node_timeout", message)), None, None);
+                        }
+                        let stored = self
+                            .store_output(file.clone(), index, job_files, workflow_text.clone(), &committed)
+                            .await;
+                        let (cached, returned) = match stored {
+                            Ok(done) => done,
+                            Err((code, message)) => return (Err(node_error(code, message)), None, None),
+                        };
+                        job_files = returned;
+                        if let Err(m) = self.commit(job, &node.id, cached.clone(), &mut committed).await {
+                            return (Err(node_error("output_commit_failed", m)), None, None);
+                        }
+                        stored_files.push(cached);
+                    }
+                }
+                (Ok(Some(stored_files)), Some((committed, job_files)), values)
+            }
+        }
     }
 
     /// Announces that `node` of job `job_id` reached `phase`.

@@ -69,6 +69,18 @@ impl CancelToken {
     pub fn is_canceled(&self) -> bool {
         self.0.canceled.load(Ordering::SeqCst)
     }
+    /// Resolves once [`cancel`](Self::cancel) was called.
+    pub async fn canceled(&self) {
+        loop {
+            let woken = self.0.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.is_canceled() {
+                return;
+            }
+            woken.await;
+        }
+    }
 }
 
 /// Why a call was stopped: by the epoch callback in guest code, or by a host function

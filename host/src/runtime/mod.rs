@@ -58,7 +58,8 @@ pub struct RuntimeConfig {
     pub grants: HashMap<String, Capabilities>,
     /// How each host capability is configured.
     pub capabilities: CapabilityConfig,
-    /// Most node calls that run at once (sizes the instance pool).
+    /// Most node calls that run at once, across all jobs: sizes the instance pool and the
+    /// permits of [`Runtime::call_permits`] (`weft serve` sets it from `--workers`).
     pub concurrent_calls: u32,
     /// Time one plugin's `describe()` may take at start-up; zero means the node timeout.
     pub plugin_load_timeout: Duration,
@@ -85,6 +86,9 @@ pub struct Runtime {
     capabilities: CapabilityConfig,
     refused: Vec<RefusedPlugin>,
     host_memory: Arc<HostMemory>,
+    /// One permit per node call that may run at once, across all jobs
+    /// ([`RuntimeConfig::concurrent_calls`], at least one); shared by reloaded runtimes.
+    call_permits: Arc<tokio::sync::Semaphore>,
     /// What it was built from: the cache dir, grants and load timeout serve later reloads.
     config: RuntimeConfig,
     _ticker: Arc<engine::EpochTicker>,
@@ -135,6 +139,7 @@ impl Runtime {
             capabilities: config.capabilities.clone(),
             refused: unreadable,
             host_memory: HostMemory::new(config.limits.host_memory_bytes),
+            call_permits: Arc::new(tokio::sync::Semaphore::new(config.concurrent_calls.max(1) as usize)),
             config,
             _ticker: Arc::new(ticker),
         };
@@ -230,6 +235,12 @@ impl Runtime {
     /// drawing on the server's ([`Limits::host_memory_bytes`]).
     pub fn job_memory(&self) -> Arc<JobMemory> {
         self.host_memory.job(self.limits.job_memory_bytes)
+    }
+
+    /// The permits that bound how many node calls run at once, across all jobs and
+    /// reloads: a job holds one for each node call it runs, until the call returns.
+    pub fn call_permits(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.call_permits
     }
 
     /// Names and origins of the loaded plugins.

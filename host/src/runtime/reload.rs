@@ -61,6 +61,7 @@ impl Runtime {
             capabilities: self.capabilities.clone(),
             refused,
             host_memory: self.host_memory.clone(),
+            call_permits: self.call_permits.clone(),
             config: self.config.clone(),
             _ticker: self._ticker.clone(),
         }))
