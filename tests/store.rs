@@ -673,3 +673,67 @@ async fn events_of_one_job_are_numbered_once_across_processes_and_wake_the_other
         }
     }
 }
+
+/// The blob-link locks held or awaited in the test's database: (mode, granted). The lock's
+/// key is "weftblob" as a 64-bit number, which `pg_locks` shows as two 32-bit halves.
+async fn advisory_locks(url: &str) -> Vec<(String, bool)> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let rows = client
+        .query(
+            "SELECT mode, granted FROM pg_locks WHERE locktype = 'advisory' \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND classid = x'77656674'::int::oid AND objid = x'626c6f62'::int::oid AND objsubid = 1 \
+             ORDER BY granted DESC, mode",
+            &[],
+        )
+        .await
+        .unwrap();
+    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+}
+
+/// Polls `advisory_locks` until `want` holds (the lock changes are seen from another
+/// session, so they are awaited, not timed).
+async fn until_locks(url: &str, want: impl Fn(&[(String, bool)]) -> bool) -> Vec<(String, bool)> {
+    for _ in 0..600 {
+        let locks = advisory_locks(url).await;
+        if want(&locks) {
+            return locks;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the advisory locks never reached the expected state: {:?}",
+        advisory_locks(url).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn blob_collection_on_one_process_waits_for_links_in_progress_on_another() {
+    let (store, url) = pg().await;
+    let other = Arc::new(PgStore::connect(&url).await.unwrap());
+    // Two processes link blobs at once: shared locks do not exclude each other.
+    let link_a = store.lock_blob_links(false).await.unwrap();
+    let link_b = other.lock_blob_links(false).await.unwrap();
+    until_locks(&url, |l| l.iter().filter(|(m, g)| m == "ShareLock" && *g).count() == 2).await;
+    // Collection waits until every link in progress is done.
+    let collector = other.clone();
+    let collect = tokio::spawn(async move { collector.lock_blob_links(true).await.unwrap() });
+    until_locks(&url, |l| l.iter().any(|(m, g)| m == "ExclusiveLock" && !*g)).await;
+    drop(link_a);
+    until_locks(&url, |l| {
+        l.iter().filter(|(m, g)| m == "ShareLock" && *g).count() == 1
+            && l.iter().any(|(m, g)| m == "ExclusiveLock" && !*g)
+    })
+    .await;
+    drop(link_b);
+    let collecting = collect.await.unwrap();
+    until_locks(&url, |l| l == [("ExclusiveLock".to_string(), true)]).await;
+    // A link started during collection waits for it in turn.
+    let linker = store.clone();
+    let link = tokio::spawn(async move { linker.lock_blob_links(false).await.unwrap() });
+    until_locks(&url, |l| l.iter().any(|(m, g)| m == "ShareLock" && !*g)).await;
+    drop(collecting);
+    drop(link.await.unwrap());
+    until_locks(&url, <[_]>::is_empty).await;
+}

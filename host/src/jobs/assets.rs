@@ -3,8 +3,10 @@
 //!
 //! The blob-lock rule lives here and only here: a blob is never garbage-collected while an
 //! asset is being linked to it (an upload finished, a blob adopted by hash, an output
-//! committed). Garbage collection takes the same lock, so it sees either no asset yet (and
-//! the blob is not yet in place or is re-linked after) or the new asset (and keeps the blob).
+//! committed). Linking takes the lock shared, so links run side by side; garbage collection
+//! takes it exclusive, so it sees either no asset yet (and the blob is not yet in place or is
+//! re-linked after) or the new asset (and keeps the blob). The lock is this process's and,
+//! with a store shared by several processes, the store's too ([`Store::lock_blob_links`]).
 //! Reads need no lock: an open blob stays readable when its file is removed (a read from
 //! object storage that loses its blob fails, as reading a deleted asset does).
 
@@ -12,10 +14,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::Mutex;
+use tokio::sync::RwLock;
 
 use crate::store::blobs::{self, is_hex_hash, BlobWriter, ByteStream, LocalFile};
-use crate::store::{AssetRecord, Blobs, Deleted, Store, StoreError};
+use crate::store::{AssetRecord, BlobLinkLock, Blobs, Deleted, Store, StoreError};
 
 /// Why an asset operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -93,8 +95,15 @@ pub struct UploadDetails {
 pub struct Assets {
     store: Arc<dyn Store>,
     blobs: Blobs,
-    /// Held while a blob is linked to a new asset and while unreferenced blobs are removed.
-    link_lock: Mutex<()>,
+    /// Held shared while a blob is linked to a new asset, exclusive while unreferenced
+    /// blobs are removed (this process's part of the blob-lock rule).
+    link_lock: RwLock<()>,
+}
+
+/// The blob lock, held: this process's and the store's.
+struct LinkGuard<G> {
+    _store: BlobLinkLock,
+    _local: G,
 }
 
 impl Assets {
@@ -103,8 +112,26 @@ impl Assets {
         Self {
             store,
             blobs,
-            link_lock: Mutex::new(()),
+            link_lock: RwLock::new(()),
         }
+    }
+
+    /// Takes the blob lock shared, to link a blob to a new asset.
+    async fn lock_link(&self) -> Result<LinkGuard<tokio::sync::RwLockReadGuard<'_, ()>>, StoreError> {
+        let local = self.link_lock.read().await;
+        Ok(LinkGuard {
+            _store: self.store.lock_blob_links(false).await?,
+            _local: local,
+        })
+    }
+
+    /// Takes the blob lock exclusive, to remove unreferenced blobs.
+    async fn lock_collect(&self) -> Result<LinkGuard<tokio::sync::RwLockWriteGuard<'_, ()>>, StoreError> {
+        let local = self.link_lock.write().await;
+        Ok(LinkGuard {
+            _store: self.store.lock_blob_links(true).await?,
+            _local: local,
+        })
     }
 
     /// Starts receiving an upload's bytes.
@@ -118,7 +145,10 @@ impl Assets {
     /// Stores a received upload as a new asset. Returns it, and whether its bytes were new to
     /// the tenant (false when the tenant already had an asset with the same content).
     pub async fn upload(&self, upload: Upload, details: UploadDetails) -> Result<(AssetRecord, bool), AssetError> {
-        let guard = self.link_lock.lock().await;
+        let guard = self
+            .lock_link()
+            .await
+            .map_err(|e| AssetError::failed("locking the blobs", e))?;
         let (hash, size) = self
             .blobs
             .finish(upload.0)
@@ -171,7 +201,10 @@ impl Assets {
         tags: Vec<String>,
         expires_at: Option<DateTime<Utc>>,
     ) -> Result<AssetRecord, AssetError> {
-        let _guard = self.link_lock.lock().await;
+        let _guard = self
+            .lock_link()
+            .await
+            .map_err(|e| AssetError::failed("locking the blobs", e))?;
         let existing = self
             .store
             .asset_by_blob(tenant, hash)
@@ -303,7 +336,7 @@ impl Assets {
 
     /// Records a job output over a blob stored before (or cached from an earlier run).
     pub(super) async fn commit_output(&self, asset: AssetRecord) -> Result<(), String> {
-        let _guard = self.link_lock.lock().await;
+        let _guard = self.lock_link().await.map_err(|e| e.to_string())?;
         if !self.blobs.exists(&asset.blob).await.map_err(|e| e.to_string())? {
             return Err(format!("blob {} is missing", asset.blob));
         }
@@ -317,7 +350,7 @@ impl Assets {
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
-        let _guard = self.link_lock.lock().await;
+        let _guard = self.lock_collect().await?;
         let orphans = self.store.unreferenced_blobs(candidates).await?;
         for hash in &orphans {
             if let Err(e) = self.blobs.remove(hash).await {

@@ -109,6 +109,24 @@ pub struct StoreHealth {
     pub failing: Option<String>,
 }
 
+/// The lock that orders linking blobs to assets (shared) against removing the blobs no
+/// asset references (exclusive), held until dropped. A store that one process uses alone
+/// holds nothing here: that process's own lock orders it. A store shared by several
+/// processes holds a database lock, so one process's garbage collection never removes a blob
+/// another process is about to record.
+#[derive(Default)]
+pub struct BlobLinkLock {
+    /// What holds the lock until it is dropped; none when nothing is needed.
+    _held: Option<Box<dyn Send>>,
+}
+
+impl BlobLinkLock {
+    /// A lock held by `guard` (released when `guard` is dropped).
+    pub fn held_by(guard: Box<dyn Send>) -> Self {
+        Self { _held: Some(guard) }
+    }
+}
+
 impl StoreHealth {
     /// Whether writes are being stored.
     pub fn is_ok(&self) -> bool {
@@ -229,6 +247,12 @@ pub trait Store: Send + Sync {
     async fn delete_job_outputs(&self, job_id: &str) -> Result<(), StoreError>;
     /// Blob hashes that no asset references.
     async fn unreferenced_blobs(&self, candidates: Vec<String>) -> Result<Vec<String>, StoreError>;
+    /// Takes the [`BlobLinkLock`]: `exclusive` to remove unreferenced blobs, shared to link
+    /// blobs to new assets. The default, for a store only one process uses, holds nothing.
+    async fn lock_blob_links(&self, exclusive: bool) -> Result<BlobLinkLock, StoreError> {
+        let _ = exclusive;
+        Ok(BlobLinkLock::default())
+    }
 
     /// A user-data file of `tenant` with its content.
     async fn user_file(&self, tenant: &str, path: &str) -> Result<Option<(UserFile, Vec<u8>)>, StoreError>;

@@ -33,9 +33,19 @@ pub(crate) const RELAXED: &str = "SET LOCAL synchronous_commit = off";
 /// Connections one process keeps open.
 const POOL_SIZE: usize = 16;
 
+/// Connections that hold blob-link locks ([`BlobLinkLock`]): a pool of their own, so that
+/// callers holding a lock while they record an asset never wait for a connection that
+/// other lock holders have taken.
+const LOCK_POOL_SIZE: usize = 8;
+
+/// The advisory-lock key of the blob-link lock ("weftblob").
+const BLOB_LINK_LOCK_KEY: i64 = 0x7765_6674_626c_6f62;
+
 /// The PostgreSQL store.
 pub struct PgStore {
     pool: Pool,
+    /// Connections for blob-link locks (see [`LOCK_POOL_SIZE`]).
+    locks: Pool,
     config: tokio_postgres::Config,
     /// Why the latest health probe could not reach the database, until one can again.
     failing: Arc<std::sync::Mutex<Option<String>>>,
@@ -113,20 +123,23 @@ impl PgStore {
         let config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| StoreError::Backend(format!("invalid database URL: {e}")))?;
-        let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()
-            .map_err(|e| StoreError::Backend(format!("database pool: {e}")))?;
+        let pool_of = |size: usize| {
+            let manager = Manager::from_config(
+                config.clone(),
+                NoTls,
+                ManagerConfig {
+                    recycling_method: RecyclingMethod::Fast,
+                },
+            );
+            Pool::builder(manager)
+                .max_size(size)
+                .runtime(deadpool_postgres::Runtime::Tokio1)
+                .build()
+                .map_err(|e| StoreError::Backend(format!("database pool: {e}")))
+        };
         Ok(Self {
-            pool,
+            pool: pool_of(POOL_SIZE)?,
+            locks: pool_of(LOCK_POOL_SIZE)?,
             config,
             failing: Arc::default(),
         })
@@ -227,6 +240,30 @@ fn asset_from_row(row: &Row) -> AssetRecord {
         created_at: row.get(10),
         expires_at: row.get(11),
         output_index: row.get(12),
+    }
+}
+
+/// A blob-link lock: a transaction-level advisory lock on a connection of the lock pool,
+/// released when the transaction ends.
+struct AdvisoryLock(Option<deadpool_postgres::Object>);
+
+impl Drop for AdvisoryLock {
+    fn drop(&mut self) {
+        let Some(conn) = self.0.take() else {
+            return;
+        };
+        // Ending the transaction releases the lock. A connection that cannot end it is
+        // closed instead of going back to the pool, which releases it too.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if conn.batch_execute("ROLLBACK").await.is_err() {
+                        drop(deadpool_postgres::Object::take(conn));
+                    }
+                });
+            }
+            Err(_) => drop(deadpool_postgres::Object::take(conn)),
+        }
     }
 }
 
@@ -716,6 +753,21 @@ impl Store for PgStore {
         let row = tx.query_one(&sql, &[&tenant, &from, &to, &Utc::now()]).await?;
         tx.commit().await?;
         Ok(UserWrite::Written(user_file_from_row(&row)))
+    }
+
+    async fn lock_blob_links(&self, exclusive: bool) -> Result<BlobLinkLock, StoreError> {
+        let lock = if exclusive {
+            "pg_advisory_xact_lock"
+        } else {
+            "pg_advisory_xact_lock_shared"
+        };
+        // Should the lock fail half-way, dropping the guard ends what began.
+        let guard = AdvisoryLock(Some(self.locks.get().await?));
+        if let Some(conn) = &guard.0 {
+            conn.batch_execute(&format!("BEGIN; SELECT {lock}({BLOB_LINK_LOCK_KEY})"))
+                .await?;
+        }
+        Ok(BlobLinkLock::held_by(Box::new(guard)))
     }
 
     async fn job_outputs(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError> {
