@@ -233,11 +233,17 @@ fn only_the_nodes_that_outputs_need_run() {
 
 #[test]
 fn a_node_failure_fails_the_job_and_keeps_earlier_outputs() {
-    let server = Server::start();
+    // One node call at a time: nodes 2 and 3 both wait for node 1, then run in plan order,
+    // so node 2's output is committed before node 3 fails (with more workers they would run
+    // side by side, and node 3's failure would stop node 2).
+    let server = Server::with(Options {
+        args: vec!["--workers".into(), "1".into()],
+        ..Default::default()
+    });
     let job = server.run(json!({
         "1": {"class_type": "PrimitiveString", "inputs": {"value": "before"}},
         "2": save("1"),
-        "3": {"class_type": "RegexMatch", "inputs": {"string": "x", "regex_pattern": "(", "case_insensitive": true, "multiline": false, "dotall": false}},
+        "3": {"class_type": "RegexMatch", "inputs": {"string": ["1", 0], "regex_pattern": "(", "case_insensitive": true, "multiline": false, "dotall": false}},
         "4": {"class_type": "PreviewAny", "inputs": {"source": ["3", 0]}},
     }));
     assert_eq!(job["status"], "failed");
