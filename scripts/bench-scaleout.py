@@ -169,7 +169,7 @@ def durable_submits(binary, pg, blobs, apis, seconds, threads=8):
           f"p50 {pct(latencies, 50) * 1000:.1f} ms, p99 {pct(latencies, 99) * 1000:.1f} ms")
 
 
-def drain(binary, pg, blobs, workers, jobs=600):
+def drain(binary, pg, blobs, workers, jobs=3000):
     db = pg.database(f"drain{workers}")
     name = db.rsplit("/", 1)[1]
     api = Weft(binary, db, blobs, "api")

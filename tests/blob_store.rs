@@ -73,19 +73,26 @@ impl Moto {
     }
 
     /// `weft serve` with its blobs in `s3://bucket/blobs`, plus `args`.
-    fn weft(&self, bucket: &str, args: &[&str]) -> Server {
-        let env = [
+    /// The variables that point weft at this server.
+    fn env(&self) -> Vec<(String, String)> {
+        [
             ("AWS_ENDPOINT_URL", self.endpoint.as_str()),
             ("AWS_ACCESS_KEY_ID", "test"),
             ("AWS_SECRET_ACCESS_KEY", "test"),
             ("AWS_REGION", "us-east-1"),
             ("AWS_ALLOW_HTTP", "true"),
-        ];
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+
+    fn weft(&self, bucket: &str, args: &[&str]) -> Server {
         let mut all = vec!["--blob-dir".to_string(), format!("s3://{bucket}/blobs")];
         all.extend(args.iter().map(|a| a.to_string()));
         Server::with(Options {
             args: all,
-            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            env: self.env(),
             ..Default::default()
         })
     }
@@ -207,6 +214,15 @@ fn retention_removes_an_expired_jobs_output_object() {
 #[test]
 fn an_unreachable_object_store_is_a_clear_error_not_a_crash() {
     let moto = Moto::start();
+    if support::on_postgres() {
+        // Processes sharing a database sign links with a key kept beside the blobs, so a
+        // process that cannot reach the blobs at start cannot serve links the others accept:
+        // it refuses to start, saying why, rather than serve with a key of its own.
+        let refusal = refused_start(&moto, "missing");
+        assert!(refusal.contains("link-signing key"), "{refusal}");
+        assert!(refusal.contains("NoSuchBucket"), "the store's own reason: {refusal}");
+        return;
+    }
     // No bucket: every request to the store fails.
     let server = moto.weft("missing", &[]);
     let form = reqwest::blocking::multipart::Form::new()
@@ -226,4 +242,37 @@ fn an_unreachable_object_store_is_a_clear_error_not_a_crash() {
     assert!(body["error"]["code"].is_string(), "weft's error shape: {body}");
     // The server is still up.
     assert_eq!(server.get("/healthz").status().as_u16(), 200);
+}
+
+/// Starts `weft serve` on `bucket`, expecting it to exit with an error: its stderr.
+fn refused_start(moto: &Moto, bucket: &str) -> String {
+    let data = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "serve".to_string(),
+        "--addr".into(),
+        "127.0.0.1:0".into(),
+        "--data-dir".into(),
+        data.path().display().to_string(),
+        "--blob-dir".into(),
+        format!("s3://{bucket}/blobs"),
+    ];
+    args.extend(support::database_args(data.path()));
+    let mut child = Command::new(support::weft_bin())
+        .args(&args)
+        .envs(moto.env())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("weft kept running on an unreachable blob store");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(!output.status.success(), "weft exits with an error");
+    String::from_utf8_lossy(&output.stderr).into_owned()
 }

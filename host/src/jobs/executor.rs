@@ -655,6 +655,11 @@ impl Jobs {
                         Event::Ran { index, began, result }
                     }));
                 }
+            }
+            // Outputs commit in plan order, up to the first node that has not finished. A
+            // failure stops the calls but not this: the nodes before the failing one whose
+            // calls ended keep their outputs. A cancel stops it.
+            if !cancel.is_canceled() {
                 while books.is_some() && next_commit < n {
                     match pending[next_commit].take() {
                         None => break,
@@ -664,11 +669,11 @@ impl Jobs {
                             let index = next_commit;
                             let node = &plan.nodes[index];
                             let text = workflow_text.clone();
-                            let stop = &stop;
+                            let halt = cancel;
                             tasks.push(Box::pin(async move {
                                 let cached = matches!(work, Commit::Cached(_));
                                 let (result, books, values) = self
-                                    .commit_node(job, node, work, committed, job_files, text, stop)
+                                    .commit_node(job, node, work, committed, job_files, text, halt)
                                     .await;
                                 Event::Committed {
                                     index,
@@ -780,7 +785,7 @@ impl Jobs {
                     books = returned;
                     let node = &plan.nodes[index];
                     match result {
-                        Ok(Some(files)) if !stop.is_canceled() => {
+                        Ok(Some(files)) if !cancel.is_canceled() => {
                             if cached {
                                 self.metrics.cache_hit();
                             } else if let (Some(key), Some(values)) = (node.cache_key, values) {
