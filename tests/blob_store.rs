@@ -225,19 +225,7 @@ fn an_unreachable_object_store_is_a_clear_error_not_a_crash() {
     }
     // No bucket: every request to the store fails.
     let server = moto.weft("missing", &[]);
-    let form = reqwest::blocking::multipart::Form::new()
-        .part(
-            "file",
-            reqwest::blocking::multipart::Part::bytes(b"x".to_vec()).file_name("x.txt"),
-        )
-        .text("file_path", "x.txt");
-    let r = server
-        .request(reqwest::Method::POST, "/api/v2/assets")
-        .multipart(form)
-        .send()
-        .unwrap();
-    let status = r.status().as_u16();
-    let body: Value = r.json().unwrap();
+    let (status, body) = server.try_upload("x.txt", b"x".to_vec());
     assert!(status >= 500, "{status} {body}");
     assert!(body["error"]["code"].is_string(), "weft's error shape: {body}");
     // The server is still up.

@@ -264,6 +264,13 @@ impl Server {
 
     /// Uploads `bytes` as an asset named `name`, returning the asset record.
     pub(crate) fn upload(&self, name: &str, bytes: Vec<u8>) -> Value {
+        let (status, body) = self.try_upload(name, bytes);
+        assert!(status == 201 || status == 200, "upload failed: {status} {body}");
+        body
+    }
+
+    /// Uploads `bytes` as an asset named `name`: the answer's status and body.
+    pub(crate) fn try_upload(&self, name: &str, bytes: Vec<u8>) -> (u16, Value) {
         let form = reqwest::blocking::multipart::Form::new()
             .part(
                 "file",
@@ -275,10 +282,7 @@ impl Server {
             .multipart(form)
             .send()
             .unwrap();
-        let status = r.status().as_u16();
-        let body: Value = r.json().unwrap();
-        assert!(status == 201 || status == 200, "upload failed: {status} {body}");
-        body
+        (r.status().as_u16(), r.json().unwrap())
     }
 
     /// The process id.
