@@ -586,25 +586,6 @@ async fn claims_take_tenants_in_turn_like_the_local_queue() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jobs_of_a_tenant_without_a_turn_are_still_claimed_in_order() {
-    // A weft before claims went tenant by tenant gave a tenant its turn only when served:
-    // its jobs queued in a shared database have no turn row, and must still be claimed.
-    let (store, url) = pg().await;
-    store.insert_job(job("old0", "old", Utc::now()), None, 0).await.unwrap();
-    store.insert_job(job("old1", "old", Utc::now()), None, 0).await.unwrap();
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client.batch_execute("DELETE FROM queue_turns").await.unwrap();
-    store.insert_job(job("new0", "new", Utc::now()), None, 0).await.unwrap();
-    let c = coordinator(&store, "p", Duration::from_secs(30));
-    let mut order = Vec::new();
-    while let Some((_, id)) = c.claim().await.unwrap() {
-        order.push(id);
-    }
-    assert_eq!(order, ["new0", "old0", "old1"], "the turnless tenant's jobs come after");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lapsed_claim_is_taken_over_by_exactly_one_process() {
     let (store, _) = pg().await;
     store.insert_job(job("j", "t", Utc::now()), None, 0).await.unwrap();

@@ -122,61 +122,20 @@ impl Coordinator for PgCoordinator {
     async fn claim(&self) -> Result<Option<(String, String)>, StoreError> {
         let mut conn = self.pool.get().await?;
         let tx = conn.transaction().await?;
-        // The tenants with a claimable job, in turn order (the oldest job breaks a tie): one
-        // index probe per tenant with a turn, never a sort of the whole queue, so a claim
-        // costs the same with 10 jobs queued or 100,000. Every submission gives its tenant a
-        // turn (0 when never served, so it goes first).
-        let tenants: Vec<String> = tx
-            .query(
-                "SELECT t.tenant FROM queue_turns t
-                 CROSS JOIN LATERAL (
-                    SELECT j.seq FROM jobs j
-                    WHERE j.tenant = t.tenant AND j.status = 'queued' AND j.claimed_by IS NULL
-                    ORDER BY j.seq LIMIT 1) oldest
-                 ORDER BY t.turn, oldest.seq
-                 LIMIT 8",
-                &[],
+        let claimed = tx
+            .query_opt(
+                "WITH next AS (
+                    SELECT j.id FROM jobs j LEFT JOIN queue_turns t ON t.tenant = j.tenant
+                    WHERE j.status = 'queued' AND j.claimed_by IS NULL
+                    ORDER BY t.turn NULLS FIRST, j.seq
+                    LIMIT 1
+                    FOR UPDATE OF j SKIP LOCKED)
+                 UPDATE jobs SET claimed_by = $1, lease_until = now() + make_interval(secs => $2)
+                 FROM next WHERE jobs.id = next.id
+                 RETURNING jobs.tenant, jobs.id",
+                &[&self.process, &self.lease_secs()],
             )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        let mut claimed = None;
-        for tenant in &tenants {
-            claimed = tx
-                .query_opt(
-                    "UPDATE jobs SET claimed_by = $1, lease_until = now() + make_interval(secs => $2)
-                     WHERE id = (
-                        SELECT id FROM jobs
-                        WHERE tenant = $3 AND status = 'queued' AND claimed_by IS NULL
-                        ORDER BY seq LIMIT 1
-                        FOR UPDATE SKIP LOCKED)
-                     RETURNING tenant, id",
-                    &[&self.process, &self.lease_secs(), tenant],
-                )
-                .await?;
-            if claimed.is_some() {
-                break;
-            }
-        }
-        if claimed.is_none() {
-            // Jobs of a tenant without a turn (queued by an older weft), or every candidate
-            // above taken by another claim meanwhile: the whole queue, in the same order.
-            claimed = tx
-                .query_opt(
-                    "WITH next AS (
-                        SELECT j.id FROM jobs j LEFT JOIN queue_turns t ON t.tenant = j.tenant
-                        WHERE j.status = 'queued' AND j.claimed_by IS NULL
-                        ORDER BY t.turn NULLS FIRST, j.seq
-                        LIMIT 1
-                        FOR UPDATE OF j SKIP LOCKED)
-                     UPDATE jobs SET claimed_by = $1, lease_until = now() + make_interval(secs => $2)
-                     FROM next WHERE jobs.id = next.id
-                     RETURNING jobs.tenant, jobs.id",
-                    &[&self.process, &self.lease_secs()],
-                )
-                .await?;
-        }
+            .await?;
         let Some(row) = claimed else {
             return Ok(None);
         };

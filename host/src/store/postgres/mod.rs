@@ -353,12 +353,6 @@ impl Store for PgStore {
             )
             .await?;
         }
-        // The tenant's place in the claim order: a tenant never served goes first.
-        tx.execute(
-            "INSERT INTO queue_turns (tenant, turn) VALUES ($1, 0) ON CONFLICT (tenant) DO NOTHING",
-            &[&job.tenant],
-        )
-        .await?;
         // Idle workers of every process wake when the job commits (see `coordinator`).
         tx.execute("SELECT pg_notify($1, '')", &[&coordinator::WORK]).await?;
         tx.commit().await?;
