@@ -19,6 +19,7 @@ use super::links::Links;
 use super::{render, AppState};
 use crate::jobs::events::{JobEvent, Numbered};
 use crate::jobs::JobView;
+use crate::store::{JobRecord, JobStatus};
 
 /// Keep-alive comment interval.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -64,6 +65,32 @@ fn status_event(links: &Links, view: &JobView) -> Event {
     let mut body = render::job(links, view, false);
     body["queue_position"] = json!(view.queue_position);
     Event::default().event("status").json_data(body).unwrap_or_default()
+}
+
+/// The last status a stream told its client, to drop status events it already covers: the
+/// shared event log is written after the job's row, so a snapshot read from the row can be
+/// newer than events still on their way from the log.
+struct ToldStatus {
+    status: JobStatus,
+    updated_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl ToldStatus {
+    /// Whether `record`'s status adds nothing: the same status again, or an earlier stage of
+    /// the lifecycle that is no newer than what was told (a job sent back to the queue by a
+    /// rescue is newer, and is told).
+    fn covers(&self, record: &JobRecord) -> bool {
+        fn stage(status: JobStatus) -> u8 {
+            match status {
+                JobStatus::Queued => 0,
+                JobStatus::Running => 1,
+                JobStatus::Canceling => 2,
+                _ => 3,
+            }
+        }
+        record.status == self.status
+            || (stage(record.status) < stage(self.status) && record.updated_at <= self.updated_at)
+    }
 }
 
 /// Renders one hub event; `None` for events that need the store (status, handled by caller).
@@ -143,6 +170,10 @@ pub async fn stream(
             .boxed()));
     }
 
+    let told = ToldStatus {
+        status: view.job.status,
+        updated_at: view.job.updated_at,
+    };
     let live = tokio_stream::wrappers::BroadcastStream::new(subscription.live);
     let tenant = caller.tenant.clone();
     let live = live
@@ -159,24 +190,35 @@ pub async fn stream(
                 };
                 match &numbered.event {
                     JobEvent::Status(record) => {
-                        let view = jobs.view((**record).clone()).await.ok()?;
-                        if view.job.tenant != tenant {
+                        if record.tenant != tenant {
                             return None;
                         }
-                        let terminal = view.job.status.is_terminal();
-                        Some((status_event(&links, &view).id(numbered.id.to_string()), terminal))
+                        let view = jobs.view((**record).clone()).await.ok()?;
+                        let event = status_event(&links, &view).id(numbered.id.to_string());
+                        Some((event, Some(record.clone())))
                     }
-                    _ => render_event(&links, &numbered).map(|e| (e, false)),
+                    _ => render_event(&links, &numbered).map(|e| (e, None)),
                 }
             }
         })
-        .scan(false, |ended, (event, terminal)| {
+        .scan((false, told), |(ended, told), (event, status)| {
             if *ended {
                 return futures::future::ready(None);
             }
-            *ended = terminal;
-            futures::future::ready(Some(event))
-        });
+            let Some(record) = status else {
+                return futures::future::ready(Some(Some(event)));
+            };
+            if told.covers(&record) {
+                return futures::future::ready(Some(None));
+            }
+            *ended = record.status.is_terminal();
+            *told = ToldStatus {
+                status: record.status,
+                updated_at: record.updated_at,
+            };
+            futures::future::ready(Some(Some(event)))
+        })
+        .filter_map(futures::future::ready);
     let events = stream::iter(first).chain(live).map(move |e| {
         let _keep = &slot;
         Ok::<_, Infallible>(e)
