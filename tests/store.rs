@@ -586,6 +586,46 @@ async fn claims_take_tenants_in_turn_like_the_local_queue() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_waits_out_a_lock_on_a_tenants_oldest_job_instead_of_skipping_it() {
+    let (store, url) = pg().await;
+    store.insert_job(job("a0", "a", Utc::now()), None, 0).await.unwrap();
+    store.insert_job(job("a1", "a", Utc::now()), None, 0).await.unwrap();
+    // Another writer (an event being numbered) holds the oldest job's row for a moment.
+    let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let writer = client.transaction().await.unwrap();
+    writer
+        .execute("UPDATE jobs SET event_seq = event_seq + 1 WHERE id = 'a0'", &[])
+        .await
+        .unwrap();
+    let c = coordinator(&store, "p", Duration::from_secs(30));
+    let claim = tokio::spawn(async move { c.claim().await.unwrap().map(|(_, id)| id) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    writer.commit().await.unwrap();
+    assert_eq!(claim.await.unwrap().as_deref(), Some("a0"), "FIFO within a tenant");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_jobs_whose_tenant_lost_its_turn_are_given_one_back() {
+    let (store, url) = pg().await;
+    store.insert_job(job("a0", "a", Utc::now()), None, 0).await.unwrap();
+    store.insert_job(job("b0", "b", Utc::now()), None, 0).await.unwrap();
+    // As a process of an older weft leaves them: queued, with no turn.
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client.batch_execute("DELETE FROM queue_turns").await.unwrap();
+    let c = coordinator(&store, "p", Duration::from_secs(30));
+    assert_eq!(c.claim().await.unwrap(), None, "a job without a turn is not seen");
+    assert_eq!(c.restore_turns().await.unwrap(), 2);
+    assert_eq!(c.restore_turns().await.unwrap(), 0, "tenants with a turn keep it");
+    let mut order = Vec::new();
+    while let Some((_, id)) = c.claim().await.unwrap() {
+        order.push(id);
+    }
+    assert_eq!(order, ["a0", "b0"], "turns given back in the order the tenants queued");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lapsed_claim_is_taken_over_by_exactly_one_process() {
     let (store, _) = pg().await;
     store.insert_job(job("j", "t", Utc::now()), None, 0).await.unwrap();

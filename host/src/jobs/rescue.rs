@@ -4,7 +4,9 @@
 //! over (one process wins it) and settles the job by the rules of crash
 //! [`recovery`](super::recovery): a queued or running job is queued to run again from the
 //! start (every built-in node is safe to re-run; partial outputs are discarded), a
-//! canceling one is canceled. Then it releases the claim and wakes the workers.
+//! canceling one is canceled. Then it releases the claim and wakes the workers. Each pass also
+//! gives a turn to tenants whose queued jobs have none (see
+//! [`Coordinator::restore_turns`](crate::store::Coordinator::restore_turns)).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,7 +43,7 @@ pub async fn rescue(jobs: &Arc<Jobs>) -> Result<Recovered, StoreError> {
     let Some(coordinator) = jobs.coordinator().cloned() else {
         return Ok(done);
     };
-    let mut woke = false;
+    let mut woke = coordinator.restore_turns().await? > 0;
     for id in coordinator.lapsed().await? {
         if !coordinator.take_over(&id).await? {
             continue;

@@ -46,8 +46,12 @@ pub trait Coordinator: Send + Sync {
     /// Claims the next queued job, tenants in turn (the least recently served first), for
     /// this process: `(tenant, id)`, or `None` when nothing unclaimed waits.
     async fn claim(&self) -> Result<Option<(String, String)>, StoreError>;
-    /// Gives up this process's claim on `id` (its run ended).
+    /// Gives up this process's claim on `id` (its run ended, or a rescue sent it back to
+    /// the queue, where it is claimable again).
     async fn release(&self, id: &str) -> Result<(), StoreError>;
+    /// Gives a turn to each tenant whose claimable jobs have none (queued by a process of an
+    /// older weft during an upgrade), so that no queued job waits unseen; returns how many.
+    async fn restore_turns(&self) -> Result<u64, StoreError>;
     /// Extends every claim this process holds by a lease; returns how many.
     async fn renew_leases(&self) -> Result<u64, StoreError>;
     /// Ids of unfinished jobs whose claim lapsed (their worker died), or that are running

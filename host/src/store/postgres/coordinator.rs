@@ -1,4 +1,5 @@
-//! Cross-process coordination on PostgreSQL: claims with `FOR UPDATE SKIP LOCKED`, leases
+//! Cross-process coordination on PostgreSQL: claims tenant by tenant in `queue_turns` order
+//! with `FOR UPDATE SKIP LOCKED` on the tenant's turn, leases
 //! in `jobs.claimed_by` / `jobs.lease_until` (the database's clock), the event log in
 //! `job_events`, and wake-ups with `LISTEN` / `NOTIFY` on one dedicated connection that is
 //! re-made when it drops.
@@ -32,6 +33,29 @@ const APPEND: &str = "WITH n AS (
      INSERT INTO job_events (job_id, n, body)
      SELECT $1, n.event_seq, $2 FROM n, woken
      RETURNING n";
+
+/// Gives tenant `$1` a turn at the back of the round, unless it has one: run wherever a job of
+/// the tenant becomes claimable. The no-op update of an existing turn takes its row lock, so
+/// it waits for a claim that holds the turn and may delete it, and then inserts it afresh.
+pub(super) const JOIN_TURN: &str = "INSERT INTO queue_turns (tenant, turn) VALUES ($1, nextval('queue_turn_seq'))
+     ON CONFLICT (tenant) DO UPDATE SET turn = queue_turns.turn";
+
+/// Claims tenant `$1`'s oldest claimable job for process `$2` with a lease of `$3` seconds,
+/// under the tenant's turn, which the caller holds: the turn goes to the back of the round,
+/// or is removed when the tenant has nothing to claim. A plain `FOR UPDATE` waits out a
+/// short lock on the job (an event being numbered) instead of skipping to a younger job.
+const CLAIM_OLDEST: &str = "WITH next AS (
+        SELECT id FROM jobs WHERE tenant = $1 AND status = 'queued' AND claimed_by IS NULL
+        ORDER BY seq LIMIT 1 FOR UPDATE),
+     claimed AS (
+        UPDATE jobs SET claimed_by = $2, lease_until = now() + make_interval(secs => $3)
+        FROM next WHERE jobs.id = next.id RETURNING jobs.id),
+     served AS (
+        UPDATE queue_turns SET turn = nextval('queue_turn_seq')
+        WHERE tenant = $1 AND EXISTS (SELECT 1 FROM claimed)),
+     emptied AS (
+        DELETE FROM queue_turns WHERE tenant = $1 AND NOT EXISTS (SELECT 1 FROM claimed))
+     SELECT id FROM claimed";
 
 /// The PostgreSQL coordinator of one process.
 pub struct PgCoordinator {
@@ -121,43 +145,70 @@ impl Coordinator for PgCoordinator {
 
     async fn claim(&self) -> Result<Option<(String, String)>, StoreError> {
         let mut conn = self.pool.get().await?;
-        let tx = conn.transaction().await?;
-        let claimed = tx
-            .query_opt(
-                "WITH next AS (
-                    SELECT j.id FROM jobs j LEFT JOIN queue_turns t ON t.tenant = j.tenant
-                    WHERE j.status = 'queued' AND j.claimed_by IS NULL
-                    ORDER BY t.turn NULLS FIRST, j.seq
-                    LIMIT 1
-                    FOR UPDATE OF j SKIP LOCKED)
-                 UPDATE jobs SET claimed_by = $1, lease_until = now() + make_interval(secs => $2)
-                 FROM next WHERE jobs.id = next.id
-                 RETURNING jobs.tenant, jobs.id",
-                &[&self.process, &self.lease_secs()],
-            )
-            .await?;
-        let Some(row) = claimed else {
-            return Ok(None);
-        };
-        let (tenant, id): (String, String) = (row.get(0), row.get(1));
-        tx.execute(
-            "INSERT INTO queue_turns (tenant, turn) VALUES ($1, nextval('queue_turn_seq'))
-             ON CONFLICT (tenant) DO UPDATE SET turn = excluded.turn",
-            &[&tenant],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(Some((tenant, id)))
+        loop {
+            let tx = conn.transaction().await?;
+            // The first turn no other claimer holds; when every turn is held, wait for the
+            // first one instead of reporting an empty queue.
+            let mut turn = tx
+                .query_opt(
+                    "SELECT tenant FROM queue_turns ORDER BY turn LIMIT 1 FOR UPDATE SKIP LOCKED",
+                    &[],
+                )
+                .await?;
+            if turn.is_none() {
+                turn = tx
+                    .query_opt("SELECT tenant FROM queue_turns ORDER BY turn LIMIT 1 FOR UPDATE", &[])
+                    .await?;
+            }
+            let Some(turn) = turn else {
+                return Ok(None);
+            };
+            let tenant: String = turn.get(0);
+            // A statement of its own, so its snapshot is taken after the turn is held: every
+            // job whose submission touched the turn before is seen.
+            let claimed = tx
+                .query_opt(CLAIM_OLDEST, &[&tenant, &self.process, &self.lease_secs()])
+                .await?;
+            tx.commit().await?;
+            if let Some(row) = claimed {
+                return Ok(Some((tenant, row.get(0))));
+            }
+            // The tenant had nothing left to claim; its turn is gone: try the next one.
+        }
     }
 
     async fn release(&self, id: &str) -> Result<(), StoreError> {
-        let conn = self.pool.get().await?;
-        conn.execute(
-            "UPDATE jobs SET claimed_by = NULL, lease_until = NULL WHERE id = $1 AND claimed_by = $2",
-            &[&id, &self.process],
-        )
-        .await?;
+        let mut conn = self.pool.get().await?;
+        let tx = conn.transaction().await?;
+        let released = tx
+            .query_opt(
+                "UPDATE jobs SET claimed_by = NULL, lease_until = NULL WHERE id = $1 AND claimed_by = $2
+                 RETURNING tenant, status",
+                &[&id, &self.process],
+            )
+            .await?;
+        // A job released while queued (sent back by a rescue) is claimable again.
+        if let Some(row) = released.filter(|r| r.get::<_, &str>(1) == "queued") {
+            tx.execute(JOIN_TURN, &[&row.get::<_, &str>(0)]).await?;
+        }
+        tx.commit().await?;
         Ok(())
+    }
+
+    async fn restore_turns(&self) -> Result<u64, StoreError> {
+        let conn = self.pool.get().await?;
+        Ok(conn
+            .execute(
+                "INSERT INTO queue_turns (tenant, turn)
+                 SELECT tenant, nextval('queue_turn_seq') FROM (
+                    SELECT tenant, MIN(seq) AS first FROM jobs j
+                    WHERE status = 'queued' AND claimed_by IS NULL
+                      AND NOT EXISTS (SELECT 1 FROM queue_turns t WHERE t.tenant = j.tenant)
+                    GROUP BY tenant ORDER BY first) AS waiting
+                 ON CONFLICT (tenant) DO NOTHING",
+                &[],
+            )
+            .await?)
     }
 
     async fn renew_leases(&self) -> Result<u64, StoreError> {
@@ -206,7 +257,7 @@ impl Coordinator for PgCoordinator {
             .query(
                 "SELECT j.tenant, j.id FROM jobs j LEFT JOIN queue_turns t ON t.tenant = j.tenant
                  WHERE j.status = 'queued' AND j.claimed_by IS NULL
-                 ORDER BY t.turn NULLS FIRST,
+                 ORDER BY t.turn NULLS LAST,
                           MIN(j.seq) OVER (PARTITION BY j.tenant),
                           j.seq",
                 &[],

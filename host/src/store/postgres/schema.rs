@@ -103,6 +103,18 @@ CREATE TABLE api_keys (
 -- How long each node of a job took (a JSON array, set when the job ends).
 ALTER TABLE jobs ADD COLUMN node_times TEXT;
 "#,
+    r#"
+-- Turns hold the tenants with claimable jobs, in round-robin order: a tenant joins at the
+-- back when its first job is queued, goes to the back when served and leaves when empty.
+DELETE FROM queue_turns t WHERE NOT EXISTS (
+    SELECT 1 FROM jobs j WHERE j.tenant = t.tenant AND j.status = 'queued' AND j.claimed_by IS NULL);
+INSERT INTO queue_turns (tenant, turn)
+SELECT tenant, nextval('queue_turn_seq') FROM (
+    SELECT tenant, MIN(seq) AS first FROM jobs WHERE status = 'queued' AND claimed_by IS NULL
+    GROUP BY tenant ORDER BY first) AS waiting
+ON CONFLICT (tenant) DO NOTHING;
+CREATE INDEX queue_turns_in_order ON queue_turns (turn);
+"#,
 ];
 
 /// The newest schema version this build knows.
