@@ -606,6 +606,41 @@ async fn a_claim_waits_out_a_lock_on_a_tenants_oldest_job_instead_of_skipping_it
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_empties_a_turn_keeps_it_for_a_submission_in_flight() {
+    let (store, url) = pg().await;
+    store.insert_job(job("a0", "a", Utc::now()), None, 0).await.unwrap();
+    let c = coordinator(&store, "p", Duration::from_secs(30));
+    assert_eq!(c.claim().await.unwrap().map(|(_, id)| id).as_deref(), Some("a0"));
+    // A submission of tenant a in flight, as the store makes one: it holds the tenant's turn
+    // (KEY SHARE) and has inserted its job, not yet committed.
+    let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let submit = client.transaction().await.unwrap();
+    let held = submit
+        .query("SELECT 1 FROM queue_turns WHERE tenant = 'a' FOR KEY SHARE", &[])
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 1, "the served tenant kept its turn");
+    submit
+        .execute(
+            "INSERT INTO jobs (id, tenant, status, workflow, labels, created_at, updated_at, expires_at)
+             VALUES ('a1', 'a', 'queued', '{}', '{}', now(), now(), now() + interval '1 day')",
+            &[],
+        )
+        .await
+        .unwrap();
+    // The claim finds nothing committed and would remove the turn; it waits for the submission.
+    let claim = tokio::spawn(async move { c.claim().await.unwrap().map(|(_, id)| id) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    submit.commit().await.unwrap();
+    assert_eq!(
+        claim.await.unwrap().as_deref(),
+        Some("a1"),
+        "the submitted job is claimable"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_jobs_whose_tenant_lost_its_turn_are_given_one_back() {
     let (store, url) = pg().await;
     store.insert_job(job("a0", "a", Utc::now()), None, 0).await.unwrap();

@@ -34,28 +34,65 @@ const APPEND: &str = "WITH n AS (
      SELECT $1, n.event_seq, $2 FROM n, woken
      RETURNING n";
 
-/// Gives tenant `$1` a turn at the back of the round, unless it has one: run wherever a job of
-/// the tenant becomes claimable. The no-op update of an existing turn takes its row lock, so
-/// it waits for a claim that holds the turn and may delete it, and then inserts it afresh.
-pub(super) const JOIN_TURN: &str = "INSERT INTO queue_turns (tenant, turn) VALUES ($1, nextval('queue_turn_seq'))
-     ON CONFLICT (tenant) DO UPDATE SET turn = queue_turns.turn";
+/// Holds tenant `$1`'s turn with a `KEY SHARE` lock, or gives the tenant one at the back of
+/// the round; returns a row unless a concurrent statement got in between (then run it again).
+/// Run wherever a job of the tenant becomes claimable: the lock does not hold back claims
+/// (they take `NO KEY UPDATE`) nor other submissions, but a claim that would delete the turn
+/// waits for it (see [`LEAVE_IF_EMPTY`]).
+const JOIN_TURN: &str = "WITH held AS (
+        SELECT tenant FROM queue_turns WHERE tenant = $1 FOR KEY SHARE),
+     joined AS (
+        INSERT INTO queue_turns (tenant, turn)
+        SELECT $1, nextval('queue_turn_seq') WHERE NOT EXISTS (SELECT 1 FROM held)
+        ON CONFLICT (tenant) DO NOTHING RETURNING tenant)
+     SELECT tenant FROM held UNION ALL SELECT tenant FROM joined";
 
-/// Claims tenant `$1`'s oldest claimable job for process `$2` with a lease of `$3` seconds,
-/// under the tenant's turn, which the caller holds: the turn goes to the back of the round,
-/// or is removed when the tenant has nothing to claim. A plain `FOR UPDATE` waits out a
-/// short lock on the job (an event being numbered) instead of skipping to a younger job.
-const CLAIM_OLDEST: &str = "WITH next AS (
-        SELECT id FROM jobs WHERE tenant = $1 AND status = 'queued' AND claimed_by IS NULL
-        ORDER BY seq LIMIT 1 FOR UPDATE),
-     claimed AS (
-        UPDATE jobs SET claimed_by = $2, lease_until = now() + make_interval(secs => $3)
-        FROM next WHERE jobs.id = next.id RETURNING jobs.id),
-     served AS (
-        UPDATE queue_turns SET turn = nextval('queue_turn_seq')
-        WHERE tenant = $1 AND EXISTS (SELECT 1 FROM claimed)),
-     emptied AS (
-        DELETE FROM queue_turns WHERE tenant = $1 AND NOT EXISTS (SELECT 1 FROM claimed))
-     SELECT id FROM claimed";
+/// Makes sure tenant `tenant` has a turn that stays until `tx` commits, for a job of the
+/// tenant that `tx` makes claimable.
+pub(super) async fn join_turn(tx: &tokio_postgres::Transaction<'_>, tenant: &str) -> Result<(), StoreError> {
+    for _ in 0..JOIN_ATTEMPTS {
+        if tx.query_opt(JOIN_TURN, &[&tenant]).await?.is_some() {
+            return Ok(());
+        }
+    }
+    Err(StoreError::Backend(format!(
+        "tenant {tenant}'s queue turn kept changing under {JOIN_ATTEMPTS} attempts to hold it"
+    )))
+}
+
+/// How many times [`join_turn`] tries; each retry means a claim removed the turn between
+/// the statement's look-up and its insert, which takes a rare interleaving.
+const JOIN_ATTEMPTS: usize = 8;
+
+/// Claims, for process `$1` with a lease of `$2` seconds, the oldest claimable job of the
+/// tenant whose turn comes first among those no other claimer holds (`{skip}` is `SKIP
+/// LOCKED`; empty, it waits for the first turn), and moves the turn to the back of the round.
+/// Returns the tenant and the job, or the tenant alone when it had nothing to claim. A plain
+/// `FOR UPDATE` on the job waits out a short lock (an event being numbered) instead of
+/// skipping to a younger job.
+fn claim_next(skip: &str) -> String {
+    format!(
+        "WITH turn AS (
+            SELECT tenant FROM queue_turns ORDER BY turn LIMIT 1 FOR NO KEY UPDATE {skip}),
+         next AS (
+            SELECT j.id FROM jobs j, turn
+            WHERE j.tenant = turn.tenant AND j.status = 'queued' AND j.claimed_by IS NULL
+            ORDER BY j.seq LIMIT 1 FOR UPDATE OF j),
+         claimed AS (
+            UPDATE jobs SET claimed_by = $1, lease_until = now() + make_interval(secs => $2)
+            FROM next WHERE jobs.id = next.id RETURNING jobs.id),
+         served AS (
+            UPDATE queue_turns SET turn = nextval('queue_turn_seq')
+            FROM turn WHERE queue_turns.tenant = turn.tenant AND EXISTS (SELECT 1 FROM claimed))
+         SELECT turn.tenant, (SELECT id FROM claimed) FROM turn"
+    )
+}
+
+/// Removes tenant `$1`'s turn if it has no claimable job, once the caller holds the turn
+/// `FOR UPDATE`: that lock waits for the submissions holding the turn, and this statement's
+/// snapshot, taken after, sees their jobs.
+const LEAVE_IF_EMPTY: &str = "DELETE FROM queue_turns WHERE tenant = $1 AND NOT EXISTS (
+        SELECT 1 FROM jobs WHERE tenant = $1 AND status = 'queued' AND claimed_by IS NULL)";
 
 /// The PostgreSQL coordinator of one process.
 pub struct PgCoordinator {
@@ -63,6 +100,9 @@ pub struct PgCoordinator {
     process: String,
     lease: Duration,
     signals: broadcast::Sender<Signal>,
+    /// [`claim_next`] skipping the turns other claimers hold, and waiting for the first.
+    claim_skipping: String,
+    claim_waiting: String,
 }
 
 impl PgCoordinator {
@@ -75,6 +115,8 @@ impl PgCoordinator {
             process,
             lease,
             signals,
+            claim_skipping: claim_next("SKIP LOCKED"),
+            claim_waiting: claim_next(""),
         })
     }
 
@@ -146,34 +188,27 @@ impl Coordinator for PgCoordinator {
     async fn claim(&self) -> Result<Option<(String, String)>, StoreError> {
         let mut conn = self.pool.get().await?;
         loop {
-            let tx = conn.transaction().await?;
             // The first turn no other claimer holds; when every turn is held, wait for the
             // first one instead of reporting an empty queue.
-            let mut turn = tx
-                .query_opt(
-                    "SELECT tenant FROM queue_turns ORDER BY turn LIMIT 1 FOR UPDATE SKIP LOCKED",
-                    &[],
-                )
-                .await?;
-            if turn.is_none() {
-                turn = tx
-                    .query_opt("SELECT tenant FROM queue_turns ORDER BY turn LIMIT 1 FOR UPDATE", &[])
-                    .await?;
+            let skipping = conn.prepare_cached(&self.claim_skipping).await?;
+            let mut claimed = conn.query_opt(&skipping, &[&self.process, &self.lease_secs()]).await?;
+            if claimed.is_none() {
+                let waiting = conn.prepare_cached(&self.claim_waiting).await?;
+                claimed = conn.query_opt(&waiting, &[&self.process, &self.lease_secs()]).await?;
             }
-            let Some(turn) = turn else {
+            let Some(row) = claimed else {
                 return Ok(None);
             };
-            let tenant: String = turn.get(0);
-            // A statement of its own, so its snapshot is taken after the turn is held: every
-            // job whose submission touched the turn before is seen.
-            let claimed = tx
-                .query_opt(CLAIM_OLDEST, &[&tenant, &self.process, &self.lease_secs()])
-                .await?;
-            tx.commit().await?;
-            if let Some(row) = claimed {
-                return Ok(Some((tenant, row.get(0))));
+            let tenant: String = row.get(0);
+            if let Some(id) = row.get::<_, Option<String>>(1) {
+                return Ok(Some((tenant, id)));
             }
-            // The tenant had nothing left to claim; its turn is gone: try the next one.
+            // Nothing to claim: the turn goes, unless a submission in flight brings a job.
+            let tx = conn.transaction().await?;
+            tx.execute("SELECT 1 FROM queue_turns WHERE tenant = $1 FOR UPDATE", &[&tenant])
+                .await?;
+            tx.execute(LEAVE_IF_EMPTY, &[&tenant]).await?;
+            tx.commit().await?;
         }
     }
 
@@ -189,7 +224,7 @@ impl Coordinator for PgCoordinator {
             .await?;
         // A job released while queued (sent back by a rescue) is claimable again.
         if let Some(row) = released.filter(|r| r.get::<_, &str>(1) == "queued") {
-            tx.execute(JOIN_TURN, &[&row.get::<_, &str>(0)]).await?;
+            join_turn(&tx, row.get(0)).await?;
         }
         tx.commit().await?;
         Ok(())

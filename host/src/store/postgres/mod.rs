@@ -353,7 +353,7 @@ impl Store for PgStore {
             )
             .await?;
         }
-        tx.execute(coordinator::JOIN_TURN, &[&job.tenant]).await?;
+        coordinator::join_turn(&tx, &job.tenant).await?;
         // Idle workers of every process wake when the job commits (see `coordinator`).
         tx.execute("SELECT pg_notify($1, '')", &[&coordinator::WORK]).await?;
         tx.commit().await?;
