@@ -19,7 +19,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 mod support;
-use support::{percentile, rss_mib, Server};
+use support::{percentile, rss_mib, Conn, Server};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -34,60 +34,6 @@ fn start(args: &[&str], plugins: Option<&Path>) -> Server {
     }
     let bin = Path::new(env!("CARGO_BIN_EXE_weft"));
     support::start(bin, tempfile::tempdir().unwrap(), &all, "error").0
-}
-
-/// A minimal keep-alive HTTP/1.1 client connection.
-struct Conn {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-impl Conn {
-    fn open(addr: &str) -> Conn {
-        let stream = TcpStream::connect(addr).unwrap();
-        stream.set_nodelay(true).unwrap();
-        Conn {
-            writer: stream.try_clone().unwrap(),
-            reader: BufReader::new(stream),
-        }
-    }
-
-    /// Sends one request and reads the whole response: (status, body).
-    fn request(&mut self, method: &str, path: &str, body: Option<&[u8]>) -> (u16, Vec<u8>) {
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: bench\r\n");
-        if let Some(b) = body {
-            head.push_str(&format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                b.len()
-            ));
-        }
-        head.push_str("\r\n");
-        let mut out = head.into_bytes();
-        if let Some(b) = body {
-            out.extend_from_slice(b);
-        }
-        self.writer.write_all(&out).unwrap();
-        let mut line = String::new();
-        self.reader.read_line(&mut line).unwrap();
-        let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-        let mut length = 0usize;
-        loop {
-            line.clear();
-            self.reader.read_line(&mut line).unwrap();
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-            }
-        }
-        let mut body = vec![0u8; length];
-        self.reader.read_exact(&mut body).unwrap();
-        (status, body)
-    }
 }
 
 fn ms(d: Duration) -> f64 {

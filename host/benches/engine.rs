@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use weft::runtime::{CallContext, CancelToken, Runtime, RuntimeConfig, TailLog, Value as V};
 
 mod support;
-use support::{percentile, rss_mib, Nothing, Server};
+use support::{percentile, rss_mib, Conn, Nothing, Server};
 
 // The runtime runs in this process: measure it with the server's allocator.
 weft_allocator::install!();
@@ -155,17 +155,14 @@ fn metric_sum(text: &str, name: &str) -> f64 {
 fn end_to_end(name: &str, server: &Server, workflow: Value, seconds: f64) {
     let threads = 4;
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let metrics_before = reqwest::blocking::get(format!("{}/metrics", server.base))
-        .unwrap()
-        .text()
-        .unwrap();
+    let before = metrics(&mut Conn::open(server.addr()));
     let started = Instant::now();
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let base = server.base.clone();
             let mut workflow = workflow.clone();
             std::thread::spawn(move || {
-                let http = reqwest::blocking::Client::new();
+                let mut conn = Conn::open(base.trim_start_matches("http://"));
                 let mut latencies = Vec::new();
                 let mut wrong = 0;
                 let mut i = 0u64;
@@ -176,17 +173,13 @@ fn end_to_end(name: &str, server: &Server, workflow: Value, seconds: f64) {
                         w["inputs"]["color"] = json!((t as u64 * 1_000_000 + i) % 0xFFFFFF);
                     }
                     i += 1;
+                    let body = serde_json::to_vec(&json!({"workflow": workflow})).unwrap();
                     let t0 = Instant::now();
-                    let job: Value = http
-                        .post(format!("{base}/api/v2/jobs"))
-                        .json(&json!({"workflow": workflow}))
-                        .send()
-                        .unwrap()
-                        .json()
-                        .unwrap();
-                    let url = format!("{base}{}", job["urls"]["self"].as_str().unwrap());
+                    let (_, reply) = conn.request("POST", "/api/v2/jobs", Some(&body));
+                    let job: Value = serde_json::from_slice(&reply).unwrap();
+                    let url = job["urls"]["self"].as_str().unwrap();
                     loop {
-                        let j: Value = http.get(&url).send().unwrap().json().unwrap();
+                        let j: Value = serde_json::from_slice(&conn.request("GET", url, None).1).unwrap();
                         match j["status"].as_str().unwrap() {
                             "succeeded" => break,
                             "queued" | "running" => std::thread::sleep(Duration::from_micros(200)),
@@ -211,13 +204,6 @@ fn end_to_end(name: &str, server: &Server, workflow: Value, seconds: f64) {
     }
     let elapsed = started.elapsed().as_secs_f64();
     all.sort();
-    let metrics = reqwest::blocking::get(format!("{}/metrics", server.base))
-        .unwrap()
-        .text()
-        .unwrap();
-    let jobs = metric_sum(&metrics, "weft_job_duration_seconds_count")
-        - metric_sum(&metrics_before, "weft_job_duration_seconds_count");
-    let per_job = |name: &str| (metric_sum(&metrics, name) - metric_sum(&metrics_before, name)) / jobs.max(1.0) * 1e6;
     println!(
         "{name}: {:.0} jobs/s from {threads} client threads (submit to succeeded, polling), latency median {:.2} ms, p99 {:.2} ms, {} jobs, {wrong} not succeeded",
         all.len() as f64 / elapsed,
@@ -225,12 +211,7 @@ fn end_to_end(name: &str, server: &Server, workflow: Value, seconds: f64) {
         percentile(&all, 0.99).as_secs_f64() * 1e3,
         all.len()
     );
-    println!(
-        "  split per job (server side): queue wait {:.0} µs, run {:.0} µs of which node calls {:.0} µs",
-        per_job("weft_queue_wait_seconds_sum"),
-        per_job("weft_job_duration_seconds_sum"),
-        per_job("weft_node_duration_seconds_sum"),
-    );
+    println!("  {}", server_split(&before, &metrics(&mut Conn::open(server.addr()))));
 }
 
 /// The reference image graph, EmptyImage 64x64 -> ImageInvert -> SaveImage, with the fill
@@ -273,30 +254,43 @@ fn finished_jobs(http: &reqwest::blocking::Client, server: &Server) -> f64 {
 
 /// Median and p99 time from the start of `POST /api/v2/jobs` to the job's event stream
 /// closing on `succeeded`, one job at a time on an otherwise idle server (`jobs` of them,
-/// each made by `graph` from its index).
+/// each made by `graph` from its index), over one keep-alive connection; prints the
+/// server's own split of a job's time.
 fn idle_latency(server: &Server, graph: impl Fn(u64) -> Value, jobs: u64, seed: u64) -> (Duration, Duration) {
-    let http = reqwest::blocking::Client::new();
+    let mut conn = Conn::open(server.addr());
+    let before = metrics(&mut conn);
     let mut samples = Vec::with_capacity(jobs as usize);
     for i in 0..jobs {
+        let body = serde_json::to_vec(&json!({"workflow": graph(seed + i)})).unwrap();
         let t0 = Instant::now();
-        let job: Value = http
-            .post(format!("{}/api/v2/jobs", server.base))
-            .json(&json!({"workflow": graph(seed + i)}))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
-        let events = http
-            .get(format!("{}{}", server.base, job["urls"]["events"].as_str().unwrap()))
-            .send()
-            .unwrap()
-            .text()
-            .unwrap();
+        let (status, reply) = conn.request("POST", "/api/v2/jobs", Some(&body));
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&reply));
+        let job: Value = serde_json::from_slice(&reply).unwrap();
+        let (_, events) = conn.request("GET", job["urls"]["events"].as_str().unwrap(), None);
         samples.push(t0.elapsed());
+        let events = String::from_utf8_lossy(&events);
         assert!(events.contains("\"succeeded\""), "job did not succeed: {events}");
     }
+    println!("  {}", server_split(&before, &metrics(&mut conn)));
     samples.sort();
     (percentile(&samples, 0.5), percentile(&samples, 0.99))
+}
+
+/// The server's metrics text.
+fn metrics(conn: &mut Conn) -> String {
+    String::from_utf8(conn.request("GET", "/metrics", None).1).unwrap()
+}
+
+/// The server's split of a job's time between two metrics readings, per job.
+fn server_split(before: &str, after: &str) -> String {
+    let jobs = metric_sum(after, "weft_job_duration_seconds_count") - metric_sum(before, "weft_job_duration_seconds_count");
+    let per_job = |name: &str| (metric_sum(after, name) - metric_sum(before, name)) / jobs.max(1.0) * 1e6;
+    format!(
+        "split per job (server side): queue wait {:.0} µs, run {:.0} µs of which node calls {:.0} µs",
+        per_job("weft_queue_wait_seconds_sum"),
+        per_job("weft_job_duration_seconds_sum"),
+        per_job("weft_node_duration_seconds_sum"),
+    )
 }
 
 /// Submits `count` image jobs from `threads` client threads as fast as they are accepted,
@@ -311,15 +305,11 @@ fn burst(server: &Server, count: u64, seed: u64) -> (Duration, Duration, f64) {
         .map(|t| {
             let base = server.base.clone();
             std::thread::spawn(move || {
-                let http = reqwest::blocking::Client::new();
+                let mut conn = Conn::open(base.trim_start_matches("http://"));
                 for i in (t..count).step_by(threads as usize) {
-                    let status = http
-                        .post(format!("{base}/api/v2/jobs"))
-                        .json(&json!({"workflow": image_graph(seed + i)}))
-                        .send()
-                        .unwrap()
-                        .status();
-                    assert_eq!(status.as_u16(), 201, "a burst submission was refused");
+                    let body = serde_json::to_vec(&json!({"workflow": image_graph(seed + i)})).unwrap();
+                    let (status, _) = conn.request("POST", "/api/v2/jobs", Some(&body));
+                    assert_eq!(status, 201, "a burst submission was refused");
                 }
             })
         })

@@ -3,7 +3,8 @@
 
 #![allow(dead_code)] // each benchmark uses part of it
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -69,6 +70,82 @@ pub(crate) fn start(bin: &Path, dir: tempfile::TempDir, args: &[&str], log: &str
         std::thread::sleep(Duration::from_millis(2));
     }
     (server, started.elapsed())
+}
+
+/// A minimal keep-alive HTTP/1.1 client connection (no allocation-heavy client library, so
+/// that the load generator adds as little as it can to what is measured).
+pub(crate) struct Conn {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Conn {
+    /// Connects to `addr` (`HOST:PORT`), with Nagle's algorithm off.
+    pub(crate) fn open(addr: &str) -> Conn {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream.set_nodelay(true).unwrap();
+        Conn {
+            writer: stream.try_clone().unwrap(),
+            reader: BufReader::new(stream),
+        }
+    }
+
+    /// Sends one request and reads the whole response, by its length or, for a stream, its
+    /// chunks up to the last: (status, body).
+    pub(crate) fn request(&mut self, method: &str, path: &str, body: Option<&[u8]>) -> (u16, Vec<u8>) {
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: bench\r\n");
+        if let Some(b) = body {
+            head.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                b.len()
+            ));
+        }
+        head.push_str("\r\n");
+        let mut out = head.into_bytes();
+        if let Some(b) = body {
+            out.extend_from_slice(b);
+        }
+        self.writer.write_all(&out).unwrap();
+        let mut line = String::new();
+        self.reader.read_line(&mut line).unwrap();
+        let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let mut length = 0usize;
+        let mut chunked = false;
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).unwrap();
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    length = v.trim().parse().unwrap_or(0);
+                } else if k.eq_ignore_ascii_case("transfer-encoding") {
+                    chunked = v.trim().eq_ignore_ascii_case("chunked");
+                }
+            }
+        }
+        if !chunked {
+            let mut body = vec![0u8; length];
+            self.reader.read_exact(&mut body).unwrap();
+            return (status, body);
+        }
+        let mut body = Vec::new();
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).unwrap();
+            let size = usize::from_str_radix(line.trim_end().split(';').next().unwrap_or(""), 16).unwrap();
+            let start = body.len();
+            body.resize(start + size, 0);
+            self.reader.read_exact(&mut body[start..]).unwrap();
+            line.clear();
+            self.reader.read_line(&mut line).unwrap();
+            if size == 0 {
+                return (status, body);
+            }
+        }
+    }
 }
 
 /// The `p` quantile (0 to 1) of ascending `sorted` samples; zero when there are none.
