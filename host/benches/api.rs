@@ -10,7 +10,7 @@
 //! timed phase (default 5), `WEFT_BENCH_CLIENTS` the concurrent clients (default 32),
 //! `WEFT_BENCH_STREAMS` the number of streams (default 10000).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

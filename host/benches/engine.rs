@@ -283,7 +283,8 @@ fn metrics(conn: &mut Conn) -> String {
 
 /// The server's split of a job's time between two metrics readings, per job.
 fn server_split(before: &str, after: &str) -> String {
-    let jobs = metric_sum(after, "weft_job_duration_seconds_count") - metric_sum(before, "weft_job_duration_seconds_count");
+    let jobs =
+        metric_sum(after, "weft_job_duration_seconds_count") - metric_sum(before, "weft_job_duration_seconds_count");
     let per_job = |name: &str| (metric_sum(after, name) - metric_sum(before, name)) / jobs.max(1.0) * 1e6;
     format!(
         "split per job (server side): queue wait {:.0} µs, run {:.0} µs of which node calls {:.0} µs",

@@ -355,13 +355,10 @@ impl Store for PgStore {
         }
         // The tenant's turn, and a wake-up for idle workers of every process when the job
         // commits (see `coordinator`), sent together in one round trip.
-        futures::try_join!(
-            coordinator::join_turn(&tx, &job.tenant),
-            async {
-                tx.execute("SELECT pg_notify($1, '')", &[&coordinator::WORK]).await?;
-                Ok(())
-            }
-        )?;
+        futures::try_join!(coordinator::join_turn(&tx, &job.tenant), async {
+            tx.execute("SELECT pg_notify($1, '')", &[&coordinator::WORK]).await?;
+            Ok(())
+        })?;
         tx.commit().await?;
         Ok(())
     }
