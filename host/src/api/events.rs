@@ -76,10 +76,18 @@ struct ToldStatus {
 }
 
 impl ToldStatus {
-    /// Whether `record`'s status adds nothing: the same status again, or an earlier stage of
-    /// the lifecycle that is no newer than what was told (a job sent back to the queue by a
+    /// The status `record` tells.
+    fn of(record: &JobRecord) -> Self {
+        Self {
+            status: record.status,
+            updated_at: record.updated_at,
+        }
+    }
+
+    /// Whether `next` adds nothing: the same status again, or an earlier stage of the
+    /// lifecycle that is no newer than what was told (a job sent back to the queue by a
     /// rescue is newer, and is told).
-    fn covers(&self, record: &JobRecord) -> bool {
+    fn covers(&self, next: &ToldStatus) -> bool {
         fn stage(status: JobStatus) -> u8 {
             match status {
                 JobStatus::Queued => 0,
@@ -88,8 +96,7 @@ impl ToldStatus {
                 _ => 3,
             }
         }
-        record.status == self.status
-            || (stage(record.status) < stage(self.status) && record.updated_at <= self.updated_at)
+        next.status == self.status || (stage(next.status) < stage(self.status) && next.updated_at <= self.updated_at)
     }
 }
 
@@ -170,10 +177,7 @@ pub async fn stream(
             .boxed()));
     }
 
-    let told = ToldStatus {
-        status: view.job.status,
-        updated_at: view.job.updated_at,
-    };
+    let told = ToldStatus::of(&view.job);
     let live = tokio_stream::wrappers::BroadcastStream::new(subscription.live);
     let tenant = caller.tenant.clone();
     let live = live
@@ -195,7 +199,7 @@ pub async fn stream(
                         }
                         let view = jobs.view((**record).clone()).await.ok()?;
                         let event = status_event(&links, &view).id(numbered.id.to_string());
-                        Some((event, Some(record.clone())))
+                        Some((event, Some(ToldStatus::of(record))))
                     }
                     _ => render_event(&links, &numbered).map(|e| (e, None)),
                 }
@@ -205,17 +209,14 @@ pub async fn stream(
             if *ended {
                 return futures::future::ready(None);
             }
-            let Some(record) = status else {
+            let Some(status) = status else {
                 return futures::future::ready(Some(Some(event)));
             };
-            if told.covers(&record) {
+            if told.covers(&status) {
                 return futures::future::ready(Some(None));
             }
-            *ended = record.status.is_terminal();
-            *told = ToldStatus {
-                status: record.status,
-                updated_at: record.updated_at,
-            };
+            *ended = status.status.is_terminal();
+            *told = status;
             futures::future::ready(Some(Some(event)))
         })
         .filter_map(futures::future::ready);

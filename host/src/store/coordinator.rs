@@ -43,8 +43,8 @@ pub trait Coordinator: Send + Sync {
     fn process(&self) -> &str;
     /// How long a claim lasts unless renewed.
     fn lease(&self) -> std::time::Duration;
-    /// Claims the next queued job, tenants in turn (the least recently served first), for
-    /// this process: `(tenant, id)`, or `None` when nothing unclaimed waits.
+    /// Claims the next queued job for this process, tenants taking turns round-robin as in
+    /// the local queue: `(tenant, id)`, or `None` when nothing unclaimed waits.
     async fn claim(&self) -> Result<Option<(String, String)>, StoreError>;
     /// Gives up this process's claim on `id` (its run ended, or a rescue sent it back to
     /// the queue, where it is claimable again).
