@@ -32,10 +32,30 @@ pub struct BlobWriter {
 pub const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(3600);
 
 impl LocalBlobs {
-    /// Opens (creating) the blob directory `dir`, and removes temp files a crash left. The
-    /// directory may be shared by several processes (one PostgreSQL store): a temp file
-    /// is removed only when it is [`STALE_TEMP`] old, so no other process is writing it.
+    /// Opens (creating) the blob directory `dir` with its 256 prefix folders, and removes
+    /// temp files a crash left. The folders are made up front, so that storing a blob does
+    /// not also create and sync a folder. The directory may be shared by several processes
+    /// (one PostgreSQL store): a temp file is removed only when it is [`STALE_TEMP`] old,
+    /// so no other process is writing it.
     pub fn open(dir: &Path) -> std::io::Result<Self> {
+        let blobs = Self::spool(dir)?;
+        let mut made = false;
+        for prefix in 0..=255u8 {
+            match std::fs::create_dir(dir.join(format!("{prefix:02x}"))) {
+                Ok(()) => made = true,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if made {
+            sync_dir(dir)?;
+        }
+        Ok(blobs)
+    }
+
+    /// Opens `dir` only for spooling blobs to temp files (a remote store's), without the
+    /// prefix folders; removes stale temp files as [`open`](Self::open) does.
+    pub(super) fn spool(dir: &Path) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir.join("tmp"))?;
         let cutoff = std::time::SystemTime::now()
             .checked_sub(STALE_TEMP)
@@ -136,16 +156,23 @@ impl BlobWriter {
     /// Makes the blob durable and moves it into place. Returns (hash hex, size). The rename
     /// is made durable too (its directory is synced, and the blob directory when the
     /// prefix directory is new), so an acknowledged upload survives a power loss.
-    pub fn finish(self) -> std::io::Result<(String, u64)> {
+    pub fn finish(mut self) -> std::io::Result<(String, u64)> {
         self.file.sync_all()?;
         let hash = self.hasher.finalize().to_hex().to_string();
         let path = self.blobs.path(&hash);
         let parent = path.parent().expect("blob paths have a parent");
-        if !parent.exists() {
-            std::fs::create_dir_all(parent)?;
-            sync_dir(&self.blobs.dir)?;
-        }
-        std::fs::rename(&self.tmp, &path)?;
+        let placed = match std::fs::rename(&self.tmp, &path) {
+            // Its prefix folder was removed since the store opened: make it again.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !parent.exists() => {
+                std::fs::create_dir_all(parent)?;
+                sync_dir(&self.blobs.dir)?;
+                std::fs::rename(&self.tmp, &path)
+            }
+            placed => placed,
+        };
+        placed?;
+        // The temp file is now the blob: nothing is left for `drop` to clean up.
+        self.tmp = PathBuf::new();
         sync_dir(parent)?;
         Ok((hash, self.size))
     }
@@ -260,4 +287,35 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 /// Whether `s` looks like a blake3 hex digest (so it is safe in a path).
 pub fn is_hex_hash(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(blobs: &LocalBlobs, bytes: &[u8]) -> String {
+        let mut writer = blobs.writer().unwrap();
+        writer.write_chunk(bytes).unwrap();
+        writer.finish().unwrap().0
+    }
+
+    #[test]
+    fn a_blob_lands_in_its_prefix_folder_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = LocalBlobs::open(dir.path()).unwrap();
+        assert!(dir.path().join("00").is_dir() && dir.path().join("ff").is_dir());
+        let hash = store(&blobs, b"content");
+        assert_eq!(std::fs::read(blobs.path(&hash)).unwrap(), b"content");
+        assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_prefix_folder_removed_after_open_is_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = LocalBlobs::open(dir.path()).unwrap();
+        let hash = store(&blobs, b"content");
+        std::fs::remove_dir_all(blobs.path(&hash).parent().unwrap()).unwrap();
+        assert_eq!(store(&blobs, b"content"), hash);
+        assert_eq!(std::fs::read(blobs.path(&hash)).unwrap(), b"content");
+    }
 }
