@@ -145,7 +145,12 @@ pub(super) fn compile(engine: &Engine, bytes: &[u8], cache_dir: Option<&Path>) -
             Err(e) => tracing::warn!(path = %path.display(), error = %e, "discarding unusable cached component"),
         }
     }
-    let compiled = engine.precompile_component(bytes)?;
+    let compiled = engine.precompile_component(bytes);
+    // Compiling frees tens of MiB on this thread and on the compiler's pool (wasmtime's
+    // parallel compilation), which the allocator would otherwise keep while the server idles.
+    rayon::broadcast(|_| weft_allocator::release_free_memory());
+    weft_allocator::release_free_memory();
+    let compiled = compiled?;
     std::fs::create_dir_all(cache_dir)?;
     let tmp = cache_dir.join(format!(".tmp-{}", uuid::Uuid::new_v4()));
     std::fs::write(&tmp, &compiled)?;

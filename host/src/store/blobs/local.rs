@@ -32,30 +32,10 @@ pub struct BlobWriter {
 pub const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(3600);
 
 impl LocalBlobs {
-    /// Opens (creating) the blob directory `dir` with its 256 prefix folders, and removes
-    /// temp files a crash left. The folders are made up front, so that storing a blob does
-    /// not also create and sync a folder. The directory may be shared by several processes
-    /// (one PostgreSQL store): a temp file is removed only when it is [`STALE_TEMP`] old,
-    /// so no other process is writing it.
+    /// Opens (creating) the blob directory `dir`, and removes temp files a crash left. The
+    /// directory may be shared by several processes (one PostgreSQL store): a temp file
+    /// is removed only when it is [`STALE_TEMP`] old, so no other process is writing it.
     pub fn open(dir: &Path) -> std::io::Result<Self> {
-        let blobs = Self::spool(dir)?;
-        let mut made = false;
-        for prefix in 0..=255u8 {
-            match std::fs::create_dir(dir.join(format!("{prefix:02x}"))) {
-                Ok(()) => made = true,
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e),
-            }
-        }
-        if made {
-            sync_dir(dir)?;
-        }
-        Ok(blobs)
-    }
-
-    /// Opens `dir` only for spooling blobs to temp files (a remote store's), without the
-    /// prefix folders; removes stale temp files as [`open`](Self::open) does.
-    pub(super) fn spool(dir: &Path) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir.join("tmp"))?;
         let cutoff = std::time::SystemTime::now()
             .checked_sub(STALE_TEMP)
@@ -162,7 +142,7 @@ impl BlobWriter {
         let path = self.blobs.path(&hash);
         let parent = path.parent().expect("blob paths have a parent");
         let placed = match std::fs::rename(&self.tmp, &path) {
-            // Its prefix folder was removed since the store opened: make it again.
+            // The first blob of its prefix: make the prefix folder.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !parent.exists() => {
                 std::fs::create_dir_all(parent)?;
                 sync_dir(&self.blobs.dir)?;
@@ -303,14 +283,13 @@ mod tests {
     fn a_blob_lands_in_its_prefix_folder_and_leaves_no_temp_file() {
         let dir = tempfile::tempdir().unwrap();
         let blobs = LocalBlobs::open(dir.path()).unwrap();
-        assert!(dir.path().join("00").is_dir() && dir.path().join("ff").is_dir());
         let hash = store(&blobs, b"content");
         assert_eq!(std::fs::read(blobs.path(&hash)).unwrap(), b"content");
         assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
     }
 
     #[test]
-    fn a_prefix_folder_removed_after_open_is_made_again() {
+    fn a_removed_prefix_folder_is_made_again() {
         let dir = tempfile::tempdir().unwrap();
         let blobs = LocalBlobs::open(dir.path()).unwrap();
         let hash = store(&blobs, b"content");

@@ -37,7 +37,7 @@ impl ObjectBlobs {
         Ok(Self {
             store: Arc::new(store),
             prefix: prefix.trim_matches('/').to_string(),
-            spool: LocalBlobs::spool(spool)?,
+            spool: LocalBlobs::open(spool)?,
         })
     }
 
