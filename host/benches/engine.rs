@@ -159,10 +159,10 @@ fn end_to_end(name: &str, server: &Server, workflow: Value, seconds: f64) {
     let started = Instant::now();
     let handles: Vec<_> = (0..threads)
         .map(|t| {
-            let base = server.base.clone();
+            let addr = server.addr().to_string();
             let mut workflow = workflow.clone();
             std::thread::spawn(move || {
-                let mut conn = Conn::open(base.trim_start_matches("http://"));
+                let mut conn = Conn::open(&addr);
                 let mut latencies = Vec::new();
                 let mut wrong = 0;
                 let mut i = 0u64;
@@ -242,14 +242,8 @@ fn two_branch_graph(color: u64) -> Value {
 }
 
 /// Jobs the server has finished, by its own count.
-fn finished_jobs(http: &reqwest::blocking::Client, server: &Server) -> f64 {
-    let text = http
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
-    metric_sum(&text, "weft_job_duration_seconds_count")
+fn finished_jobs(conn: &mut Conn) -> f64 {
+    metric_sum(&metrics(conn), "weft_job_duration_seconds_count")
 }
 
 /// Median and p99 time from the start of `POST /api/v2/jobs` to the job's event stream
@@ -298,15 +292,15 @@ fn server_split(before: &str, after: &str) -> String {
 /// then waits until the server has finished them all. Returns the time the submissions
 /// took, the total time, and how many jobs were done when the last submission returned.
 fn burst(server: &Server, count: u64, seed: u64) -> (Duration, Duration, f64) {
-    let http = reqwest::blocking::Client::new();
-    let before = finished_jobs(&http, server);
+    let mut conn = Conn::open(server.addr());
+    let before = finished_jobs(&mut conn);
     let threads = 8;
     let started = Instant::now();
     let submitters: Vec<_> = (0..threads)
         .map(|t| {
-            let base = server.base.clone();
+            let addr = server.addr().to_string();
             std::thread::spawn(move || {
-                let mut conn = Conn::open(base.trim_start_matches("http://"));
+                let mut conn = Conn::open(&addr);
                 for i in (t..count).step_by(threads as usize) {
                     let body = serde_json::to_vec(&json!({"workflow": image_graph(seed + i)})).unwrap();
                     let (status, _) = conn.request("POST", "/api/v2/jobs", Some(&body));
@@ -319,8 +313,8 @@ fn burst(server: &Server, count: u64, seed: u64) -> (Duration, Duration, f64) {
         s.join().unwrap();
     }
     let submitted = started.elapsed();
-    let done_at_submit = finished_jobs(&http, server) - before;
-    while finished_jobs(&http, server) - before < count as f64 {
+    let done_at_submit = finished_jobs(&mut conn) - before;
+    while finished_jobs(&mut conn) - before < count as f64 {
         std::thread::sleep(Duration::from_millis(5));
     }
     (submitted, started.elapsed(), done_at_submit)
