@@ -301,3 +301,108 @@ fn upload_over_the_limit_is_refused_with_413_and_never_buffered() {
     let list = server.upload("small.txt", b"fine".to_vec());
     assert_eq!(list["size_bytes"], 4);
 }
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(files_under(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
+#[test]
+fn small_outputs_are_kept_in_the_database_and_read_like_any_asset() {
+    let server = Server::with(Options {
+        args: vec!["--inline-output-kib".into(), "1".into()],
+        ..Default::default()
+    });
+    let blob_path = |hash: &str| {
+        let hex = hash.trim_start_matches("blake3:");
+        server.data_dir.join("blobs").join(&hex[..2]).join(hex)
+    };
+    let job = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 255}},
+        "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "small"}}
+    }));
+    assert_eq!(job["status"], "succeeded", "{}", short(&job));
+    let small = &job["outputs"][0];
+    let large_job = server.run(json!({
+        "1": {"class_type": "SaveText", "inputs": {"text": "x".repeat(4000), "filename_prefix": "large"}}
+    }));
+    assert_eq!(large_job["status"], "succeeded", "{}", short(&large_job));
+    let large = &large_job["outputs"][0];
+    let small_hash = small["hash"].as_str().unwrap();
+    assert!(small["size_bytes"].as_u64().unwrap() <= 1024, "{small}");
+    assert!(!blob_path(small_hash).exists(), "a small output makes no blob file");
+    assert!(
+        blob_path(large["hash"].as_str().unwrap()).exists(),
+        "an output over --inline-output-kib is a blob"
+    );
+
+    // Read whole, by range, and through a signed link.
+    let png = server.download(small["url"].as_str().unwrap());
+    assert_eq!(blake3_of(&png), small_hash);
+    let decoded = image::load_from_memory(&png).unwrap().to_rgba8();
+    assert_eq!(decoded.dimensions(), (8, 8));
+    let content = format!("/api/v2/assets/{}/content", small["id"].as_str().unwrap());
+    let (status, headers, body) = send(
+        server
+            .request(reqwest::Method::GET, &content)
+            .header("Range", "bytes=1-3"),
+    );
+    assert_eq!(status, 206);
+    assert_eq!(headers["content-range"], format!("bytes 1-3/{}", png.len()).as_str());
+    assert_eq!(body, b"PNG");
+    let (status, _, body) = send(
+        server
+            .request(reqwest::Method::GET, &content)
+            .header("Range", "bytes=-4"),
+    );
+    assert_eq!(status, 206);
+    assert_eq!(body, &png[png.len() - 4..]);
+
+    // A later job reads it as an input (a path-needing reader gets a copy).
+    let again = server.run(json!({
+        "1": {"class_type": "LoadImage", "inputs": {"image": {"__type": "core/ASSET", "info": {"id": small["id"]}}}},
+        "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "inverted"}}
+    }));
+    assert_eq!(again["status"], "succeeded", "{}", short(&again));
+    let inverted = server.download(again["outputs"][0]["url"].as_str().unwrap());
+    let inverted = image::load_from_memory(&inverted).unwrap().to_rgba8();
+    let original = decoded.get_pixel(0, 0).0;
+    assert_eq!(
+        inverted.get_pixel(0, 0).0[..3],
+        [255 - original[0], 255 - original[1], 255 - original[2]]
+    );
+
+    // Adopted by hash, the new asset has the same bytes, and deleting it leaves the output.
+    let (status, _, body) = send(
+        server
+            .request(reqwest::Method::POST, "/api/v2/assets/from-hash")
+            .json(&json!({"hash": small_hash, "file_path": "kept.png"})),
+    );
+    let adopted = json_of(&body);
+    assert_eq!(status, 201, "{}", short(&adopted));
+    let adopted_id = adopted["id"].as_str().unwrap();
+    let (status, _, body) = send(server.request(reqwest::Method::GET, &format!("/api/v2/assets/{adopted_id}/content")));
+    assert_eq!(status, 200);
+    assert_eq!(body, png);
+    let (status, _, _) = send(server.request(reqwest::Method::DELETE, &format!("/api/v2/assets/{adopted_id}")));
+    assert_eq!(status, 204);
+    let (status, _, body) = send(server.request(reqwest::Method::GET, &content));
+    assert_eq!(status, 200);
+    assert_eq!(body, png);
+    assert!(
+        files_under(&server.data_dir.join("blobs"))
+            .iter()
+            .all(|f| !f.to_string_lossy().contains(small_hash.trim_start_matches("blake3:"))),
+        "no blob was made for the small output along the way"
+    );
+}

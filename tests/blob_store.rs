@@ -132,7 +132,8 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 fn uploads_job_inputs_outputs_and_ranged_reads_go_through_s3_and_deleting_removes_the_object() {
     let moto = Moto::start();
     moto.create_bucket("weft");
-    let server = moto.weft("weft", &[]);
+    // Every output an object (no output kept inline in the database).
+    let server = moto.weft("weft", &["--inline-output-kib", "0"]);
 
     let picture = png([0, 0, 255, 255]);
     let asset = server.upload("photo.png", picture.clone());
@@ -191,6 +192,8 @@ fn retention_removes_an_expired_jobs_output_object() {
     let server = moto.weft(
         "weft",
         &[
+            "--inline-output-kib",
+            "0",
             "--retention-secs",
             "1",
             "--expired-grace-secs",

@@ -71,6 +71,9 @@ fn retention_expires_a_running_job_then_removes_it_with_its_outputs_and_blobs() 
     let plugins = support::plugins_with(&["weft_test_counter"]);
     let server = Server::with(Options {
         args: [
+            // Every output a blob file, so that the blob's removal can be seen.
+            "--inline-output-kib",
+            "0",
             "--retention-secs",
             "4",
             "--sweep-interval-secs",

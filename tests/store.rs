@@ -97,6 +97,7 @@ fn asset(id: &str, tenant: &str, blob: &str, job_id: Option<&str>, index: Option
         created_at: Utc::now(),
         expires_at: None,
         output_index: index,
+        inline: false,
     }
 }
 
@@ -376,11 +377,17 @@ async fn a_sqlite_database_of_schema_1_is_migrated_and_keeps_its_jobs() {
     let path = dir.path().join("weft.db");
     let store = weft::store::sqlite::SqliteStore::open(&path).unwrap();
     store.insert_job(job("old", "t", Utc::now()), None, 0).await.unwrap();
-    drop(store);
-    // Back to what version 1 held: no node times.
-    let conn = rusqlite::Connection::open(&path).unwrap();
-    conn.execute_batch("ALTER TABLE jobs DROP COLUMN node_times; PRAGMA user_version = 1;")
+    store
+        .insert_asset(asset("up", "t", "b1", None, None), None)
+        .await
         .unwrap();
+    drop(store);
+    // Back to what version 1 held: no node times, no inline asset content.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "ALTER TABLE jobs DROP COLUMN node_times; ALTER TABLE assets DROP COLUMN content; PRAGMA user_version = 1;",
+    )
+    .unwrap();
     drop(conn);
     let store = weft::store::sqlite::SqliteStore::open(&path).unwrap();
     let old = store
@@ -389,6 +396,12 @@ async fn a_sqlite_database_of_schema_1_is_migrated_and_keeps_its_jobs() {
         .unwrap()
         .expect("the job survives the migration");
     assert!(old.node_times.is_empty());
+    let upload = store
+        .asset("t", "up")
+        .await
+        .unwrap()
+        .expect("the asset survives the migration");
+    assert!(!upload.inline, "an asset from before version 3 is a blob");
     let version: i64 = rusqlite::Connection::open(&path)
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
@@ -398,13 +411,16 @@ async fn a_sqlite_database_of_schema_1_is_migrated_and_keeps_its_jobs() {
 
 async fn assets_outputs_and_their_lifetimes(f: Fixture) {
     f.store.insert_job(job("j", "t", Utc::now()), None, 0).await.unwrap();
-    f.store.insert_asset(asset("up", "t", "b1", None, None)).await.unwrap();
     f.store
-        .insert_asset(asset("o1", "t", "b2", Some("j"), Some(1)))
+        .insert_asset(asset("up", "t", "b1", None, None), None)
         .await
         .unwrap();
     f.store
-        .insert_asset(asset("o0", "t", "b3", Some("j"), Some(0)))
+        .insert_asset(asset("o1", "t", "b2", Some("j"), Some(1)), None)
+        .await
+        .unwrap();
+    f.store
+        .insert_asset(asset("o0", "t", "b3", Some("j"), Some(0)), None)
         .await
         .unwrap();
     assert_eq!(f.store.asset("t", "up").await.unwrap().unwrap().tags, ["t"]);
@@ -443,12 +459,12 @@ async fn assets_outputs_and_their_lifetimes(f: Fixture) {
     );
     let mut expiring = asset("old", "t", "b4", None, None);
     expiring.expires_at = Some(Utc::now() - TimeDelta::seconds(1));
-    f.store.insert_asset(expiring).await.unwrap();
+    f.store.insert_asset(expiring, None).await.unwrap();
     assert_eq!(f.store.delete_expired_assets(Utc::now()).await.unwrap(), ["b4"]);
     f.store.delete_job_outputs("j").await.unwrap();
     assert!(f.store.job_outputs("j").await.unwrap().is_empty());
     f.store
-        .insert_asset(asset("o2", "t", "b5", Some("j"), Some(0)))
+        .insert_asset(asset("o2", "t", "b5", Some("j"), Some(0)), None)
         .await
         .unwrap();
     f.store.delete_job("j").await.unwrap();
@@ -458,7 +474,49 @@ async fn assets_outputs_and_their_lifetimes(f: Fixture) {
         "a job's outputs go with it"
     );
 }
+
+async fn an_inline_asset_keeps_its_bytes_in_its_record_and_references_no_blob(f: Fixture) {
+    f.store.insert_job(job("j", "t", Utc::now()), None, 0).await.unwrap();
+    let mut small = asset("small", "t", "hh", Some("j"), Some(0));
+    small.inline = true;
+    let content = bytes::Bytes::from_static(b"inline bytes");
+    f.store.insert_asset(small, Some(content.clone())).await.unwrap();
+    f.store
+        .insert_asset(asset("file", "t", "ff", Some("j"), Some(1)), None)
+        .await
+        .unwrap();
+    let read: Vec<(String, bool)> = f
+        .store
+        .job_outputs("j")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.id, a.inline))
+        .collect();
+    assert_eq!(read, [("small".to_string(), true), ("file".to_string(), false)]);
+    assert!(f.store.asset("t", "small").await.unwrap().unwrap().inline);
+    assert_eq!(f.store.asset_content("small").await.unwrap(), Some(content));
+    assert_eq!(
+        f.store.asset_content("file").await.unwrap(),
+        None,
+        "a blob's bytes are not in the record"
+    );
+    assert_eq!(f.store.asset_content("none").await.unwrap(), None);
+    let orphans = f
+        .store
+        .unreferenced_blobs(vec!["hh".into(), "ff".into()])
+        .await
+        .unwrap();
+    assert_eq!(orphans, ["hh"], "an inline asset holds no blob in the blob store");
+    f.store.delete_job("j").await.unwrap();
+    assert_eq!(
+        f.store.asset_content("small").await.unwrap(),
+        None,
+        "its bytes go with it"
+    );
+}
 both!(assets_outputs_and_their_lifetimes);
+both!(an_inline_asset_keeps_its_bytes_in_its_record_and_references_no_blob);
 
 async fn expiring_jobs_are_found(f: Fixture) {
     let mut old = job("old", "t", Utc::now() - TimeDelta::days(8));

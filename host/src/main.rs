@@ -296,6 +296,10 @@ struct ServeArgs {
     /// Most bytes one job's outputs may hold in all, encoded, in MiB.
     #[arg(long, env = "WEFT_MAX_JOB_OUTPUT_MIB", default_value_t = 2048)]
     max_job_output_mib: u64,
+    /// Largest output file kept in the database with its asset record, in KiB (it then needs
+    /// no blob file and no separate sync); larger outputs are blobs. 0: every output a blob.
+    #[arg(long, env = "WEFT_INLINE_OUTPUT_KIB", default_value_t = 64)]
+    inline_output_kib: usize,
     /// Node result cache, in MiB.
     #[arg(long, env = "WEFT_CACHE_MIB", default_value_t = 512)]
     cache_mib: usize,
@@ -516,6 +520,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             log_bytes: limits.log_bytes,
             max_outputs: args.max_job_outputs.max(1),
             max_output_bytes: args.max_job_output_mib.max(1) << 20,
+            inline_output_bytes: args.inline_output_kib.min(1 << 20) << 10,
         },
         runtime: RuntimeConfig {
             limits,

@@ -1,6 +1,10 @@
 //! Assets: uploads, blobs adopted by hash, job outputs, reads and deletes, over the store's
 //! records and the content-addressed blob directory.
 //!
+//! A small output is kept inline: its bytes go into its asset's row, in the same write as the
+//! record, so it costs no blob file, no inode and no separate sync, and it lives and dies
+//! with the record. Every read goes through [`Assets`], which serves either kind.
+//!
 //! The blob-lock rule lives here and only here: a blob is never garbage-collected while an
 //! asset is being linked to it (an upload finished, a blob adopted by hash, an output
 //! committed). Linking takes the lock shared, so links run side by side; garbage collection
@@ -14,6 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
 use tokio::sync::RwLock;
 
 use crate::store::blobs::{self, is_hex_hash, BlobWriter, ByteStream, LocalFile};
@@ -184,8 +189,9 @@ impl Assets {
             created_at: Utc::now(),
             expires_at: details.expires_at,
             output_index: None,
+            inline: false,
         };
-        self.insert(asset.clone()).await?;
+        self.insert(asset.clone(), None).await?;
         drop(guard);
         Ok((asset, existing.is_none()))
     }
@@ -210,13 +216,24 @@ impl Assets {
             .asset_by_blob(tenant, hash)
             .await
             .map_err(|e| AssetError::failed("finding a blob", e))?;
-        let stored = match &existing {
-            Some(_) => self
-                .blobs
-                .exists(hash)
-                .await
-                .map_err(|e| AssetError::failed("finding a blob", e))?,
-            None => false,
+        // An inline asset's bytes are copied into the new one's row.
+        let (stored, content) = match &existing {
+            Some(asset) if asset.inline => {
+                let content = self
+                    .store
+                    .asset_content(&asset.id)
+                    .await
+                    .map_err(|e| AssetError::failed("finding a blob", e))?;
+                (content.is_some(), content)
+            }
+            Some(_) => (
+                self.blobs
+                    .exists(hash)
+                    .await
+                    .map_err(|e| AssetError::failed("finding a blob", e))?,
+                None,
+            ),
+            None => (false, None),
         };
         let Some(existing) = existing.filter(|_| stored) else {
             return Err(AssetError::BlobNotFound);
@@ -233,7 +250,7 @@ impl Assets {
             output_index: None,
             ..existing
         };
-        self.insert(asset.clone()).await?;
+        self.insert(asset.clone(), content).await?;
         Ok(asset)
     }
 
@@ -277,8 +294,23 @@ impl Assets {
         }
     }
 
+    /// The bytes of inline `asset`, read from its row.
+    async fn inline_content(&self, asset: &AssetRecord) -> Result<bytes::Bytes, AssetError> {
+        self.store
+            .asset_content(&asset.id)
+            .await
+            .map_err(|e| AssetError::failed("reading an asset", e))?
+            .ok_or_else(|| AssetError::failed("reading an asset", "its content is gone"))
+    }
+
     /// Bytes `range` of `asset`'s content, streamed.
     pub async fn read(&self, asset: &AssetRecord, range: std::ops::Range<u64>) -> Result<ByteStream, AssetError> {
+        if asset.inline {
+            let content = self.inline_content(asset).await?;
+            let end = (range.end as usize).min(content.len());
+            let part = content.slice((range.start as usize).min(end)..end);
+            return Ok(futures::stream::once(async move { Ok(part) }).boxed());
+        }
         self.blobs
             .read(&asset.blob, range)
             .await
@@ -287,6 +319,9 @@ impl Assets {
 
     /// The whole content of `asset`, in memory (for small assets).
     pub async fn read_all(&self, asset: &AssetRecord) -> Result<Vec<u8>, AssetError> {
+        if asset.inline {
+            return Ok(self.inline_content(asset).await?.to_vec());
+        }
         blobs::read_all(self.blobs.as_ref(), &asset.blob, asset.size_bytes.max(0) as u64)
             .await
             .map_err(|e| AssetError::failed("reading a blob", e))
@@ -295,6 +330,11 @@ impl Assets {
     /// `asset`'s content as a local file (the blob's own, or a temp copy removed on drop),
     /// for readers that need a path; a copy is refused over `max` bytes.
     pub async fn local_file(&self, asset: &AssetRecord, max: u64) -> Result<LocalFile, AssetError> {
+        if asset.inline {
+            let copy = LocalFile::Spooled(self.blobs.spool_dir().join(format!("{}.read", uuid::Uuid::new_v4())));
+            self.download(asset, copy.path(), max).await?;
+            return Ok(copy);
+        }
         blobs::local_file(self.blobs.as_ref(), &asset.blob, asset.size_bytes.max(0) as u64, max)
             .await
             .map_err(|e| AssetError::failed("copying a blob", e))
@@ -302,6 +342,18 @@ impl Assets {
 
     /// Copies `asset`'s content into the new file `dest`, unless it is over `max` bytes.
     pub async fn download(&self, asset: &AssetRecord, dest: &Path, max: u64) -> Result<(), AssetError> {
+        if asset.inline {
+            if asset.size_bytes.max(0) as u64 > max {
+                return Err(AssetError::failed(
+                    "copying an asset",
+                    format!("it is over the {max} bytes allowed"),
+                ));
+            }
+            let content = self.inline_content(asset).await?;
+            return tokio::fs::write(dest, &content)
+                .await
+                .map_err(|e| AssetError::failed("copying an asset", e));
+        }
         blobs::download(
             self.blobs.as_ref(),
             &asset.blob,
@@ -313,8 +365,12 @@ impl Assets {
         .map_err(|e| AssetError::failed("copying a blob", e))
     }
 
-    /// The blob's own file, when blobs are files (none in object storage).
+    /// The blob's own file, when blobs are files (none in object storage, nor for an inline
+    /// asset).
     pub fn blob_file(&self, asset: &AssetRecord) -> Option<std::path::PathBuf> {
+        if asset.inline {
+            return None;
+        }
         self.blobs.file_path(&asset.blob)
     }
 
@@ -334,13 +390,17 @@ impl Assets {
         self.blobs.exists(hash).await.unwrap_or(false)
     }
 
-    /// Records a job output over a blob stored before (or cached from an earlier run).
-    pub(super) async fn commit_output(&self, asset: AssetRecord) -> Result<(), String> {
+    /// Records a job output: inline with its `content`, or over a blob stored before (or
+    /// cached from an earlier run).
+    pub(super) async fn commit_output(&self, asset: AssetRecord, content: Option<bytes::Bytes>) -> Result<(), String> {
+        if content.is_some() {
+            return self.store.insert_asset(asset, content).await.map_err(|e| e.to_string());
+        }
         let _guard = self.lock_link().await.map_err(|e| e.to_string())?;
         if !self.blobs.exists(&asset.blob).await.map_err(|e| e.to_string())? {
             return Err(format!("blob {} is missing", asset.blob));
         }
-        self.store.insert_asset(asset).await.map_err(|e| e.to_string())
+        self.store.insert_asset(asset, None).await.map_err(|e| e.to_string())
     }
 
     /// Deletes those of `candidates` (blob hashes) that no asset references; returns them.
@@ -376,9 +436,9 @@ impl Assets {
         Ok(removed)
     }
 
-    async fn insert(&self, asset: AssetRecord) -> Result<(), AssetError> {
+    async fn insert(&self, asset: AssetRecord, content: Option<bytes::Bytes>) -> Result<(), AssetError> {
         self.store
-            .insert_asset(asset)
+            .insert_asset(asset, content)
             .await
             .map_err(|e| AssetError::failed("recording an asset", e))
     }

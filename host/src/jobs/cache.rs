@@ -22,6 +22,9 @@ pub struct CachedFile {
     pub blob: String,
     /// Size.
     pub size: u64,
+    /// The content itself, for a small output kept inline with its asset record (none: it
+    /// is blob `blob`).
+    pub inline: Option<bytes::Bytes>,
 }
 
 /// A node's cached result.
@@ -46,6 +49,11 @@ fn weight(entry: &Entry) -> usize {
             other => other.copy_cost(),
         })
         .sum::<usize>()
+        + entry
+            .files
+            .iter()
+            .map(|f| f.inline.as_ref().map_or(0, |b| b.len()))
+            .sum::<usize>()
         + 256
 }
 
@@ -136,7 +144,12 @@ impl NodeCache {
         let stale: Vec<(String, [u8; 32])> = inner
             .lru
             .iter()
-            .filter(|(_, held)| held.entry.files.iter().any(|f| removed.contains(f.blob.as_str())))
+            .filter(|(_, held)| {
+                held.entry
+                    .files
+                    .iter()
+                    .any(|f| f.inline.is_none() && removed.contains(f.blob.as_str()))
+            })
             .map(|(key, _)| key.clone())
             .collect();
         for key in stale {
@@ -218,6 +231,7 @@ mod tests {
                 content_type: "text/plain".into(),
                 blob: blob.into(),
                 size: 1,
+                inline: None,
             }],
         };
         cache.put("a", [1; 32], with_file("aa"));

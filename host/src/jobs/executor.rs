@@ -830,7 +830,7 @@ impl Jobs {
     /// a blob it names, and then the node runs again.
     async fn cached(&self, job: &JobRecord, node: &graph::PlannedNode) -> Option<Entry> {
         let entry = self.cache.get(&job.tenant, &node.cache_key?)?;
-        for file in &entry.files {
+        for file in entry.files.iter().filter(|f| f.inline.is_none()) {
             if !self.assets.blob_exists(&file.blob).await {
                 return None;
             }
@@ -984,29 +984,39 @@ impl Jobs {
         committed: &Committed,
     ) -> Result<(CachedFile, JobFiles), (&'static str, String)> {
         let (max_outputs, max_bytes) = (self.config.max_outputs, self.config.max_output_bytes);
+        let inline_max = self.config.inline_output_bytes;
         let committed = Committed {
             count: committed.count,
             bytes: committed.bytes,
         };
-        let (e, job_files) = tokio::task::spawn_blocking(move || {
+        let (e, inline, job_files) = tokio::task::spawn_blocking(move || {
             let e = outputs::encode(&file, index, &mut job_files, &workflow_text)
                 .map_err(|m| ("output_encoding_failed", m))?;
             admit(max_outputs, max_bytes, &committed, e.bytes.len() as u64).map_err(|m| ("job_output_limit", m))?;
-            Ok((e, job_files))
+            // A small file goes inline, into its asset's row: hashed here, never a blob.
+            let inline = (e.bytes.len() <= inline_max).then(|| blake3::hash(&e.bytes).to_hex().to_string());
+            Ok((e, inline, job_files))
         })
         .await
         .map_err(|e| ("output_commit_failed", format!("the output's write was lost: {e}")))??;
-        let (blob, size) = self
-            .assets
-            .put(e.bytes)
-            .await
-            .map_err(|io| ("output_commit_failed", io.to_string()))?;
+        let (blob, size, inline) = match inline {
+            Some(hash) => (hash, e.bytes.len() as u64, Some(bytes::Bytes::from(e.bytes))),
+            None => {
+                let (blob, size) = self
+                    .assets
+                    .put(e.bytes)
+                    .await
+                    .map_err(|io| ("output_commit_failed", io.to_string()))?;
+                (blob, size, None)
+            }
+        };
         let cached = CachedFile {
             name: e.name,
             kind: e.kind,
             content_type: e.content_type,
             blob,
             size,
+            inline,
         };
         Ok((cached, job_files))
     }
@@ -1039,9 +1049,10 @@ impl Jobs {
             created_at: Utc::now(),
             expires_at: None,
             output_index: Some(committed.count),
+            inline: file.inline.is_some(),
         };
         let size = file.size;
-        self.assets.commit_output(asset.clone()).await?;
+        self.assets.commit_output(asset.clone(), file.inline).await?;
         committed.count += 1;
         committed.bytes += size;
         self.publish(&job.id, JobEvent::Output(Box::new(asset)));

@@ -64,6 +64,8 @@ pub struct JobsConfig {
     pub max_outputs: usize,
     /// Most bytes one job's outputs may hold in all (encoded: PNG, WAV, ...).
     pub max_output_bytes: u64,
+    /// Largest output file kept inline, in its asset's row, rather than as a blob.
+    pub inline_output_bytes: usize,
 }
 
 impl Default for JobsConfig {
@@ -81,6 +83,7 @@ impl Default for JobsConfig {
             log_bytes: 64 << 10,
             max_outputs: 1_000,
             max_output_bytes: 2 << 30,
+            inline_output_bytes: 64 << 10,
         }
     }
 }

@@ -80,7 +80,14 @@ pub async fn sweep(jobs: &Arc<Jobs>) -> Result<Swept, StoreError> {
                 continue;
             }
         }
-        blobs.extend(jobs.store.job_outputs(&id).await?.into_iter().map(|a| a.blob));
+        blobs.extend(
+            jobs.store
+                .job_outputs(&id)
+                .await?
+                .into_iter()
+                .filter(|a| !a.inline)
+                .map(|a| a.blob),
+        );
         jobs.store.delete_job(&id).await?;
         jobs.hub.remove(&id);
         swept.removed += 1;
@@ -103,7 +110,14 @@ impl Jobs {
         if !job.status.is_terminal() {
             return Ok(false);
         }
-        let blobs = self.store.job_outputs(id).await?.into_iter().map(|a| a.blob).collect();
+        let blobs = self
+            .store
+            .job_outputs(id)
+            .await?
+            .into_iter()
+            .filter(|a| !a.inline)
+            .map(|a| a.blob)
+            .collect();
         self.store.delete_job(id).await?;
         self.hub.remove(id);
         let removed = self.assets.collect_garbage(blobs).await?;

@@ -209,8 +209,12 @@ pub trait Store: Send + Sync {
     /// Job counts by status.
     async fn count_by_status(&self) -> Result<Vec<(JobStatus, i64)>, StoreError>;
 
-    /// Records an asset.
-    async fn insert_asset(&self, asset: AssetRecord) -> Result<(), StoreError>;
+    /// Records an asset; with `content`, the bytes are kept with the record (the asset is
+    /// `inline`) and no blob is needed.
+    async fn insert_asset(&self, asset: AssetRecord, content: Option<bytes::Bytes>) -> Result<(), StoreError>;
+    /// The bytes of inline asset `id` (any tenant's; the caller has checked ownership), or
+    /// `None` when there is no such asset or its content lives in the blob store.
+    async fn asset_content(&self, id: &str) -> Result<Option<bytes::Bytes>, StoreError>;
     /// An asset of `tenant`.
     async fn asset(&self, tenant: &str, id: &str) -> Result<Option<AssetRecord>, StoreError>;
     /// An asset of any tenant (for signed content links).
@@ -245,7 +249,7 @@ pub trait Store: Send + Sync {
     async fn delete_expired_assets(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
     /// Deletes a job's output assets (before it is run again).
     async fn delete_job_outputs(&self, job_id: &str) -> Result<(), StoreError>;
-    /// Blob hashes that no asset references.
+    /// Blob hashes that no asset references (inline assets do not reference the blob store).
     async fn unreferenced_blobs(&self, candidates: Vec<String>) -> Result<Vec<String>, StoreError>;
     /// Takes the [`BlobLinkLock`]: `exclusive` to remove unreferenced blobs, shared to link
     /// blobs to new assets. The default, for a store only one process uses, holds nothing.

@@ -191,6 +191,10 @@ pub struct AssetRecord {
     pub expires_at: Option<DateTime<Utc>>,
     /// Position among its job's outputs.
     pub output_index: Option<i64>,
+    /// Whether the content is kept in the database with this record (small outputs,
+    /// [`Store::asset_content`](super::Store::asset_content)) rather than in the blob store.
+    #[serde(default)]
+    pub inline: bool,
 }
 
 /// A tenant: the unit of isolation.

@@ -52,7 +52,7 @@ pub struct SqliteStore {
 
 /// The schema version this build knows, kept in SQLite's `user_version`. Version 1 is the
 /// schema below; a later version adds a step to [`migrate`].
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS jobs (
@@ -155,6 +155,12 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
         // Version 2: how long each node of a job took.
         conn.execute_batch(
             "BEGIN IMMEDIATE; ALTER TABLE jobs ADD COLUMN node_times TEXT; PRAGMA user_version = 2; COMMIT;",
+        )?;
+    }
+    if version < 3 {
+        // Version 3: small outputs keep their bytes in their asset's row.
+        conn.execute_batch(
+            "BEGIN IMMEDIATE; ALTER TABLE assets ADD COLUMN content BLOB; PRAGMA user_version = 3; COMMIT;",
         )?;
     }
     Ok(())
@@ -372,8 +378,8 @@ fn status_list(statuses: &[JobStatus]) -> String {
         .join(",")
 }
 
-const ASSET_COLUMNS: &str =
-    "id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index";
+const ASSET_COLUMNS: &str = "id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, \
+     created_at, expires_at, output_index, content IS NOT NULL";
 
 fn user_file_from_row(row: &Row) -> rusqlite::Result<UserFile> {
     let time = |i: usize| -> rusqlite::Result<DateTime<Utc>> {
@@ -406,6 +412,7 @@ fn asset_from_row(row: &Row) -> rusqlite::Result<AssetRecord> {
         created_at: parse_time(row.get(10)?).unwrap_or_default(),
         expires_at: parse_time(row.get(11)?),
         output_index: row.get(12)?,
+        inline: row.get(13)?,
     })
 }
 
@@ -720,7 +727,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn insert_asset(&self, asset: AssetRecord) -> Result<(), StoreError> {
+    async fn insert_asset(&self, asset: AssetRecord, content: Option<bytes::Bytes>) -> Result<(), StoreError> {
         // An upload is acknowledged to its caller; an output can be made again by a re-run.
         let durability = if asset.job_id.is_some() {
             Durability::Relaxed
@@ -729,8 +736,8 @@ impl Store for SqliteStore {
         };
         self.write(durability, move |c| {
             c.prepare_cached(
-                "INSERT INTO assets (id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                "INSERT INTO assets (id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index, content)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
             )?
             .execute(params![
                 asset.id,
@@ -746,8 +753,21 @@ impl Store for SqliteStore {
                 time_text(asset.created_at),
                 asset.expires_at.map(time_text),
                 asset.output_index,
+                content.as_deref(),
             ])?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn asset_content(&self, id: &str) -> Result<Option<bytes::Bytes>, StoreError> {
+        let id = id.to_string();
+        self.read(move |c| {
+            let content: Option<Option<Vec<u8>>> = c
+                .prepare_cached("SELECT content FROM assets WHERE id = ?1")?
+                .query_row(params![id], |r| r.get(0))
+                .optional()?;
+            Ok(content.flatten().map(bytes::Bytes::from))
         })
         .await
     }
@@ -1021,7 +1041,7 @@ impl Store for SqliteStore {
 
     async fn unreferenced_blobs(&self, candidates: Vec<String>) -> Result<Vec<String>, StoreError> {
         self.read(move |c| {
-            let mut stmt = c.prepare_cached("SELECT 1 FROM assets WHERE blob = ?1 LIMIT 1")?;
+            let mut stmt = c.prepare_cached("SELECT 1 FROM assets WHERE blob = ?1 AND content IS NULL LIMIT 1")?;
             let mut orphans = Vec::new();
             for hash in candidates {
                 if stmt.query_row(params![hash], |_| Ok(())).optional()?.is_none() {

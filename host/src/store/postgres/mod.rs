@@ -209,8 +209,8 @@ fn parse_workflow(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
 }
 
-const ASSET_COLUMNS: &str =
-    "id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index";
+const ASSET_COLUMNS: &str = "id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, \
+     created_at, expires_at, output_index, content IS NOT NULL";
 
 /// The columns [`user_file_from_row`] reads.
 const USER_FILE_COLUMNS: &str = "path, length(content)::BIGINT, created_at, modified_at";
@@ -240,6 +240,7 @@ fn asset_from_row(row: &Row) -> AssetRecord {
         created_at: row.get(10),
         expires_at: row.get(11),
         output_index: row.get(12),
+        inline: row.get(13),
     }
 }
 
@@ -572,7 +573,7 @@ impl Store for PgStore {
             .collect())
     }
 
-    async fn insert_asset(&self, asset: AssetRecord) -> Result<(), StoreError> {
+    async fn insert_asset(&self, asset: AssetRecord, content: Option<bytes::Bytes>) -> Result<(), StoreError> {
         // An upload is acknowledged to its caller; an output can be made again by a re-run.
         let mut conn = self.pool.get().await?;
         let tx = conn.transaction().await?;
@@ -580,8 +581,8 @@ impl Store for PgStore {
             tx.batch_execute(RELAXED).await?;
         }
         tx.execute(
-            "INSERT INTO assets (id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+            "INSERT INTO assets (id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index, content)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
             &[
                 &asset.id,
                 &asset.tenant,
@@ -596,11 +597,17 @@ impl Store for PgStore {
                 &asset.created_at,
                 &asset.expires_at,
                 &asset.output_index,
+                &content.as_deref(),
             ],
         )
         .await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn asset_content(&self, id: &str) -> Result<Option<bytes::Bytes>, StoreError> {
+        let row = self.row("SELECT content FROM assets WHERE id = $1", &[&id]).await?;
+        Ok(row.and_then(|r| r.get::<_, Option<Vec<u8>>>(0)).map(bytes::Bytes::from))
     }
 
     async fn asset(&self, tenant: &str, id: &str) -> Result<Option<AssetRecord>, StoreError> {
@@ -831,7 +838,7 @@ impl Store for PgStore {
     async fn unreferenced_blobs(&self, candidates: Vec<String>) -> Result<Vec<String>, StoreError> {
         Ok(self
             .rows(
-                "SELECT c FROM unnest($1::text[]) AS c WHERE NOT EXISTS (SELECT 1 FROM assets WHERE blob = c)",
+                "SELECT c FROM unnest($1::text[]) AS c WHERE NOT EXISTS (SELECT 1 FROM assets WHERE blob = c AND content IS NULL)",
                 &[&candidates],
             )
             .await?

@@ -115,6 +115,10 @@ SELECT tenant, nextval('queue_turn_seq') FROM (
 ON CONFLICT (tenant) DO NOTHING;
 CREATE INDEX queue_turns_in_order ON queue_turns (turn);
 "#,
+    r#"
+-- Small outputs keep their bytes in their asset's row.
+ALTER TABLE assets ADD COLUMN content BYTEA;
+"#,
 ];
 
 /// The newest schema version this build knows.
