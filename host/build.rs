@@ -31,13 +31,14 @@ fn main() {
                 "built-in plugin {name} was not produced at {}",
                 wasm.display()
             );
+            let hash = blake3::hash(&std::fs::read(&wasm).unwrap()).to_hex();
             entries.push_str(&format!(
-                "    ({name:?}, include_bytes!({:?})),\n",
+                "    ({name:?}, include_bytes!({:?}), {hash:?}),\n",
                 wasm.display().to_string()
             ));
         }
     }
-    let code = format!("/// Built-in plugins: (name, component bytes).\npub(crate) static BUILTIN_PLUGINS: &[(&str, &[u8])] = &[\n{entries}];\n");
+    let code = format!("/// Built-in plugins: (name, component bytes, their blake3 in hex).\npub(crate) static BUILTIN_PLUGINS: &[(&str, &[u8], &str)] = &[\n{entries}];\n");
     std::fs::write(out, code).unwrap();
 }
 

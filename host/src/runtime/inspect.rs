@@ -47,7 +47,7 @@ impl Runtime {
             capabilities: source.manifest.capabilities.clone(),
             problems: Vec::new(),
         };
-        let component = match registry::compile(&self.engine, &source.bytes, self.config.cache_dir.as_deref()) {
+        let component = match registry::compile(&self.engine, source, self.config.cache_dir.as_deref()) {
             Ok(component) => component,
             Err(e) => {
                 report.problems.push(format!("it is not a valid component: {e:#}"));

@@ -192,10 +192,9 @@ impl Runtime {
             pre,
             nodes: Vec::new(),
         };
-        let build = blake3::hash(&source.bytes).to_hex().to_string();
         plugin.nodes = self.describe(&plugin, self.describe_timeout())?;
         for def in &mut plugin.nodes {
-            def.build.clone_from(&build);
+            def.build.clone_from(&source.hash);
         }
         Ok(plugin)
     }
@@ -301,7 +300,7 @@ fn compile_all(
             .iter()
             .map(|source| {
                 scope.spawn(move || {
-                    registry::compile(engine, &source.bytes, cache_dir)
+                    registry::compile(engine, source, cache_dir)
                         .map_err(|e| anyhow::anyhow!("is not a valid component: {e:#}"))
                 })
             })

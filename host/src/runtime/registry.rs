@@ -19,7 +19,9 @@ pub struct PluginSource {
     /// Where it came from, for messages.
     pub origin: String,
     /// The component bytes.
-    pub bytes: Vec<u8>,
+    pub bytes: std::borrow::Cow<'static, [u8]>,
+    /// Their blake3, in hex: the compiled-code cache's key and the nodes' `build`.
+    pub hash: String,
     /// What the plugin asks for.
     pub manifest: Manifest,
 }
@@ -119,22 +121,24 @@ pub fn read_source(path: &Path) -> Result<PluginSource, String> {
     Ok(PluginSource {
         name: plugin_name(path),
         origin: path.display().to_string(),
-        bytes,
+        hash: blake3::hash(&bytes).to_hex().to_string(),
+        bytes: bytes.into(),
         manifest,
     })
 }
 
-/// Compiles `bytes`, through the precompiled-code cache in `cache_dir` when given. The cache
-/// key is the blake3 of the component plus the engine's compatibility hash, and only files
-/// this server wrote (atomically, in its own data dir) are ever deserialized.
-pub(super) fn compile(engine: &Engine, bytes: &[u8], cache_dir: Option<&Path>) -> anyhow::Result<Component> {
+/// Compiles `source`, through the precompiled-code cache in `cache_dir` when given. The
+/// cache key is the blake3 of the component plus the engine's compatibility hash, and only
+/// files this server wrote (atomically, in its own data dir) are ever deserialized.
+pub(super) fn compile(engine: &Engine, source: &PluginSource, cache_dir: Option<&Path>) -> anyhow::Result<Component> {
+    let bytes = &source.bytes[..];
     let Some(cache_dir) = cache_dir else {
         return Ok(Component::new(engine, bytes)?);
     };
     use std::hash::{Hash, Hasher};
     let mut compat = std::hash::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut compat);
-    let key = format!("{}-{:016x}.cwasm", blake3::hash(bytes).to_hex(), compat.finish());
+    let key = format!("{}-{:016x}.cwasm", source.hash, compat.finish());
     let path = cache_dir.join(key);
     if path.exists() {
         // SAFETY: the file is in this server's own cache directory, was written by

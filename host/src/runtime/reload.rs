@@ -16,7 +16,7 @@ impl Runtime {
     /// must not collide with another plugin's; if any step fails, the error says why and
     /// this runtime is unchanged.
     pub fn with_plugin(&self, source: PluginSource) -> anyhow::Result<Arc<Runtime>> {
-        let component = registry::compile(&self.engine, &source.bytes, self.config.cache_dir.as_deref())
+        let component = registry::compile(&self.engine, &source, self.config.cache_dir.as_deref())
             .map_err(|e| anyhow::anyhow!("is not a valid component: {e:#}"));
         let plugin = self.load_plugin(&source, component)?;
         let mut plugins: Vec<Arc<LoadedPlugin>> = self.plugins.clone();
