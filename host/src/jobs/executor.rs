@@ -18,7 +18,7 @@ use super::{Jobs, Running};
 use crate::graph::{self, PlanInput};
 use crate::runtime::{AssetReader, AssetRef, CallContext, CancelToken, OutputFile, ProgressSink, TailLog, Value};
 use crate::store::blobs::LocalFile;
-use crate::store::{AssetRecord, JobError, JobLogs, JobRecord, JobStatus, JobUpdate, NodeTime, Progress, StoreError};
+use crate::store::{AssetRecord, JobError, JobLogs, JobRecord, JobStatus, JobUpdate, NodeTime, Progress};
 
 /// Snapshots reach the event stream at most this often.
 const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
@@ -351,12 +351,7 @@ impl Jobs {
             started_at: Some(Utc::now()),
             ..Default::default()
         };
-        // The workflow is read beside the start's write: one wait on the store, not two.
-        let (start, workflow) = tokio::join!(
-            self.transition(&id, Trigger::Start, update),
-            self.store.job_workflow(&id)
-        );
-        let job = match start {
+        let job = match self.transition(&id, Trigger::Start, update).await {
             Ok(Some(job)) => job,
             Ok(None) => return,
             Err(e) => {
@@ -392,7 +387,7 @@ impl Jobs {
             }),
             running: Mutex::new(Vec::new()),
         });
-        let outcome = match self.execute(&job, workflow, &cancel, &log, &tracker).await {
+        let outcome = match self.execute(&job, &cancel, &log, &tracker).await {
             Ok(()) if cancel.is_canceled() => Outcome::Canceled,
             Ok(()) => Outcome::Succeeded,
             Err(_) if cancel.is_canceled() => Outcome::Canceled,
@@ -478,7 +473,6 @@ impl Jobs {
     async fn execute(
         self: &Arc<Self>,
         job: &JobRecord,
-        stored_workflow: Result<Option<serde_json::Value>, StoreError>,
         cancel: &CancelToken,
         log: &TailLog,
         tracker: &Arc<Tracker>,
@@ -495,7 +489,7 @@ impl Jobs {
         // The start's record carries the workflow only where the store read it back.
         let read;
         let workflow = if job.workflow.is_null() {
-            read = match stored_workflow {
+            read = match self.store.job_workflow(&job.id).await {
                 Ok(Some(workflow)) => workflow,
                 Ok(None) => return Err(fail("invalid_workflow", "the job's workflow is gone".into())),
                 Err(e) => {
