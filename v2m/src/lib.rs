@@ -148,11 +148,13 @@ impl Default for V2mConfig {
     }
 }
 
-/// The engine: configuration plus the SoundFont, loaded once and shared.
+/// The engine: configuration plus the SoundFont, loaded at the first render and shared.
 #[derive(Clone)]
 pub struct Engine {
     cfg: V2mConfig,
-    soundfont: Arc<rustysynth::SoundFont>,
+    /// The SoundFont once a render has needed it. Its samples are several MB, which a server
+    /// that never renders music should not hold.
+    soundfont: Arc<std::sync::Mutex<Option<Arc<rustysynth::SoundFont>>>>,
     /// One permit per analysis (ffmpeg decode) allowed at once, shared by every caller.
     analyses: Arc<tokio::sync::Semaphore>,
 }
@@ -164,15 +166,28 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// Loads the SoundFont named in `cfg` (blocking file read, ~6 MB).
+    /// An engine for `cfg`. The SoundFont it names must be readable and look like one (a
+    /// header check); it is loaded by the first render (a blocking read of several MB).
     pub fn new(cfg: V2mConfig) -> Result<Self, V2mError> {
-        let sf = synth::load_soundfont(&cfg.soundfont)?;
+        synth::check_soundfont(&cfg.soundfont)?;
         let analyses = Arc::new(tokio::sync::Semaphore::new(cfg.max_concurrent_analyses.max(1)));
         Ok(Self {
             cfg,
-            soundfont: sf,
+            soundfont: Arc::default(),
             analyses,
         })
+    }
+
+    /// The SoundFont, loaded on first use (blocking). A load that fails is tried again by
+    /// the next call.
+    pub fn soundfont(&self) -> Result<Arc<rustysynth::SoundFont>, V2mError> {
+        let mut loaded = self.soundfont.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(font) = loaded.as_ref() {
+            return Ok(font.clone());
+        }
+        let font = synth::load_soundfont(&self.cfg.soundfont)?;
+        *loaded = Some(font.clone());
+        Ok(font)
     }
 
     /// The configuration.
@@ -240,10 +255,11 @@ impl Engine {
             .map_err(|_| V2mError::GenerationFailed("the engine is shutting down".into()))
     }
 
-    /// Starts rendering `plan`; the returned iterator yields WAV chunks.
-    /// CPU-bound: pull it from `spawn_blocking`.
+    /// Starts rendering `plan`; the returned iterator yields WAV chunks. Blocks while the
+    /// first render loads the SoundFont ([`soundfont`](Self::soundfont)); CPU-bound: pull
+    /// it from `spawn_blocking`.
     pub fn render(&self, plan: &TrackPlan) -> Result<Renderer, V2mError> {
-        Renderer::new(self.soundfont.clone(), plan, &self.cfg.render)
+        Renderer::new(self.soundfont()?, plan, &self.cfg.render)
     }
 }
 
@@ -384,6 +400,32 @@ mod tests {
         assert!(engine.check_copies(4).is_ok());
         assert_eq!(engine.check_copies(5).unwrap_err().code(), "too_many_copies");
         assert!(engine.check_copies(0).is_err());
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn the_soundfont_is_checked_at_start_and_loaded_by_the_first_render() {
+        let dir = temp_dir("soundfont");
+        let not_a_font = dir.join("notes.sf2");
+        std::fs::write(&not_a_font, "hello, not a SoundFont").unwrap();
+        let config = |soundfont: PathBuf| V2mConfig {
+            soundfont,
+            ..Default::default()
+        };
+        let e = Engine::new(config(not_a_font)).unwrap_err();
+        assert_eq!(e.code(), "soundfont_error");
+        let e = Engine::new(config(dir.join("missing.sf2"))).unwrap_err();
+        assert_eq!(e.code(), "soundfont_error");
+        // A file with a SoundFont's header but no body passes the start's check; the first
+        // render, which loads it, is where it fails, with the same error.
+        let truncated = dir.join("truncated.sf2");
+        std::fs::write(&truncated, b"RIFF\x04\x00\x00\x00sfbk").unwrap();
+        let engine = Engine::new(config(truncated)).unwrap();
+        assert_eq!(engine.soundfont().unwrap_err().code(), "soundfont_error");
+        // The real one loads once and is shared.
+        let engine = Engine::new(V2mConfig::default()).unwrap();
+        let font = engine.soundfont().unwrap();
+        assert!(Arc::ptr_eq(&font, &engine.clone().soundfont().unwrap()));
         std::fs::remove_dir_all(dir).ok();
     }
 

@@ -15,6 +15,21 @@ use rustysynth::{SoundFont, Synthesizer, SynthesizerSettings};
 use super::compose::{Score, TrackPlan};
 use super::{wav, V2mError, CHANNELS};
 
+/// Checks that `path` can be read and starts as a SoundFont does (a RIFF file of form
+/// `sfbk`), without loading it.
+pub fn check_soundfont(path: &Path) -> Result<(), V2mError> {
+    use std::io::Read;
+    let fail = |why: String| V2mError::SoundFont(format!("{}: {why}", path.display()));
+    let mut header = [0u8; 12];
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut header))
+        .map_err(|e| fail(e.to_string()))?;
+    if &header[..4] != b"RIFF" || &header[8..] != b"sfbk" {
+        return Err(fail("not a SoundFont (no RIFF sfbk header)".into()));
+    }
+    Ok(())
+}
+
 /// Loads a SoundFont file once, for sharing between renderers.
 pub fn load_soundfont(path: &Path) -> Result<Arc<SoundFont>, V2mError> {
     let f = File::open(path).map_err(|e| V2mError::SoundFont(format!("{}: {e}", path.display())))?;

@@ -75,6 +75,17 @@ pub(super) async fn produce(
             return;
         }
     }
+    // The first render loads the SoundFont, a blocking read of several MB: off the async
+    // workers.
+    let engine = svc.engine.clone();
+    let loaded = tokio::task::spawn_blocking(move || engine.soundfont().map(drop))
+        .await
+        .unwrap_or_else(|e| Err(v2m::V2mError::GenerationFailed(e.to_string())));
+    if let Err(e) = loaded {
+        let e = DetailError::from(e);
+        let _ = tx.send(error_event(e.code(), &e.message())).await;
+        return;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let mut renders = Vec::new();
     for p in &plans {
