@@ -297,7 +297,8 @@ struct ServeArgs {
     #[arg(long, env = "WEFT_MAX_JOB_OUTPUT_MIB", default_value_t = 2048)]
     max_job_output_mib: u64,
     /// Largest output file kept in the database with its asset record, in KiB (it then needs
-    /// no blob file and no separate sync); larger outputs are blobs. 0: every output a blob.
+    /// no blob file and no separate sync); larger outputs are blobs. 0: every output a blob;
+    /// at most 16384 (16 MiB).
     #[arg(long, env = "WEFT_INLINE_OUTPUT_KIB", default_value_t = 64)]
     inline_output_kib: usize,
     /// Node result cache, in MiB.
@@ -520,7 +521,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             log_bytes: limits.log_bytes,
             max_outputs: args.max_job_outputs.max(1),
             max_output_bytes: args.max_job_output_mib.max(1) << 20,
-            inline_output_bytes: args.inline_output_kib.min(1 << 20) << 10,
+            inline_output_bytes: args.inline_output_kib.min(16 << 10) << 10,
         },
         runtime: RuntimeConfig {
             limits,
