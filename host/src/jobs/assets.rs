@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
 use tokio::sync::RwLock;
 
 use crate::store::blobs::{self, is_hex_hash, BlobWriter, ByteStream, LocalFile};
@@ -330,39 +331,33 @@ impl Assets {
     /// `asset`'s content as a local file (the blob's own, or a temp copy removed on drop),
     /// for readers that need a path; a copy is refused over `max` bytes.
     pub async fn local_file(&self, asset: &AssetRecord, max: u64) -> Result<LocalFile, AssetError> {
-        if asset.inline {
-            let copy = LocalFile::Spooled(self.blobs.spool_dir().join(format!("{}.read", uuid::Uuid::new_v4())));
-            self.download(asset, copy.path(), max).await?;
-            return Ok(copy);
+        if let Some(path) = self.blob_file(asset) {
+            return Ok(LocalFile::Stored(path));
         }
-        blobs::local_file(self.blobs.as_ref(), &asset.blob, asset.size_bytes.max(0) as u64, max)
-            .await
-            .map_err(|e| AssetError::failed("copying a blob", e))
+        let copy = LocalFile::Spooled(self.blobs.spool_dir().join(format!("{}.read", uuid::Uuid::new_v4())));
+        self.download(asset, copy.path(), max).await?;
+        Ok(copy)
     }
 
-    /// Copies `asset`'s content into the new file `dest`, unless it is over `max` bytes.
+    /// Copies `asset`'s content into the new file `dest`, unless it is over `max` bytes. A
+    /// partial file is left for the caller to remove.
     pub async fn download(&self, asset: &AssetRecord, dest: &Path, max: u64) -> Result<(), AssetError> {
-        if asset.inline {
-            if asset.size_bytes.max(0) as u64 > max {
-                return Err(AssetError::failed(
-                    "copying an asset",
-                    format!("it is over the {max} bytes allowed"),
-                ));
-            }
-            let content = self.inline_content(asset).await?;
-            return tokio::fs::write(dest, &content)
-                .await
-                .map_err(|e| AssetError::failed("copying an asset", e));
+        let size = asset.size_bytes.max(0) as u64;
+        if size > max {
+            return Err(AssetError::failed(
+                "copying a blob",
+                format!("the blob is over the {max} bytes allowed"),
+            ));
         }
-        blobs::download(
-            self.blobs.as_ref(),
-            &asset.blob,
-            asset.size_bytes.max(0) as u64,
-            dest,
-            max,
-        )
-        .await
-        .map_err(|e| AssetError::failed("copying a blob", e))
+        let mut stream = self.read(asset, 0..size).await?;
+        let copy = async {
+            let mut file = tokio::fs::File::create(dest).await?;
+            while let Some(chunk) = stream.next().await {
+                file.write_all(&chunk?).await?;
+            }
+            file.flush().await
+        };
+        copy.await.map_err(|e| AssetError::failed("copying a blob", e))
     }
 
     /// The blob's own file, when blobs are files (none in object storage, nor for an inline

@@ -80,16 +80,7 @@ pub async fn sweep(jobs: &Arc<Jobs>) -> Result<Swept, StoreError> {
                 continue;
             }
         }
-        blobs.extend(
-            jobs.store
-                .job_outputs(&id)
-                .await?
-                .into_iter()
-                .filter(|a| !a.inline)
-                .map(|a| a.blob),
-        );
-        jobs.store.delete_job(&id).await?;
-        jobs.hub.remove(&id);
+        blobs.extend(jobs.delete_with_outputs(&id).await?);
         swept.removed += 1;
     }
     jobs.store.purge_idempotency(now - IDEMPOTENCY_TTL).await?;
@@ -110,19 +101,19 @@ impl Jobs {
         if !job.status.is_terminal() {
             return Ok(false);
         }
-        let blobs = self
-            .store
-            .job_outputs(id)
-            .await?
-            .into_iter()
-            .filter(|a| !a.inline)
-            .map(|a| a.blob)
-            .collect();
-        self.store.delete_job(id).await?;
-        self.hub.remove(id);
+        let blobs = self.delete_with_outputs(id).await?;
         let removed = self.assets.collect_garbage(blobs).await?;
         self.cache.forget_blobs(&removed);
         Ok(true)
+    }
+
+    /// Deletes job `id` with its outputs; returns the blobs those outputs were stored in
+    /// (inline outputs have none), for the caller to collect.
+    async fn delete_with_outputs(&self, id: &str) -> Result<Vec<String>, StoreError> {
+        let outputs = self.store.job_outputs(id).await?;
+        self.store.delete_job(id).await?;
+        self.hub.remove(id);
+        Ok(outputs.into_iter().filter(|a| !a.inline).map(|a| a.blob).collect())
     }
 }
 

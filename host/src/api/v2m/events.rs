@@ -75,30 +75,29 @@ pub(super) async fn produce(
             return;
         }
     }
-    // The first render loads the SoundFont, a blocking read of several MB: off the async
-    // workers.
+    // Making the renderers sets up a synthesizer each, and the first one loads the
+    // SoundFont (a blocking read of several MB): off the async workers.
     let engine = svc.engine.clone();
-    let loaded = tokio::task::spawn_blocking(move || engine.soundfont().map(drop))
-        .await
-        .unwrap_or_else(|e| Err(v2m::V2mError::GenerationFailed(e.to_string())));
-    if let Err(e) = loaded {
-        let e = DetailError::from(e);
-        let _ = tx.send(error_event(e.code(), &e.message())).await;
-        return;
-    }
+    let made = tokio::task::spawn_blocking(move || {
+        plans
+            .iter()
+            .map(|p| Ok((p.stream_index, engine.render(p)?)))
+            .collect::<Result<Vec<_>, v2m::V2mError>>()
+    })
+    .await
+    .unwrap_or_else(|e| Err(v2m::V2mError::GenerationFailed(e.to_string())));
+    let renderers = match made {
+        Ok(renderers) => renderers,
+        Err(e) => {
+            let e = DetailError::from(e);
+            let _ = tx.send(error_event(e.code(), &e.message())).await;
+            return;
+        }
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let mut renders = Vec::new();
-    for p in &plans {
-        let renderer = match svc.engine.render(p) {
-            Ok(r) => r,
-            Err(e) => {
-                stop.store(true, Ordering::SeqCst);
-                let e = DetailError::from(e);
-                let _ = tx.send(error_event(e.code(), &e.message())).await;
-                return;
-            }
-        };
-        let (tx, stop, renders_limit, index) = (tx.clone(), stop.clone(), svc.renders.clone(), p.stream_index);
+    for (index, renderer) in renderers {
+        let (tx, stop, renders_limit) = (tx.clone(), stop.clone(), svc.renders.clone());
         renders.push(tokio::spawn(async move {
             let permit = tokio::select! {
                 permit = renders_limit.acquire_owned() => permit.ok(),

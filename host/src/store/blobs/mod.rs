@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
 
 pub use local::{is_hex_hash, BlobWriter, LocalBlobs, STALE_TEMP};
 pub use object::ObjectBlobs;
@@ -121,22 +120,6 @@ pub async fn read_all(blobs: &dyn BlobStore, hash: &str, size: u64) -> std::io::
     Ok(bytes)
 }
 
-/// Copies blob `hash` (of `size` bytes) into a new file `dest`; refuses a blob over `max`
-/// bytes. A partial file is left for the caller to remove.
-pub async fn download(blobs: &dyn BlobStore, hash: &str, size: u64, dest: &Path, max: u64) -> std::io::Result<()> {
-    if size > max {
-        return Err(std::io::Error::other(format!(
-            "the blob is over the {max} bytes allowed"
-        )));
-    }
-    let mut file = tokio::fs::File::create(dest).await?;
-    let mut stream = blobs.read(hash, 0..size).await?;
-    while let Some(chunk) = stream.next().await {
-        file.write_all(&chunk?).await?;
-    }
-    file.flush().await
-}
-
 /// A blob as a local file, for readers that need a path.
 #[derive(Debug)]
 pub enum LocalFile {
@@ -161,17 +144,6 @@ impl Drop for LocalFile {
             let _ = std::fs::remove_file(path);
         }
     }
-}
-
-/// Blob `hash` (of `size` bytes) as a local file: the store's own, or a temp copy in its
-/// spool folder (at most `max` bytes).
-pub async fn local_file(blobs: &dyn BlobStore, hash: &str, size: u64, max: u64) -> std::io::Result<LocalFile> {
-    if let Some(path) = blobs.file_path(hash) {
-        return Ok(LocalFile::Stored(path));
-    }
-    let copy = LocalFile::Spooled(blobs.spool_dir().join(format!("{}.read", uuid::Uuid::new_v4())));
-    download(blobs, hash, size, copy.path(), max).await?;
-    Ok(copy)
 }
 
 /// 32 random bytes (two v4 UUIDs' worth).
