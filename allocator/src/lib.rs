@@ -10,6 +10,9 @@
 //! every 4 KiB page faults, which made those products run at a third of their speed.
 //! mimalloc reuses the memory it already holds.
 
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use libmimalloc_sys::{mi_option_set, mi_option_t, mi_option_use_numa_nodes};
 
 #[doc(hidden)]
@@ -67,9 +70,45 @@ pub fn configure() {
 /// [`configure`] sets: mimalloc purges lazily, on later allocations, so an idle process
 /// would otherwise keep what it freed. Call it after dropping a large amount of memory
 /// (an aged-out cache, say); it costs a walk over the allocator's free pages.
+///
+/// It reaches the calling thread's pages and the pages every thread has given back; a
+/// thread keeps the rest until it collects too ([`release_on_every_thread`]). It also trims
+/// the C allocator, which the C libraries linked in (SQLite's page caches) allocate from.
 pub fn release_free_memory() {
     // SAFETY: `mi_collect` takes no pointers; it is safe to call from any thread at any time.
     unsafe { libmimalloc_sys::mi_collect(true) }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` takes no pointers and locks each arena it trims.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Asks every thread that calls [`release_if_asked`] when it goes idle (a runtime's park
+/// hook) to hand its free memory back at its next idle moment, and does so for this thread
+/// now. For a process that has gone idle after a load: each thread's allocator heap keeps
+/// the pages it last used.
+pub fn release_on_every_thread() {
+    RELEASE_EPOCH.fetch_add(1, Ordering::Relaxed);
+    release_if_asked();
+}
+
+/// Hands this thread's free memory back if [`release_on_every_thread`] asked for it since
+/// this thread last did; otherwise costs one atomic load. Meant for idle hooks such as
+/// tokio's `on_thread_park`.
+pub fn release_if_asked() {
+    let asked = RELEASE_EPOCH.load(Ordering::Relaxed);
+    if RELEASED_AT.with(|done| done.replace(asked)) != asked {
+        release_free_memory();
+    }
+}
+
+/// How many times [`release_on_every_thread`] was called.
+static RELEASE_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The [`RELEASE_EPOCH`] this thread last released at.
+    static RELEASED_AT: Cell<u64> = const { Cell::new(0) };
 }
 
 #[cfg(test)]
@@ -93,5 +132,25 @@ mod tests {
         assert_eq!(version / 10000, 3, "the option indices are mimalloc 3's: {version}");
         assert_eq!(purge_delay, 10_000);
         assert_eq!(allow_thp, 0);
+    }
+
+    /// A thread releases once per request, and a thread started after a request releases
+    /// at its first idle moment.
+    #[test]
+    fn each_thread_releases_once_per_request() {
+        let released_at = || RELEASED_AT.with(Cell::get);
+        release_on_every_thread();
+        let asked = RELEASE_EPOCH.load(Ordering::Relaxed);
+        assert_eq!(released_at(), asked, "the asking thread released at once");
+        release_if_asked();
+        assert_eq!(released_at(), asked);
+        let other = std::thread::spawn(move || {
+            let before = RELEASED_AT.with(Cell::get);
+            release_if_asked();
+            (before, RELEASED_AT.with(Cell::get))
+        })
+        .join()
+        .unwrap();
+        assert_eq!(other, (0, asked));
     }
 }

@@ -635,7 +635,12 @@ fn main() -> anyhow::Result<()> {
         // Colours only on a terminal: a log file or collector gets plain lines.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        // A worker that parks after the server went idle hands its free memory back
+        // (`weft_allocator::release_on_every_thread` asks; otherwise one atomic load).
+        .on_thread_park(weft_allocator::release_if_asked)
+        .build()?;
     match cli.command {
         Command::Client(command) => {
             let code = command.run(&runtime);

@@ -103,6 +103,17 @@ impl Metrics {
         }
     }
 
+    /// Submissions and status transitions so far: it stands still while the service is idle.
+    pub fn activity(&self) -> u64 {
+        let transitions: u64 = self
+            .transitions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .sum();
+        self.submitted.load(Ordering::Relaxed) + transitions
+    }
+
     /// Appends these metrics in Prometheus text format.
     pub fn render(&self, out: &mut String) {
         let _ = writeln!(

@@ -232,7 +232,10 @@ impl Jobs {
 
     /// Starts the cache's aging: a few times per [`JobsConfig::cache_idle`], the node
     /// results unused for that long are dropped, and the memory they held is handed back to
-    /// the OS, so a server that goes idle after a load shrinks back.
+    /// the OS. On the first tick that finds the service idle after some activity (nothing
+    /// submitted, started or finished since the tick before, nothing queued or running), the
+    /// store's caches and every thread's free memory go back too: a server that goes idle
+    /// after a load shrinks back to about its size at start.
     pub fn start_cache_aging(self: &Arc<Self>) {
         let idle = self.config.cache_idle;
         if idle.is_zero() {
@@ -242,21 +245,45 @@ impl Jobs {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval((idle / 4).max(Duration::from_secs(1)));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_activity = jobs.metrics.activity();
+            let mut released_at = last_activity;
             loop {
                 tick.tick().await;
-                let Some(since) = std::time::Instant::now().checked_sub(idle) else {
-                    continue;
-                };
-                let cache = jobs.clone();
-                // Dropping large values and purging the allocator are blocking work.
-                let _ = tokio::task::spawn_blocking(move || {
-                    if cache.cache.evict_unused_since(since) > 0 {
-                        weft_allocator::release_free_memory();
-                    }
-                })
-                .await;
+                if let Some(since) = std::time::Instant::now().checked_sub(idle) {
+                    let cache = jobs.clone();
+                    // Dropping large values and purging the allocator are blocking work.
+                    let _ = tokio::task::spawn_blocking(move || {
+                        if cache.cache.evict_unused_since(since) > 0 {
+                            weft_allocator::release_free_memory();
+                        }
+                    })
+                    .await;
+                }
+                let activity = jobs.metrics.activity();
+                let quiet = activity == last_activity && jobs.queue.is_empty() && jobs.running_count() == 0;
+                last_activity = activity;
+                if quiet && activity != released_at {
+                    released_at = activity;
+                    jobs.release_idle_memory().await;
+                }
             }
         });
+    }
+
+    /// Hands back what an idle service holds only for speed: the store's caches, and the
+    /// free memory of this process's threads. Each tokio worker releases its own when it
+    /// next parks (the runtime's park hook), so one wake-up task per worker is spawned.
+    async fn release_idle_memory(&self) {
+        self.store.release_caches().await;
+        let _ = tokio::task::spawn_blocking(weft_allocator::release_on_every_thread).await;
+        for _ in 0..tokio::runtime::Handle::current().metrics().num_workers() {
+            tokio::spawn(tokio::task::yield_now());
+        }
+    }
+
+    /// Jobs this process is running now.
+    fn running_count(&self) -> usize {
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Starts the workers. Call once, after recovery (and [`start_services`](Self::start_services)).

@@ -295,6 +295,9 @@ pub trait Store: Send + Sync {
     async fn tenant(&self, name: &str) -> Result<Option<TenantRecord>, StoreError>;
     /// Adds `delta` credits (negative to draw down); returns the new balance.
     async fn add_credits(&self, tenant: &str, delta: i64) -> Result<i64, StoreError>;
+    /// Hands back the memory the store holds only for speed (page caches, idle
+    /// connections), when the process has gone idle. Stores that hold none keep the default.
+    async fn release_caches(&self) {}
 }
 
 /// Where the store lives, as `--database` names it.

@@ -427,6 +427,24 @@ impl Store for SqliteStore {
         self.health.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Closes the idle reader connections (the next reads open new ones) and empties the
+    /// writer's page cache; each connection's cache holds up to 2 MB of pages from the C
+    /// allocator. The writer's thread hands its own free memory back too.
+    async fn release_caches(&self) {
+        let idle = std::mem::take(&mut *self.readers.lock().unwrap_or_else(|e| e.into_inner()));
+        let _ = tokio::task::spawn_blocking(move || drop(idle)).await;
+        let shrunk = self
+            .write(Durability::Relaxed, |c| {
+                c.execute_batch("PRAGMA shrink_memory")?;
+                weft_allocator::release_free_memory();
+                Ok(())
+            })
+            .await;
+        if let Err(e) = shrunk {
+            tracing::debug!(error = %e, "the store could not shrink its page cache");
+        }
+    }
+
     async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>, cost: i64) -> Result<(), StoreError> {
         self.write(Durability::Durable, move |c| {
             if cost > 0 {
