@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use super::resize::{resize_planes, Mode};
 use crate::image::MaskBatch;
-use crate::models::safetensors::f16_to_f32;
 use crate::values::LatentBatch;
 use crate::ComputeError;
 
@@ -287,7 +286,7 @@ pub fn read_latent_file(bytes: &[u8]) -> Result<LatentBatch, ComputeError> {
             .collect(),
         Some("F16") if raw.len() == len * 2 => raw
             .chunks_exact(2)
-            .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
         Some("BF16") if raw.len() == len * 2 => raw
             .chunks_exact(2)
