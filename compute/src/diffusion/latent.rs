@@ -290,7 +290,7 @@ pub fn read_latent_file(bytes: &[u8]) -> Result<LatentBatch, ComputeError> {
             .collect(),
         Some("BF16") if raw.len() == len * 2 => raw
             .chunks_exact(2)
-            .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
         _ => return Err(bad("latent_tensor is not F32, F16 or BF16 of its shape")),
     };

@@ -323,10 +323,10 @@ impl SafetensorsIndex {
         let mut out = vec![0f32; ((info.range.1 - info.range.0) / width) as usize];
         out.par_chunks_mut(RUN)
             .enumerate()
-            .try_for_each(|(run, out)| {
-                let mut bytes = vec![0u8; out.len() * width as usize];
-                file.read_exact_at(&mut bytes, info.range.0 + (run * RUN) as u64 * width)?;
-                convert(&bytes, out);
+            .try_for_each_init(Vec::new, |bytes, (run, out)| {
+                bytes.resize(out.len() * width as usize, 0);
+                file.read_exact_at(bytes, info.range.0 + (run * RUN) as u64 * width)?;
+                convert(bytes, out);
                 Ok(())
             })
             .map_err(io)?;
