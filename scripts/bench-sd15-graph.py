@@ -7,6 +7,12 @@ the end-to-end time seen by the client (submit to `succeeded`, checkpoint load i
 the time of `weft models generate`, and the node path's overhead over it.
 
     python3 scripts/bench-sd15-graph.py [--weft target/release/weft] [--size 512] [--steps 20]
+        [--comfyui DIR --comfyui-python PYTHON]
+
+With `--comfyui`, ComfyUI itself (a checkout of its tree in DIR, run by PYTHON, an interpreter
+with torch and ComfyUI's requirements) then runs the same graph on the CPU through its own
+`/prompt` API, with the same checkpoint, and the script prints its end-to-end time, its time
+per sampler step (from its progress bar) and weft's speed-up over it.
 
 The checkpoint (2.1 GB, `weft models sd15-random --seed 0`) is built once in
 $WEFT_CACHE_DIR (default ~/.cache/weft) and shared with the parity test.
@@ -123,11 +129,54 @@ def via_generate(weft, ckpt, size, steps):
         return time.perf_counter() - began
 
 
+def via_comfyui(root, python, ckpt, size, steps):
+    """ComfyUI's own server (`main.py --cpu`) on the same graph: end-to-end seconds (submit
+    to the prompt in `/history`, checkpoint load included) and seconds per sampler step."""
+    inside = os.path.join(root, "models", "checkpoints", os.path.basename(ckpt))
+    if not os.path.exists(inside):
+        try:
+            os.link(ckpt, inside)
+        except OSError:
+            shutil.copyfile(ckpt, inside)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as out, open(os.path.join(out, "comfyui.log"), "w+") as log:
+        server = subprocess.Popen(
+            [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--output-directory", out],
+            cwd=root, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            for _ in range(1200):
+                try:
+                    request(base + "/system_stats")
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            began = time.perf_counter()
+            prompt_id = request(base + "/prompt", {"prompt": graph(size, steps)})["prompt_id"]
+            while True:
+                history = request(f"{base}/history/{prompt_id}")
+                if prompt_id in history:
+                    break
+                time.sleep(0.05)
+            took = time.perf_counter() - began
+            status = history[prompt_id].get("status", {})
+            if status.get("status_str", "success") != "success":
+                sys.exit(f"ComfyUI's prompt did not succeed: {status}")
+            log.seek(0)
+            rates = re.findall(r"{steps}/{steps} \[[^,]*, *([0-9.]+)s/it\]".format(steps=steps), log.read())
+            return took, float(rates[-1]) if rates else None
+        finally:
+            server.terminate()
+            server.wait()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weft", default="target/release/weft")
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--comfyui", help="a ComfyUI tree to run the same graph on, for comparison")
+    parser.add_argument("--comfyui-python", default=sys.executable)
     args = parser.parse_args()
     models, ckpt = checkpoint(args.weft)
     print(f"default graph, {args.size}x{args.size}, {args.steps} steps, euler/normal, cfg 8, on {os.cpu_count()} CPUs")
@@ -138,6 +187,11 @@ def main():
     direct = via_generate(args.weft, ckpt, args.size, args.steps)
     print(f"weft models generate:      {direct:8.2f} s")
     print(f"node path overhead:        {100 * (took / direct - 1):+8.2f} %")
+    if args.comfyui:
+        comfy, per_step = via_comfyui(args.comfyui, args.comfyui_python, ckpt, args.size, args.steps)
+        step = f" ({per_step:.2f} s a sampler step)" if per_step else ""
+        print(f"ComfyUI, end to end:       {comfy:8.2f} s{step}")
+        print(f"weft's job API against it: {comfy / took:8.2f}x faster")
 
 
 if __name__ == "__main__":
