@@ -213,6 +213,17 @@ impl FileData {
             _ => 1,
         }
     }
+
+    /// How many bytes encoding one of its files reads (an image's pixels, the samples, the
+    /// bytes): what decides whether encoding is quick enough for an async thread.
+    pub fn source_len(&self) -> usize {
+        match self {
+            FileData::Bytes(bytes) => bytes.len(),
+            FileData::Png(images) => images.width as usize * images.height as usize * images.channels as usize,
+            FileData::Wav(audio) => audio.samples.len() * 4,
+            FileData::Latent(latent) => latent.data.len() * 4,
+        }
+    }
 }
 
 /// A file an output node asked the host to commit.
