@@ -25,8 +25,9 @@ const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(
 /// Node step events (ComfyUI's per-step `progress`) are published at most this often,
 /// except a node's last step.
 const STEP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
-/// Output files that encode from at most this many bytes (a 64x64 RGB image is 12 KiB) are
-/// encoded on the async thread; larger ones on a blocking thread.
+/// Output files that encode from at most this many bytes, the job's workflow included (a
+/// 64x64 RGB image is 12 KiB), are encoded on the async thread; larger ones on a blocking
+/// thread.
 const INLINE_ENCODE_BYTES: usize = 16 * 1024;
 
 /// Reads the blobs of the assets a job references, resolved before it runs (copied out of
@@ -992,7 +993,8 @@ impl Jobs {
             count: committed.count,
             bytes: committed.bytes,
         };
-        let small = file.data.source_len() <= INLINE_ENCODE_BYTES;
+        // The workflow counts too: a PNG carries it in a text chunk.
+        let small = file.data.source_len() + workflow_text.len() <= INLINE_ENCODE_BYTES;
         let encode = move || {
             let e = outputs::encode(&file, index, &mut job_files, &workflow_text)
                 .map_err(|m| ("output_encoding_failed", m))?;
