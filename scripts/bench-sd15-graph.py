@@ -192,10 +192,10 @@ def main():
             pass
     print(f"default graph, {args.size}x{args.size}, {args.steps} steps, euler/normal, cfg 8, on {os.cpu_count()} CPUs")
     tooks, directs = [], []
-    for round in range(args.rounds):
+    for turn in range(args.rounds):
         # Every other round starts with `generate`, so that neither path is always the
         # first to fault its 4.3 GB of weights in after the other freed its own.
-        api_first = round % 2 == 0
+        api_first = turn % 2 == 0
         if not api_first:
             directs.append(via_generate(args.weft, ckpt, args.size, args.steps))
             print(f"weft models generate:      {directs[-1]:8.2f} s")
@@ -207,7 +207,7 @@ def main():
         if api_first:
             directs.append(via_generate(args.weft, ckpt, args.size, args.steps))
             print(f"weft models generate:      {directs[-1]:8.2f} s")
-        print(f"node path overhead:        {100 * (tooks[-1] / directs[-1] - 1):+8.2f} % (round {round + 1})")
+        print(f"node path overhead:        {100 * (tooks[-1] / directs[-1] - 1):+8.2f} % (round {turn + 1})")
     took = min(tooks)
     if args.rounds > 1:
         print(f"best of {args.rounds}: job API {took:.2f} s, generate {min(directs):.2f} s, "
