@@ -63,11 +63,16 @@ def checkpoint(weft):
     inside = os.path.join(models, "checkpoints", "sd15-random-s0.safetensors")
     if not os.path.exists(inside):
         os.makedirs(os.path.dirname(inside), exist_ok=True)
-        try:
-            os.link(shared, inside)  # a name inside the folder; symlinks out of it are refused
-        except OSError:
-            shutil.copyfile(shared, inside)
+        link_or_copy(shared, inside)  # a name inside the folder; symlinks out of it are refused
     return models, inside
+
+
+def link_or_copy(source, target):
+    """Makes `target` a hard link to `source`, or a copy where the two cannot share a file."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def free_port():
@@ -82,6 +87,16 @@ def request(url, body=None):
     with urllib.request.urlopen(req, timeout=30) as r:
         raw = r.read()
         return json.loads(raw) if r.headers.get("content-type", "").startswith("application/json") else raw.decode()
+
+
+def wait_until_up(url, seconds):
+    """Waits up to `seconds` for `url` to answer a GET."""
+    for _ in range(int(seconds * 10)):
+        try:
+            request(url)
+            return
+        except OSError:
+            time.sleep(0.1)
 
 
 def node_seconds(metrics):
@@ -102,12 +117,7 @@ def via_job_api(weft, models, size, steps):
              "--cache-mib", "0"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            for _ in range(600):
-                try:
-                    request(base + "/healthz")
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            wait_until_up(base + "/healthz", 60)
             began = time.perf_counter()
             job = request(base + "/api/v2/jobs", {"workflow": graph(size, steps)})
             while job["status"] not in ("succeeded", "failed", "canceled", "expired"):
@@ -138,10 +148,7 @@ def via_comfyui(root, python, ckpt, size, steps):
     to the prompt in `/history`, checkpoint load included) and seconds per sampler step."""
     inside = os.path.join(root, "models", "checkpoints", os.path.basename(ckpt))
     if not os.path.exists(inside):
-        try:
-            os.link(ckpt, inside)
-        except OSError:
-            shutil.copyfile(ckpt, inside)
+        link_or_copy(ckpt, inside)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as out, open(os.path.join(out, "comfyui.log"), "w+") as log:
@@ -149,12 +156,7 @@ def via_comfyui(root, python, ckpt, size, steps):
             [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--output-directory", out],
             cwd=root, stdout=log, stderr=subprocess.STDOUT)
         try:
-            for _ in range(1200):
-                try:
-                    request(base + "/system_stats")
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            wait_until_up(base + "/system_stats", 120)
             began = time.perf_counter()
             prompt_id = request(base + "/prompt", {"prompt": graph(size, steps)})["prompt_id"]
             while True:
