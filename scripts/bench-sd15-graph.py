@@ -7,7 +7,7 @@ the end-to-end time seen by the client (submit to `succeeded`, checkpoint load i
 the time of `weft models generate`, and the node path's overhead over it.
 
     python3 scripts/bench-sd15-graph.py [--weft target/release/weft] [--size 512] [--steps 20]
-        [--rounds N] [--comfyui DIR --comfyui-python PYTHON]
+        [--rounds N] [--comfyui DIR --comfyui-python PYTHON [--comfyui-args ARGS]]
 
 `--rounds N` runs the job API and `generate` N times each, alternating which goes first, and
 prints the best of each: this VM's speed drifts between runs minutes apart, and whichever
@@ -16,7 +16,9 @@ process first faults in gigabytes after the other freed its own pays more for it
 With `--comfyui`, ComfyUI itself (a checkout of its tree in DIR, run by PYTHON, an interpreter
 with torch and ComfyUI's requirements) then runs the same graph on the CPU through its own
 `/prompt` API, with the same checkpoint, and the script prints its end-to-end time, its time
-per sampler step (from its progress bar) and weft's speed-up over it.
+per sampler step (from its progress bar) and weft's speed-up over it. `--comfyui-args` replaces
+the arguments that choose its device and precision (default `--cpu`; `""` lets it take a GPU
+with its own default precision, `--force-fp32` takes the GPU in float32 as weft computes).
 
 The checkpoint (2.1 GB, `weft models sd15-random --seed 0`) is built once in
 $WEFT_CACHE_DIR (default ~/.cache/weft) and shared with the parity test.
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -143,8 +146,8 @@ def via_generate(weft, ckpt, size, steps):
         return time.perf_counter() - began
 
 
-def via_comfyui(root, python, ckpt, size, steps):
-    """ComfyUI's own server (`main.py --cpu`) on the same graph: end-to-end seconds (submit
+def via_comfyui(root, python, device_args, ckpt, size, steps):
+    """ComfyUI's own server (`main.py` with `device_args`) on the same graph: end-to-end seconds (submit
     to the prompt in `/history`, checkpoint load included) and seconds per sampler step."""
     inside = os.path.join(root, "models", "checkpoints", os.path.basename(ckpt))
     if not os.path.exists(inside):
@@ -153,7 +156,7 @@ def via_comfyui(root, python, ckpt, size, steps):
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as out, open(os.path.join(out, "comfyui.log"), "w+") as log:
         server = subprocess.Popen(
-            [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--output-directory", out],
+            [python, "main.py", *device_args, "--listen", "127.0.0.1", "--port", str(port), "--output-directory", out],
             cwd=root, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_until_up(base + "/system_stats", 120)
@@ -169,8 +172,16 @@ def via_comfyui(root, python, ckpt, size, steps):
             if status.get("status_str", "success") != "success":
                 sys.exit(f"ComfyUI's prompt did not succeed: {status}")
             log.seek(0)
-            rates = re.findall(r"{steps}/{steps} \[[^,]*, *([0-9.]+)s/it\]".format(steps=steps), log.read())
-            return took, float(rates[-1]) if rates else None
+            # tqdm prints seconds per step when a step takes over a second, else steps per second.
+            rates = re.findall(r"{steps}/{steps} \[[^,]*, *([0-9.]+)(s/it|it/s)\]".format(steps=steps), log.read())
+            if not rates:
+                return took, None
+            value, unit = rates[-1]
+            return took, float(value) if unit == "s/it" else 1 / float(value)
+        except Exception:
+            log.seek(0)
+            sys.stderr.write(log.read()[-4000:])
+            raise
         finally:
             server.terminate()
             server.wait()
@@ -185,6 +196,9 @@ def main():
                         help="rounds of the job API and `generate`, alternating which goes first")
     parser.add_argument("--comfyui", help="a ComfyUI tree to run the same graph on, for comparison")
     parser.add_argument("--comfyui-python", default=sys.executable)
+    parser.add_argument("--comfyui-args", action="append",
+                        help="ComfyUI's device and precision arguments (default --cpu); "
+                             "given again, ComfyUI runs once more with each")
     args = parser.parse_args()
     models, ckpt = checkpoint(args.weft)
     # Every run starts with the checkpoint in the page cache, so that none of them times
@@ -214,10 +228,11 @@ def main():
     if args.rounds > 1:
         print(f"best of {args.rounds}: job API {took:.2f} s, generate {min(directs):.2f} s, "
               f"node path overhead {100 * (took / min(directs) - 1):+.2f} %")
-    if args.comfyui:
-        comfy, per_step = via_comfyui(args.comfyui, args.comfyui_python, ckpt, args.size, args.steps)
-        step = f" ({per_step:.2f} s a sampler step)" if per_step else ""
-        print(f"ComfyUI, end to end:       {comfy:8.2f} s{step}")
+    for device_args in (args.comfyui_args or ["--cpu"]) if args.comfyui else []:
+        comfy, per_step = via_comfyui(args.comfyui, args.comfyui_python, shlex.split(device_args), ckpt,
+                                      args.size, args.steps)
+        step = f" ({per_step:.3f} s a sampler step)" if per_step else ""
+        print(f"ComfyUI {device_args!r}, end to end: {comfy:8.2f} s{step}")
         print(f"weft's job API against it: {comfy / took:8.2f}x faster")
 
 

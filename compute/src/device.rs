@@ -30,10 +30,21 @@ pub fn describe(device: &Device) -> String {
     }
 }
 
+/// Set to `1`, matrix products and convolutions on a CUDA GPU use TF32 tensor cores (10-bit
+/// mantissas, float32 range), as PyTorch does for convolutions by default. Off by default:
+/// float32 keeps the GPU's images within ComfyUI's CPU parity tolerance.
+#[cfg(feature = "cuda")]
+const TF32_VARIABLE: &str = "WEFT_CUDA_TF32";
+
 #[cfg(feature = "cuda")]
 fn pick() -> (Device, String) {
     match Device::new_cuda(0) {
-        Ok(d) => (d, "CUDA GPU 0 (built with the `cuda` feature)".to_string()),
+        Ok(d) => {
+            let tf32 = std::env::var(TF32_VARIABLE).is_ok_and(|v| v == "1");
+            candle_core::cuda::set_gemm_reduced_precision_f32(tf32);
+            let products = if tf32 { "TF32" } else { "float32" };
+            (d, format!("CUDA GPU 0 (built with the `cuda` feature; {products} matrix products)"))
+        }
         Err(e) => (
             Device::Cpu,
             format!("CPU (built with the `cuda` feature but no usable GPU: {e})"),
