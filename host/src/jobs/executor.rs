@@ -294,7 +294,8 @@ enum Event {
     Ran {
         index: usize,
         began: Instant,
-        result: Result<Result<crate::runtime::NodeOutput, crate::runtime::NodeFailure>, tokio::task::JoinError>,
+        /// The call's result, or why it was lost (it panicked).
+        result: Result<Result<crate::runtime::NodeOutput, crate::runtime::NodeFailure>, String>,
     },
     /// Node `index`'s files were committed (or not).
     Committed {
@@ -304,6 +305,15 @@ enum Event {
         books: Option<(Committed, JobFiles)>,
         values: Option<Vec<Value>>,
     },
+}
+
+/// The message of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
 }
 
 /// The inputs of node `index` of `plan`: its literals and copies of the values it links
@@ -530,7 +540,7 @@ impl Jobs {
         }
         // The node calls stop on this: at the job's cancel (or deadline), and at the first
         // failure, so that a failing branch stops the others.
-        let stop = CancelToken::new();
+        let stop = cancel.child();
         let assets: Arc<dyn AssetReader> = Arc::new(ResolvedAssets(assets));
         let memory = runtime.job_memory();
         tracker.update(true, |p| p.nodes_total = plan.nodes.len() as u32);
@@ -571,6 +581,10 @@ impl Jobs {
         let mut tasks: FuturesUnordered<BoxFuture<'_, Event>> = FuturesUnordered::new();
         let mut failure: Option<JobError> = None;
         let mut log_mark = log.written();
+        // Node calls run on the job's own thread where they can (see below): only a
+        // multi-threaded runtime can lend it.
+        let inline_calls =
+            tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
         let job_canceled = cancel.canceled();
         tokio::pin!(job_canceled);
         loop {
@@ -647,17 +661,30 @@ impl Jobs {
                         assets: assets.clone(),
                         memory: memory.clone(),
                     };
-                    tasks.push(Box::pin(async move {
-                        let began = Instant::now();
-                        // The permit goes with the call: it is held until the call returns,
-                        // even when the job stops waiting for it.
-                        let result = tokio::task::spawn_blocking(move || {
-                            let _permit = permit;
-                            call_runtime.call(&class, inputs, &call_ctx)
-                        })
-                        .await;
-                        Event::Ran { index, began, result }
-                    }));
+                    // The permit goes with the call: it is held until the call returns, even
+                    // when the job stops waiting for it.
+                    let call = move || {
+                        let _permit = permit;
+                        call_runtime.call(&class, inputs, &call_ctx)
+                    };
+                    let began = Instant::now();
+                    if tasks.is_empty() && ready.is_empty() && fresh.is_empty() && permit_wait.is_empty() && inline_calls {
+                        // The job has nothing else to do meanwhile, so the call runs on this
+                        // thread and the runtime's other work moves to another one: no
+                        // hand-off to a blocking thread and back, which on an idle machine
+                        // costs more than a small node's whole call. A cancel still reaches
+                        // the call through `stop`, a child of the job's token.
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            tokio::task::block_in_place(call)
+                        }))
+                        .map_err(|panic| format!("it panicked: {}", panic_message(&*panic)));
+                        tasks.push(Box::pin(std::future::ready(Event::Ran { index, began, result })));
+                    } else {
+                        tasks.push(Box::pin(async move {
+                            let result = tokio::task::spawn_blocking(call).await.map_err(|e| e.to_string());
+                            Event::Ran { index, began, result }
+                        }));
+                    }
                 }
             }
             // Outputs commit in plan order, up to the first node that has not finished. A

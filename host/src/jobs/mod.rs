@@ -576,10 +576,16 @@ impl Jobs {
 
     /// `tenant`'s job `id` with its outputs and live state.
     pub async fn get(&self, tenant: &str, id: &str) -> Result<Option<JobView>, StoreError> {
-        let Some(job) = self.store.job(tenant, id).await? else {
+        let Some((mut job, outputs)) = self.store.job_with_outputs(tenant, id).await? else {
             return Ok(None);
         };
-        self.view(job).await.map(Some)
+        self.add_live_progress(&mut job);
+        let queue_position = self.queue_position_of(&job).await?;
+        Ok(Some(JobView {
+            job,
+            outputs,
+            queue_position,
+        }))
     }
 
     /// Puts the live progress of `job`, if it runs here, in place of the stored one, once
@@ -600,12 +606,7 @@ impl Jobs {
     pub async fn view(&self, mut job: JobRecord) -> Result<JobView, StoreError> {
         self.add_live_progress(&mut job);
         let outputs = self.store.job_outputs(&job.id).await?;
-        let queue_position = match job.status {
-            // A queued job no longer in the queue has been taken by a worker that is
-            // about to start it: it is next.
-            JobStatus::Queued => Some(self.queue_position(&job.tenant, &job.id).await?),
-            _ => None,
-        };
+        let queue_position = self.queue_position_of(&job).await?;
         Ok(JobView {
             job,
             outputs,
@@ -620,10 +621,7 @@ impl Jobs {
         let mut views = Vec::with_capacity(jobs.len());
         for mut job in jobs {
             self.add_live_progress(&mut job);
-            let queue_position = match job.status {
-                JobStatus::Queued => Some(self.queue_position(&job.tenant, &job.id).await?),
-                _ => None,
-            };
+            let queue_position = self.queue_position_of(&job).await?;
             views.push(JobView {
                 outputs: outputs.remove(&job.id).unwrap_or_default(),
                 job,
@@ -631,6 +629,15 @@ impl Jobs {
             });
         }
         Ok(views)
+    }
+
+    /// A queued job's place in the queue; `None` for a job in any other status. A queued job
+    /// no longer in the queue has been taken by a worker that is about to start it: it is next.
+    async fn queue_position_of(&self, job: &JobRecord) -> Result<Option<usize>, StoreError> {
+        match job.status {
+            JobStatus::Queued => Ok(Some(self.queue_position(&job.tenant, &job.id).await?)),
+            _ => Ok(None),
+        }
     }
 
     /// The latest `preview` event of running job `id`, if it sent one.

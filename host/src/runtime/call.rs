@@ -52,6 +52,8 @@ pub struct CancelToken(Arc<CancelFlag>);
 struct CancelFlag {
     canceled: AtomicBool,
     wake: Notify,
+    /// The tokens made by [`CancelToken::child`], canceled with this one.
+    children: std::sync::Mutex<Vec<std::sync::Weak<CancelFlag>>>,
 }
 
 impl CancelToken {
@@ -59,11 +61,31 @@ impl CancelToken {
     pub fn new() -> Self {
         Self::default()
     }
-    /// Cancels; a running node is interrupted at the next epoch tick, or at once when it
-    /// is blocked in the host.
+    /// A token canceled with this one (at once if this one is canceled already) and
+    /// also on its own, without canceling this one.
+    pub fn child(&self) -> Self {
+        let child = Self::new();
+        let mut children = self.0.children.lock().unwrap_or_else(|e| e.into_inner());
+        if self.is_canceled() {
+            child.cancel();
+        } else {
+            children.retain(|c| c.strong_count() > 0);
+            children.push(Arc::downgrade(&child.0));
+        }
+        child
+    }
+    /// Cancels, with every child token; a running node is interrupted at the next epoch
+    /// tick, or at once when it is blocked in the host.
     pub fn cancel(&self) {
-        self.0.canceled.store(true, Ordering::SeqCst);
+        let children = {
+            let mut children = self.0.children.lock().unwrap_or_else(|e| e.into_inner());
+            self.0.canceled.store(true, Ordering::SeqCst);
+            std::mem::take(&mut *children)
+        };
         self.0.wake.notify_waiters();
+        for child in children.iter().filter_map(std::sync::Weak::upgrade) {
+            CancelToken(child).cancel();
+        }
     }
     /// Whether [`cancel`](Self::cancel) was called.
     pub fn is_canceled(&self) -> bool {
@@ -149,4 +171,31 @@ pub struct CallContext {
     pub assets: Arc<dyn AssetReader>,
     /// The job's budget of host-held values.
     pub memory: Arc<JobMemory>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CancelToken;
+
+    #[test]
+    fn a_child_token_is_canceled_with_its_parent_and_not_the_other_way() {
+        let parent = CancelToken::new();
+        let child = parent.child();
+        child.cancel();
+        assert!(!parent.is_canceled());
+        let other = parent.child();
+        parent.cancel();
+        assert!(other.is_canceled());
+        assert!(parent.child().is_canceled(), "a child of a canceled token starts canceled");
+    }
+
+    #[tokio::test]
+    async fn a_child_token_wakes_its_waiters_when_the_parent_is_canceled() {
+        let parent = CancelToken::new();
+        let child = parent.child();
+        let waiter = tokio::spawn(async move { child.canceled().await });
+        tokio::task::yield_now().await;
+        parent.cancel();
+        waiter.await.expect("the waiter ends");
+    }
 }

@@ -243,6 +243,16 @@ pub trait Store: Send + Sync {
         }
         Ok(outputs)
     }
+    /// A job of `tenant` with its outputs, in commit order: what `GET /jobs/{id}` shows.
+    /// One read where the store can (clients poll it); the default asks
+    /// [`job`](Self::job), then [`job_outputs`](Self::job_outputs).
+    async fn job_with_outputs(&self, tenant: &str, id: &str) -> Result<Option<(JobRecord, Vec<AssetRecord>)>, StoreError> {
+        let Some(job) = self.job(tenant, id).await? else {
+            return Ok(None);
+        };
+        let outputs = self.job_outputs(&job.id).await?;
+        Ok(Some((job, outputs)))
+    }
     /// Deletes an uploaded asset; outputs of a live job are [`StoreError::InUse`].
     async fn delete_asset(&self, tenant: &str, id: &str) -> Result<Deleted, StoreError>;
     /// Deletes uploaded assets whose `expires_at` passed; returns their blobs.

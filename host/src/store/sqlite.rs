@@ -316,6 +316,14 @@ fn writer_loop(conn: &Connection, rx: &mpsc::Receiver<WriteRequest>, health: &Mu
     }
 }
 
+/// The outputs of job `job_id`, in commit order.
+fn outputs_of_job(c: &Connection, job_id: &str) -> Result<Vec<AssetRecord>, StoreError> {
+    let sql = format!("SELECT {ASSET_COLUMNS} FROM assets WHERE job_id = ?1 ORDER BY output_index");
+    Ok(c.prepare_cached(&sql)?
+        .query_map(params![job_id], asset_from_row)?
+        .collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
 /// The message of a caught panic.
 fn panic_text(panic: &Box<dyn Any + Send>) -> &str {
     panic
@@ -978,11 +986,21 @@ impl Store for SqliteStore {
 
     async fn job_outputs(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError> {
         let job_id = job_id.to_string();
+        self.read(move |c| outputs_of_job(c, &job_id)).await
+    }
+
+    async fn job_with_outputs(&self, tenant: &str, id: &str) -> Result<Option<(JobRecord, Vec<AssetRecord>)>, StoreError> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        // One reader hop for both, in one read transaction, so that the outputs are those
+        // of the status read with them.
         self.read(move |c| {
-            let sql = format!("SELECT {ASSET_COLUMNS} FROM assets WHERE job_id = ?1 ORDER BY output_index");
-            Ok(c.prepare_cached(&sql)?
-                .query_map(params![job_id], asset_from_row)?
-                .collect::<rusqlite::Result<Vec<_>>>()?)
+            let tx = c.unchecked_transaction()?;
+            let Some(job) = job_where(&tx, "id = ?1 AND tenant = ?2", params![id, tenant])? else {
+                return Ok(None);
+            };
+            let outputs = outputs_of_job(&tx, &job.id)?;
+            tx.finish()?;
+            Ok(Some((job, outputs)))
         })
         .await
     }
