@@ -43,7 +43,10 @@ fn pick() -> (Device, String) {
             let tf32 = std::env::var(TF32_VARIABLE).is_ok_and(|v| v == "1");
             candle_core::cuda::set_gemm_reduced_precision_f32(tf32);
             let products = if tf32 { "TF32" } else { "float32" };
-            (d, format!("CUDA GPU 0 (built with the `cuda` feature; {products} matrix products)"))
+            (
+                d,
+                format!("CUDA GPU 0 (built with the `cuda` feature; {products} matrix products)"),
+            )
         }
         Err(e) => (
             Device::Cpu,

@@ -12,7 +12,8 @@
 //!
 //! Each figure is printed beside its goal (issue 19). `cargo bench -p weft --bench engine --
 //! NAME` runs only the sections whose name contains NAME (`per-node`, `validation`, `polling`,
-//! `idle`, `burst`); `WEFT_BENCH_QUICK=1` stops the burst section before the 100,000-job run.
+//! `idle`, `burst`); `WEFT_BENCH_QUICK=1` stops the burst section before the 100,000-job run;
+//! `WEFT_BENCH_IDLE_JOBS=N` times N idle jobs instead of 300 (long enough to profile).
 
 use std::path::Path;
 use std::process::Command;
@@ -389,7 +390,11 @@ fn main() {
         rss_mib(server.child.id())
     );
     if selected("idle") {
-        let (p50, p99) = idle_latency(&server, image_graph, 300, 8_000_000);
+        let jobs = std::env::var("WEFT_BENCH_IDLE_JOBS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(300);
+        let (p50, p99) = idle_latency(&server, image_graph, jobs, 8_000_000);
         println!(
             "end to end on an idle server (image graph, POST to the event stream closing on succeeded, one job at a time): median {:.2} ms, p99 {:.2} ms (goal: median < 1 ms)",
             p50.as_secs_f64() * 1e3,

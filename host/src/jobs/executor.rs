@@ -517,7 +517,7 @@ impl Jobs {
         } else {
             &job.workflow
         };
-        let plan = match graph::validate(workflow, &runtime.catalog()) {
+        let plan = match graph::validate(workflow, &runtime.catalog_for(workflow)) {
             Ok(plan) => plan,
             Err(e) => {
                 return Err(fail(
@@ -668,7 +668,12 @@ impl Jobs {
                         call_runtime.call(&class, inputs, &call_ctx)
                     };
                     let began = Instant::now();
-                    if tasks.is_empty() && ready.is_empty() && fresh.is_empty() && permit_wait.is_empty() && inline_calls {
+                    if tasks.is_empty()
+                        && ready.is_empty()
+                        && fresh.is_empty()
+                        && permit_wait.is_empty()
+                        && inline_calls
+                    {
                         // The job has nothing else to do meanwhile, so the call runs on this
                         // thread and the runtime's other work moves to another one: no
                         // hand-off to a blocking thread and back, which on an idle machine

@@ -459,7 +459,7 @@ impl Jobs {
                 ));
             }
         }
-        graph::validate(&workflow, &self.runtime().catalog()).map_err(SubmitError::Graph)?;
+        graph::validate(&workflow, &self.runtime().catalog_for(&workflow)).map_err(SubmitError::Graph)?;
         let mut missing = Vec::new();
         for (node, asset) in graph::asset_refs(&workflow) {
             match self.store.asset(tenant, &asset.id).await.map_err(SubmitError::Store)? {

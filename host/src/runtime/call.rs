@@ -186,7 +186,10 @@ mod tests {
         let other = parent.child();
         parent.cancel();
         assert!(other.is_canceled());
-        assert!(parent.child().is_canceled(), "a child of a canceled token starts canceled");
+        assert!(
+            parent.child().is_canceled(),
+            "a child of a canceled token starts canceled"
+        );
     }
 
     #[tokio::test]

@@ -288,6 +288,25 @@ impl Catalog {
         Cow::Owned(fresh)
     }
 
+    /// [`with_model_files`](Self::with_model_files) for a workflow of `classes`: borrowed as
+    /// it is, without listing any folder, when none of those classes has a model-file input.
+    /// Validating a workflow that loads no model then costs no copy and no directory read.
+    pub fn with_model_files_for<'a>(
+        &self,
+        mut classes: impl Iterator<Item = &'a str>,
+        list_folder: impl Fn(&str) -> Vec<String>,
+    ) -> Cow<'_, Catalog> {
+        let lists_files = |class: &str| {
+            self.get(class)
+                .is_some_and(|d| d.inputs.iter().any(|i| i.model_folder.is_some()))
+        };
+        if classes.any(lists_files) {
+            self.with_model_files(list_folder)
+        } else {
+            Cow::Borrowed(self)
+        }
+    }
+
     /// The known class closest to `name`, for "did you mean" messages.
     pub fn nearest(&self, name: &str) -> Option<&str> {
         let lower = name.to_lowercase();

@@ -220,6 +220,18 @@ impl Runtime {
             .with_model_files(|folder| self.capabilities.diffusion.list(folder))
     }
 
+    /// The catalogue as [`catalog`](Self::catalog) gives it, for validating `workflow` (an
+    /// API-format graph): the model folders are listed only if one of its classes lists files.
+    pub fn catalog_for(&self, workflow: &serde_json::Value) -> Cow<'_, Catalog> {
+        let classes = workflow
+            .as_object()
+            .into_iter()
+            .flat_map(|nodes| nodes.values())
+            .filter_map(|node| node.get("class_type")?.as_str());
+        self.catalog
+            .with_model_files_for(classes, |folder| self.capabilities.diffusion.list(folder))
+    }
+
     /// The files of models folder `folder` (for example `checkpoints`), listed now.
     pub fn model_files(&self, folder: &str) -> Vec<String> {
         self.capabilities.diffusion.list(folder)

@@ -246,7 +246,11 @@ pub trait Store: Send + Sync {
     /// A job of `tenant` with its outputs, in commit order: what `GET /jobs/{id}` shows.
     /// One read where the store can (clients poll it); the default asks
     /// [`job`](Self::job), then [`job_outputs`](Self::job_outputs).
-    async fn job_with_outputs(&self, tenant: &str, id: &str) -> Result<Option<(JobRecord, Vec<AssetRecord>)>, StoreError> {
+    async fn job_with_outputs(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Option<(JobRecord, Vec<AssetRecord>)>, StoreError> {
         let Some(job) = self.job(tenant, id).await? else {
             return Ok(None);
         };

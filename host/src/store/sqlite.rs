@@ -989,7 +989,11 @@ impl Store for SqliteStore {
         self.read(move |c| outputs_of_job(c, &job_id)).await
     }
 
-    async fn job_with_outputs(&self, tenant: &str, id: &str) -> Result<Option<(JobRecord, Vec<AssetRecord>)>, StoreError> {
+    async fn job_with_outputs(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Option<(JobRecord, Vec<AssetRecord>)>, StoreError> {
         let (tenant, id) = (tenant.to_string(), id.to_string());
         // One reader hop for both, in one read transaction, so that the outputs are those
         // of the status read with them.

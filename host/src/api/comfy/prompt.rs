@@ -313,7 +313,7 @@ async fn submit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp
         }
     }
     let runtime = jobs.runtime();
-    let catalog = runtime.catalog();
+    let catalog = runtime.catalog_for(&workflow);
     let file_errors = resolve_files(&state, &caller.tenant, &mut workflow, &catalog).await?;
     if !file_errors.is_empty() {
         let (rendered, lines) = node_errors(&workflow, &catalog, &file_errors);
