@@ -245,7 +245,8 @@ pub trait Store: Send + Sync {
     }
     /// A job of `tenant` with its outputs, in commit order: what `GET /jobs/{id}` shows.
     /// One read where the store can (clients poll it); the default asks
-    /// [`job`](Self::job), then [`job_outputs`](Self::job_outputs).
+    /// [`job`](Self::job), then [`job_outputs`](Self::job_outputs). PostgreSQL's store sends
+    /// both queries together on one connection.
     async fn job_with_outputs(
         &self,
         tenant: &str,

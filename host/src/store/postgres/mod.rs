@@ -786,6 +786,30 @@ impl Store for PgStore {
         Ok(self.rows(&sql, &[&job_id]).await?.iter().map(asset_from_row).collect())
     }
 
+    async fn job_with_outputs(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Option<(JobRecord, Vec<AssetRecord>)>, StoreError> {
+        let conn = self.pool.get().await?;
+        let job_stmt = conn
+            .prepare_cached(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 AND tenant = $2"))
+            .await?;
+        let outputs_stmt = conn
+            .prepare_cached(&format!(
+                "SELECT {ASSET_COLUMNS} FROM assets WHERE job_id = $1 ORDER BY output_index"
+            ))
+            .await?;
+        // Both queries go out together on the one connection: one round trip, not two.
+        let (job, outputs) = tokio::try_join!(
+            conn.query_opt(&job_stmt, &[&id, &tenant]),
+            conn.query(&outputs_stmt, &[&id])
+        )?;
+        Ok(job
+            .as_ref()
+            .map(|row| (job_from_row(row), outputs.iter().map(asset_from_row).collect())))
+    }
+
     async fn outputs_of_jobs(&self, job_ids: &[String]) -> Result<HashMap<String, Vec<AssetRecord>>, StoreError> {
         let sql = format!("SELECT {ASSET_COLUMNS} FROM assets WHERE job_id = ANY($1) ORDER BY job_id, output_index");
         let mut outputs: HashMap<String, Vec<AssetRecord>> = HashMap::with_capacity(job_ids.len());
