@@ -801,9 +801,10 @@ impl Store for PgStore {
             ))
             .await?;
         // Both queries go out together on the one connection: one round trip, not two.
+        let (job_args, outputs_args): ([&(dyn ToSql + Sync); 2], [&(dyn ToSql + Sync); 1]) = ([&id, &tenant], [&id]);
         let (job, outputs) = tokio::try_join!(
-            conn.query_opt(&job_stmt, &[&id, &tenant]),
-            conn.query(&outputs_stmt, &[&id])
+            conn.query_opt(&job_stmt, &job_args),
+            conn.query(&outputs_stmt, &outputs_args)
         )?;
         Ok(job
             .as_ref()
