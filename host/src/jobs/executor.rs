@@ -361,6 +361,7 @@ impl Jobs {
     /// Runs job `id` if it is still queued.
     pub(super) async fn run(self: &Arc<Self>, id: String) {
         let started = Instant::now();
+        let handed_over = self.take_handed_over(&id);
         let update = JobUpdate {
             started_at: Some(Utc::now()),
             ..Default::default()
@@ -401,7 +402,10 @@ impl Jobs {
             }),
             running: Mutex::new(Vec::new()),
         });
-        let outcome = match self.execute(&job, &cancel, &log, &tracker).await {
+        let outcome = match self
+            .execute(&job, handed_over.as_deref(), &cancel, &log, &tracker)
+            .await
+        {
             Ok(()) if cancel.is_canceled() => Outcome::Canceled,
             Ok(()) => Outcome::Succeeded,
             Err(_) if cancel.is_canceled() => Outcome::Canceled,
@@ -484,9 +488,12 @@ impl Jobs {
         self.metrics.job_finished(started.elapsed());
     }
 
+    /// Runs `job`'s graph: `workflow` when its submission handed it over, else the one
+    /// in the store.
     async fn execute(
         self: &Arc<Self>,
         job: &JobRecord,
+        handed_over: Option<&serde_json::Value>,
         cancel: &CancelToken,
         log: &TailLog,
         tracker: &Arc<Tracker>,
@@ -502,7 +509,9 @@ impl Jobs {
         let runtime = self.runtime();
         // The start's record carries the workflow only where the store read it back.
         let read;
-        let workflow = if job.workflow.is_null() {
+        let workflow = if let Some(workflow) = handed_over {
+            workflow
+        } else if job.workflow.is_null() {
             read = match self.store.job_workflow(&job.id).await {
                 Ok(Some(workflow)) => workflow,
                 Ok(None) => return Err(fail("invalid_workflow", "the job's workflow is gone".into())),
