@@ -361,7 +361,7 @@ impl Jobs {
     /// Runs job `id` if it is still queued.
     pub(super) async fn run(self: &Arc<Self>, id: String) {
         let started = Instant::now();
-        let handed_over = self.take_handed_over(&id);
+        let handed_over = self.handover.take(&id);
         let update = JobUpdate {
             started_at: Some(Utc::now()),
             ..Default::default()

@@ -22,6 +22,7 @@ pub mod assets;
 pub mod cache;
 pub mod events;
 mod executor;
+mod handover;
 pub mod metrics;
 pub(crate) mod outputs;
 pub mod plugin_watch;
@@ -148,10 +149,9 @@ pub struct Jobs {
     hub: Hub,
     cache: cache::NodeCache,
     running: Mutex<HashMap<String, Running>>,
-    /// The workflows of small jobs submitted here and queued, handed to the worker that
-    /// starts them so that it need not read them back from the store. At most one entry a
-    /// queued job (and never more than the queue holds); none with a shared store.
-    handed_over: Mutex<HashMap<String, Arc<Json>>>,
+    /// The workflows of small jobs submitted here and queued, for the workers that start
+    /// them; none with a shared store, where another process may start the job.
+    handover: handover::Handover,
     /// This process's part when several processes share the store; `None` when the queue,
     /// the event hub and the running-job map are this process's alone (SQLite).
     shared: Option<shared::Shared>,
@@ -208,7 +208,7 @@ impl Jobs {
             config,
             hub: Hub::default(),
             running: Mutex::new(HashMap::new()),
-            handed_over: Mutex::new(HashMap::new()),
+            handover: handover::Handover::default(),
             shared,
             workers: Default::default(),
             workers_started: Default::default(),
@@ -284,12 +284,6 @@ impl Jobs {
         for _ in 0..tokio::runtime::Handle::current().metrics().num_workers() {
             tokio::spawn(tokio::task::yield_now());
         }
-    }
-
-    /// The workflow that submission handed over for queued job `id`, if it did; taken at
-    /// the job's start, or when it leaves the queue without starting.
-    fn take_handed_over(&self, id: &str) -> Option<Arc<Json>> {
-        self.handed_over.lock().unwrap_or_else(|e| e.into_inner()).remove(id)
     }
 
     /// Jobs this process is running now.
@@ -530,12 +524,7 @@ impl Jobs {
         // The job is durable now: it is queued even if a race filled the queue meanwhile.
         // A shared store woke the workers of every process when it committed the job.
         if self.shared.is_none() {
-            if json_within(&job.workflow, HANDOVER_BYTES) {
-                let mut handed = self.handed_over.lock().unwrap_or_else(|e| e.into_inner());
-                if handed.len() < self.queue.capacity() {
-                    handed.insert(job.id.clone(), Arc::new(job.workflow.clone()));
-                }
-            }
+            self.handover.offer(&job.id, &job.workflow);
             let _ = self.queue.push(tenant, job.id.clone(), true);
         }
         self.metrics.submitted();
@@ -682,7 +671,7 @@ impl Jobs {
                 match moved.status {
                     JobStatus::Canceled => {
                         self.queue.remove(tenant, id);
-                        self.take_handed_over(id);
+                        self.handover.take(id);
                     }
                     _ => self.interrupt(id),
                 }
@@ -748,55 +737,11 @@ fn status_event(job: &JobRecord) -> JobEvent {
     }))
 }
 
-/// The largest workflow a submission hands to its worker in memory ([`Jobs::handed_over`]):
-/// larger ones are read back from the store, which parses them on a blocking thread.
-const HANDOVER_BYTES: usize = 64 * 1024;
-
-/// Whether `value`'s JSON text takes about `limit` bytes or fewer (strings and keys by their
-/// length, every other value a few bytes), stopping as soon as it is over.
-fn json_within(value: &Json, limit: usize) -> bool {
-    fn take(value: &Json, left: &mut usize) -> bool {
-        let own = match value {
-            Json::String(text) => text.len() + 2,
-            _ => 8,
-        };
-        let Some(rest) = left.checked_sub(own) else {
-            return false;
-        };
-        *left = rest;
-        match value {
-            Json::Array(items) => items.iter().all(|item| take(item, left)),
-            Json::Object(fields) => fields.iter().all(|(key, item)| match left.checked_sub(key.len() + 3) {
-                Some(rest) => {
-                    *left = rest;
-                    take(item, left)
-                }
-                None => false,
-            }),
-            _ => true,
-        }
-    }
-    let mut left = limit;
-    take(value, &mut left)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::runtime::RuntimeConfig;
     use crate::store::{blobs::LocalBlobs, sqlite::SqliteStore};
-
-    #[test]
-    fn only_small_workflows_are_handed_over_in_memory() {
-        let small = serde_json::json!({"1": {"class_type": "PrimitiveString", "inputs": {"value": "x"}}});
-        assert!(json_within(&small, HANDOVER_BYTES));
-        let long_text = serde_json::json!({"1": {"class_type": "PrimitiveString", "inputs": {"value": "x".repeat(HANDOVER_BYTES)}}});
-        assert!(!json_within(&long_text, HANDOVER_BYTES));
-        let many_nodes: serde_json::Map<String, Json> = (0..HANDOVER_BYTES / 8)
-            .map(|i| (i.to_string(), serde_json::json!({"class_type": "X", "inputs": {}})))
-            .collect();
-        assert!(!json_within(&Json::Object(many_nodes), HANDOVER_BYTES));
-    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn outputs_are_numbered_in_the_order_they_are_committed() {

@@ -67,7 +67,7 @@ pub async fn sweep(jobs: &Arc<Jobs>) -> Result<Swept, StoreError> {
                 .is_some()
             {
                 jobs.queue.remove_any(&id);
-                jobs.take_handed_over(&id);
+                jobs.handover.take(&id);
                 jobs.interrupt(&id);
                 swept.expired += 1;
             }
