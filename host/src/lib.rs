@@ -12,3 +12,12 @@ pub mod jobs;
 pub mod runtime;
 pub mod serve;
 pub mod store;
+
+/// The message of a caught panic (its `&str` or `String` payload), or "no message".
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
+}

@@ -307,15 +307,6 @@ enum Event {
     },
 }
 
-/// The message of a caught panic.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("no message")
-}
-
 /// The inputs of node `index` of `plan`: its literals and copies of the values it links
 /// to, or the error for a link to an output its source did not return.
 fn gather_inputs(plan: &graph::Plan, index: usize, results: &[Vec<Value>]) -> Result<Vec<(String, Value)>, JobError> {
@@ -691,7 +682,7 @@ impl Jobs {
                         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             tokio::task::block_in_place(call)
                         }))
-                        .map_err(|panic| format!("it panicked: {}", panic_message(&*panic)));
+                        .map_err(|panic| format!("it panicked: {}", crate::panic_message(&*panic)));
                         tasks.push(Box::pin(std::future::ready(Event::Ran { index, began, result })));
                     } else {
                         tasks.push(Box::pin(async move {

@@ -346,11 +346,7 @@ impl Jobs {
     /// Records that running job `id` panicked: it fails with `internal_error`, unless it
     /// already reached another end.
     async fn fail_after_panic(&self, id: &str, panic: Box<dyn std::any::Any + Send>) {
-        let text = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "no message".into());
+        let text = crate::panic_message(&*panic);
         tracing::error!(job = %id, panic = %text, "a job's run panicked; its worker goes on");
         self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
         let update = JobUpdate {
@@ -582,16 +578,10 @@ impl Jobs {
 
     /// `tenant`'s job `id` with its outputs and live state.
     pub async fn get(&self, tenant: &str, id: &str) -> Result<Option<JobView>, StoreError> {
-        let Some((mut job, outputs)) = self.store.job_with_outputs(tenant, id).await? else {
+        let Some((job, outputs)) = self.store.job_with_outputs(tenant, id).await? else {
             return Ok(None);
         };
-        self.add_live_progress(&mut job);
-        let queue_position = self.queue_position_of(&job).await?;
-        Ok(Some(JobView {
-            job,
-            outputs,
-            queue_position,
-        }))
+        self.view_with(job, outputs).await.map(Some)
     }
 
     /// Puts the live progress of `job`, if it runs here, in place of the stored one, once
@@ -609,10 +599,21 @@ impl Jobs {
     }
 
     /// Adds outputs, live progress and queue position to a stored job.
-    pub async fn view(&self, mut job: JobRecord) -> Result<JobView, StoreError> {
-        self.add_live_progress(&mut job);
+    pub async fn view(&self, job: JobRecord) -> Result<JobView, StoreError> {
         let outputs = self.store.job_outputs(&job.id).await?;
-        let queue_position = self.queue_position_of(&job).await?;
+        self.view_with(job, outputs).await
+    }
+
+    /// The view of `job` with its `outputs` already read: live progress and queue position
+    /// added.
+    async fn view_with(&self, mut job: JobRecord, outputs: Vec<AssetRecord>) -> Result<JobView, StoreError> {
+        self.add_live_progress(&mut job);
+        let queue_position = match job.status {
+            // A queued job no longer in the queue has been taken by a worker that is
+            // about to start it: it is next.
+            JobStatus::Queued => Some(self.queue_position(&job.tenant, &job.id).await?),
+            _ => None,
+        };
         Ok(JobView {
             job,
             outputs,
@@ -625,25 +626,11 @@ impl Jobs {
         let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
         let mut outputs = self.store.outputs_of_jobs(&ids).await?;
         let mut views = Vec::with_capacity(jobs.len());
-        for mut job in jobs {
-            self.add_live_progress(&mut job);
-            let queue_position = self.queue_position_of(&job).await?;
-            views.push(JobView {
-                outputs: outputs.remove(&job.id).unwrap_or_default(),
-                job,
-                queue_position,
-            });
+        for job in jobs {
+            let own = outputs.remove(&job.id).unwrap_or_default();
+            views.push(self.view_with(job, own).await?);
         }
         Ok(views)
-    }
-
-    /// A queued job's place in the queue; `None` for a job in any other status. A queued job
-    /// no longer in the queue has been taken by a worker that is about to start it: it is next.
-    async fn queue_position_of(&self, job: &JobRecord) -> Result<Option<usize>, StoreError> {
-        match job.status {
-            JobStatus::Queued => Ok(Some(self.queue_position(&job.tenant, &job.id).await?)),
-            _ => Ok(None),
-        }
     }
 
     /// The latest `preview` event of running job `id`, if it sent one.

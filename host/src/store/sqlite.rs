@@ -235,7 +235,7 @@ impl SqliteStore {
 /// get an error. `health` records each restart, and that the writer stopped.
 fn supervise_writer(conn: &Connection, rx: &mpsc::Receiver<WriteRequest>, health: &Mutex<StoreHealth>) {
     while let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer_loop(conn, rx, health))) {
-        tracing::error!(panic = %panic_text(&panic), "the store writer panicked; it is restarted");
+        tracing::error!(panic = %crate::panic_message(&*panic), "the store writer panicked; it is restarted");
         let _ = conn.execute_batch("ROLLBACK");
         health.lock().unwrap_or_else(|e| e.into_inner()).writer_restarts += 1;
     }
@@ -286,7 +286,7 @@ fn writer_loop(conn: &Connection, rx: &mpsc::Receiver<WriteRequest>, health: &Mu
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (req.op)(conn))).unwrap_or_else(|panic| {
                     Err(StoreError::Backend(format!(
                         "a store write panicked: {}",
-                        panic_text(&panic)
+                        crate::panic_message(&*panic)
                     )))
                 });
             if let Err(e) = &out {
@@ -322,15 +322,6 @@ fn outputs_of_job(c: &Connection, job_id: &str) -> Result<Vec<AssetRecord>, Stor
     Ok(c.prepare_cached(&sql)?
         .query_map(params![job_id], asset_from_row)?
         .collect::<rusqlite::Result<Vec<_>>>()?)
-}
-
-/// The message of a caught panic.
-fn panic_text(panic: &Box<dyn Any + Send>) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("no message")
 }
 
 fn parse_time(s: Option<String>) -> Option<DateTime<Utc>> {
