@@ -763,12 +763,15 @@ impl Jobs {
                         )),
                     };
                     let output = match output {
-                        // Stopped while the node ran: nothing more is committed.
-                        _ if stop.is_canceled() => {
+                        // Canceled while the node ran: nothing more is committed.
+                        _ if cancel.is_canceled() => {
                             tracker.node_ended(node, slots[index], false);
                             continue;
                         }
+                        // A call that ended well keeps its output, even when another node
+                        // failed meanwhile: the commits still stop at the failing node.
                         Ok(output) => output,
+                        // A call stopped by an earlier failure leaves that failure the job's.
                         Err(e) => {
                             tracker.node_ended(node, slots[index], false);
                             failure.get_or_insert(e);
