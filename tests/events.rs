@@ -82,8 +82,18 @@ fn every_transition_is_a_status_event_and_the_stream_ends_after_the_terminal_one
         .collect();
     assert_eq!(statuses, ["running", "succeeded"]);
     assert!(frames.iter().any(|f| f.event == "progress"));
-    let output = frames.iter().find(|f| f.event == "output").expect("no output event");
+    let at = frames
+        .iter()
+        .position(|f| f.event == "output")
+        .expect("no output event");
+    let output = &frames[at];
     assert_eq!(output.data["node_id"], "2");
+    assert!(
+        frames[at..]
+            .iter()
+            .any(|f| f.event == "status" && f.data["status"] == "succeeded"),
+        "the output is told before the success it is part of: {frames:?}"
+    );
     assert!(output.data["url"].is_string());
     let last = frames.last().unwrap();
     assert_eq!(

@@ -518,6 +518,49 @@ async fn an_inline_asset_keeps_its_bytes_in_its_record_and_references_no_blob(f:
 both!(assets_outputs_and_their_lifetimes);
 both!(an_inline_asset_keeps_its_bytes_in_its_record_and_references_no_blob);
 
+async fn outputs_given_with_a_move_are_recorded_only_if_the_job_moves(f: Fixture) {
+    f.store.insert_job(job("j", "t", Utc::now()), None, 0).await.unwrap();
+    let running = [(JobStatus::Queued, JobStatus::Running)];
+    f.store
+        .update_job("j", &running, JobUpdate::default())
+        .await
+        .unwrap()
+        .unwrap();
+    let held = |id: &str, index: i64| {
+        let mut output = asset(id, "t", &format!("hash-{id}"), Some("j"), Some(index));
+        output.inline = true;
+        (output, bytes::Bytes::from(format!("bytes of {id}")))
+    };
+    // A move that does not happen (the job is not queued) records none of them.
+    let refused = JobUpdate {
+        outputs: vec![held("lost", 0)],
+        ..Default::default()
+    };
+    let moved = f.store.update_job("j", &running, refused).await.unwrap();
+    assert!(moved.is_none());
+    assert!(
+        f.store.job_outputs("j").await.unwrap().is_empty(),
+        "no output without the move"
+    );
+    // The final move records all of them with it, in order, bytes included.
+    let succeed = JobUpdate {
+        outputs: vec![held("first", 0), held("second", 1)],
+        ..Default::default()
+    };
+    let done = [(JobStatus::Running, JobStatus::Succeeded)];
+    let moved = f.store.update_job("j", &done, succeed).await.unwrap().unwrap();
+    assert_eq!(moved.status, JobStatus::Succeeded);
+    let (job, outputs) = f.store.job_with_outputs("t", "j").await.unwrap().unwrap();
+    assert_eq!(job.status, JobStatus::Succeeded);
+    let ids: Vec<&str> = outputs.iter().map(|a| a.id.as_str()).collect();
+    assert_eq!(ids, ["first", "second"]);
+    assert_eq!(
+        f.store.asset_content("second").await.unwrap(),
+        Some(bytes::Bytes::from("bytes of second"))
+    );
+}
+both!(outputs_given_with_a_move_are_recorded_only_if_the_job_moves);
+
 async fn expiring_jobs_are_found(f: Fixture) {
     let mut old = job("old", "t", Utc::now() - TimeDelta::days(8));
     old.expires_at = Utc::now() - TimeDelta::seconds(5);

@@ -261,7 +261,8 @@ fn admit(max_outputs: usize, max_bytes: u64, committed: &Committed, size: u64) -
 
 /// How a run ended, before it is recorded.
 enum Outcome {
-    Succeeded,
+    /// With what is held for the final move.
+    Succeeded(Held),
     Failed(JobError),
     Canceled,
 }
@@ -286,7 +287,23 @@ type CommitResult = (
     Result<Option<Vec<CachedFile>>, JobError>,
     Option<(Committed, JobFiles)>,
     Option<Vec<Value>>,
+    Vec<HeldOutput>,
 );
+
+/// An inline output whose record waits for the job's final move, to be written in the same
+/// transaction (see [`Jobs::commit_file`]).
+type HeldOutput = (AssetRecord, bytes::Bytes);
+
+/// Most outputs of the last node that are held for the job's final move.
+const MAX_HELD_OUTPUTS: usize = 8;
+
+/// What the last node to commit leaves for the job's final move: its inline outputs, and
+/// the announcement of its end, which follows them.
+#[derive(Default)]
+struct Held {
+    outputs: Vec<HeldOutput>,
+    finished: Option<JobEvent>,
+}
 
 /// What the run loop of a job waits on.
 enum Event {
@@ -304,7 +321,18 @@ enum Event {
         result: Result<Option<Vec<CachedFile>>, JobError>,
         books: Option<(Committed, JobFiles)>,
         values: Option<Vec<Value>>,
+        /// Its inline outputs held for the job's final move.
+        held: Vec<HeldOutput>,
     },
+}
+
+/// The event saying that `node` reached `phase`.
+fn node_event(node: &graph::PlannedNode, phase: NodePhase) -> JobEvent {
+    JobEvent::Node {
+        node_id: node.id.clone(),
+        class_type: node.class_type.clone(),
+        phase,
+    }
 }
 
 /// The inputs of node `index` of `plan`: its literals and copies of the values it links
@@ -397,8 +425,8 @@ impl Jobs {
             .execute(&job, handed_over.as_deref(), &cancel, &log, &tracker)
             .await
         {
-            Ok(()) if cancel.is_canceled() => Outcome::Canceled,
-            Ok(()) => Outcome::Succeeded,
+            Ok(_) if cancel.is_canceled() => Outcome::Canceled,
+            Ok(held) => Outcome::Succeeded(held),
             Err(_) if cancel.is_canceled() => Outcome::Canceled,
             Err(e) => Outcome::Failed(e),
         };
@@ -411,8 +439,16 @@ impl Jobs {
             }
         });
         let final_progress = tracker.progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut announce = Vec::new();
         let (trigger, mut update) = match outcome {
-            Outcome::Succeeded => {
+            Outcome::Succeeded(held) => {
+                // The outputs held for this move, then their node's end.
+                announce.extend(
+                    held.outputs
+                        .iter()
+                        .map(|(asset, _)| JobEvent::Output(Box::new(asset.clone()))),
+                );
+                announce.extend(held.finished);
                 let mut p = final_progress;
                 p.value = 1.0;
                 p.nodes_done = p.nodes_total;
@@ -425,6 +461,7 @@ impl Jobs {
                     Trigger::Succeed,
                     JobUpdate {
                         progress: Some(p),
+                        outputs: held.outputs,
                         ..Default::default()
                     },
                 )
@@ -452,7 +489,7 @@ impl Jobs {
             std::mem::take(&mut times.done)
         });
         self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-        match self.transition(&id, trigger, update.clone()).await {
+        match self.transition_announcing(&id, trigger, update.clone(), announce).await {
             Ok(Some(_)) => {}
             // Canceled or expired meanwhile: keep the log and progress on what it became.
             Ok(None) => {
@@ -480,7 +517,7 @@ impl Jobs {
     }
 
     /// Runs `job`'s graph: `workflow` when its submission handed it over, else the one
-    /// in the store.
+    /// in the store. Returns what the last node to commit held for the job's final move.
     async fn execute(
         self: &Arc<Self>,
         job: &JobRecord,
@@ -488,7 +525,7 @@ impl Jobs {
         cancel: &CancelToken,
         log: &TailLog,
         tracker: &Arc<Tracker>,
-    ) -> Result<(), JobError> {
+    ) -> Result<Held, JobError> {
         let fail = |code: &str, message: String| JobError {
             code: code.into(),
             message,
@@ -545,7 +582,7 @@ impl Jobs {
         let memory = runtime.job_memory();
         tracker.update(true, |p| p.nodes_total = plan.nodes.len() as u32);
         if cancel.is_canceled() {
-            return Ok(());
+            return Ok(Held::default());
         }
         let workflow_text: Arc<str> = workflow.to_string().into();
         let n = plan.nodes.len();
@@ -580,6 +617,7 @@ impl Jobs {
         let mut permit_wait: FuturesUnordered<BoxFuture<'static, OwnedSemaphorePermit>> = FuturesUnordered::new();
         let mut tasks: FuturesUnordered<BoxFuture<'_, Event>> = FuturesUnordered::new();
         let mut failure: Option<JobError> = None;
+        let mut held = Held::default();
         let mut log_mark = log.written();
         // Node calls run on the job's own thread where they can (see below): only a
         // multi-threaded runtime can lend it.
@@ -610,6 +648,7 @@ impl Jobs {
                             &mut waiting,
                             &dependents,
                             &mut fresh,
+                            true,
                         );
                         pending[index] = Some(Commit::Done);
                     } else {
@@ -706,10 +745,15 @@ impl Jobs {
                             let node = &plan.nodes[index];
                             let text = workflow_text.clone();
                             let halt = cancel;
+                            // The last node to commit, with every other node done: its inline
+                            // outputs are recorded with the job's final move, one store
+                            // transaction fewer per job.
+                            let last =
+                                failure.is_none() && (index + 1..n).all(|i| matches!(pending[i], Some(Commit::Done)));
                             tasks.push(Box::pin(async move {
                                 let cached = matches!(work, Commit::Cached(_));
-                                let (result, books, values) = self
-                                    .commit_node(job, node, work, committed, job_files, text, halt)
+                                let (result, books, values, held) = self
+                                    .commit_node(job, node, work, committed, job_files, text, halt, last)
                                     .await;
                                 Event::Committed {
                                     index,
@@ -717,6 +761,7 @@ impl Jobs {
                                     result,
                                     books,
                                     values,
+                                    held,
                                 }
                             }));
                         }
@@ -801,6 +846,7 @@ impl Jobs {
                             &mut waiting,
                             &dependents,
                             &mut fresh,
+                            true,
                         );
                         pending[index] = Some(Commit::Done);
                     } else {
@@ -820,6 +866,7 @@ impl Jobs {
                     result,
                     books: returned,
                     values,
+                    held: outputs,
                 } => {
                     books = returned;
                     let node = &plan.nodes[index];
@@ -830,6 +877,14 @@ impl Jobs {
                             } else if let (Some(key), Some(values)) = (node.cache_key, values) {
                                 self.cache.put(&job.tenant, key, Entry { values, files });
                             }
+                            // A node whose outputs are held ends, for its watchers, after them.
+                            let announce = outputs.is_empty();
+                            if !announce {
+                                held = Held {
+                                    outputs,
+                                    finished: Some(node_event(node, NodePhase::Finished)),
+                                };
+                            }
                             self.finished(
                                 job,
                                 &plan,
@@ -839,6 +894,7 @@ impl Jobs {
                                 &mut waiting,
                                 &dependents,
                                 &mut fresh,
+                                announce,
                             );
                             next_commit += 1;
                         }
@@ -861,7 +917,7 @@ impl Jobs {
                 format!("the job stopped after {next_commit} of its {n} nodes"),
             ));
         }
-        Ok(())
+        Ok(held)
     }
 
     /// `node` is taken from the cache if the cache holds it and every blob it names. The
@@ -877,8 +933,8 @@ impl Jobs {
         Some(entry)
     }
 
-    /// Node `index` of `plan` is finished (its outputs committed): counted, announced, and
-    /// the nodes that were waiting only for it are `fresh`.
+    /// Node `index` of `plan` is finished (its outputs committed): counted, announced if
+    /// `announce`, and the nodes that were waiting only for it are `fresh`.
     #[allow(clippy::too_many_arguments)]
     fn finished(
         &self,
@@ -890,10 +946,13 @@ impl Jobs {
         waiting: &mut [usize],
         dependents: &[Vec<usize>],
         fresh: &mut Vec<usize>,
+        announce: bool,
     ) {
         let node = &plan.nodes[index];
         tracker.node_ended(node, slot, true);
-        self.publish_node(&job.id, node, NodePhase::Finished);
+        if announce {
+            self.publish_node(&job.id, node, NodePhase::Finished);
+        }
         for &next in dependents[index].iter().rev() {
             waiting[next] -= 1;
             if waiting[next] == 0 {
@@ -905,7 +964,8 @@ impl Jobs {
     /// Commits the files `work` left for `node`, in order, as the job's next outputs
     /// (numbered from `committed`). Returns the files (`None` when the job was stopped
     /// between files), the job's books back (`None` after a failure, when the job ends),
-    /// and the node's values for the cache.
+    /// the node's values for the cache, and, when `last` (no node commits after it), its
+    /// inline outputs held for the job's final move instead of recorded now.
     #[allow(clippy::too_many_arguments)]
     async fn commit_node(
         &self,
@@ -916,7 +976,16 @@ impl Jobs {
         mut job_files: JobFiles,
         workflow_text: Arc<str>,
         stop: &CancelToken,
+        last: bool,
     ) -> CommitResult {
+        // Only a few outputs are held: a node with many commits them one by one, within its
+        // time limit, rather than in one unbounded final transaction.
+        let announced: usize = match &work {
+            Commit::Done => 0,
+            Commit::Cached(files) => files.len(),
+            Commit::Made { files, .. } => files.iter().map(|f| f.data.files()).sum(),
+        };
+        let mut held = (last && announced <= MAX_HELD_OUTPUTS).then(Vec::new);
         let node_error = |code: &str, message: String| JobError {
             code: code.into(),
             message,
@@ -925,31 +994,38 @@ impl Jobs {
             traceback: None,
         };
         match work {
-            Commit::Done => (Ok(Some(Vec::new())), Some((committed, job_files)), None),
+            Commit::Done => (Ok(Some(Vec::new())), Some((committed, job_files)), None, Vec::new()),
             Commit::Cached(files) => {
                 for file in &files {
                     if stop.is_canceled() {
-                        return (Ok(None), Some((committed, job_files)), None);
+                        return (Ok(None), Some((committed, job_files)), None, Vec::new());
                     }
                     if let Err(m) = self.admit_output(&committed, file.size) {
-                        return (Err(node_error("job_output_limit", m)), None, None);
+                        return (Err(node_error("job_output_limit", m)), None, None, Vec::new());
                     }
-                    if let Err(m) = self.commit(job, &node.id, file.clone(), &mut committed).await {
-                        return (Err(node_error("output_commit_failed", m)), None, None);
+                    if let Err(m) = self
+                        .commit_file(job, &node.id, file.clone(), &mut committed, held.as_mut())
+                        .await
+                    {
+                        return (Err(node_error("output_commit_failed", m)), None, None, Vec::new());
                     }
                 }
-                (Ok(Some(files)), Some((committed, job_files)), None)
+                (
+                    Ok(Some(files)),
+                    Some((committed, job_files)),
+                    None,
+                    held.unwrap_or_default(),
+                )
             }
             Commit::Made { files, values, budget } => {
                 // It stops at the node's deadline or at a stop, between files.
                 let began = Instant::now();
-                let announced: usize = files.iter().map(|f| f.data.files()).sum();
                 if committed.count as usize + announced > self.config.max_outputs {
                     let message = format!(
                         "the node would commit {announced} outputs; the job may commit at most {} (--max-job-outputs)",
                         self.config.max_outputs
                     );
-                    return (Err(node_error("job_output_limit", message)), None, None);
+                    return (Err(node_error("job_output_limit", message)), None, None, Vec::new());
                 }
                 let mut stored_files = Vec::new();
                 // One file at a time: encoded, checked against the job's bounds, stored
@@ -959,39 +1035,42 @@ impl Jobs {
                     let file = Arc::new(file);
                     for index in 0..file.data.files() {
                         if stop.is_canceled() {
-                            return (Ok(None), Some((committed, job_files)), None);
+                            return (Ok(None), Some((committed, job_files)), None, Vec::new());
                         }
                         if began.elapsed() >= budget {
                             let message = "the node ran past its time limit while its outputs were committed".into();
-                            return (Err(node_error("node_timeout", message)), None, None);
+                            return (Err(node_error("node_timeout", message)), None, None, Vec::new());
                         }
                         let stored = self
                             .store_output(file.clone(), index, job_files, workflow_text.clone(), &committed)
                             .await;
                         let (cached, returned) = match stored {
                             Ok(done) => done,
-                            Err((code, message)) => return (Err(node_error(code, message)), None, None),
+                            Err((code, message)) => return (Err(node_error(code, message)), None, None, Vec::new()),
                         };
                         job_files = returned;
-                        if let Err(m) = self.commit(job, &node.id, cached.clone(), &mut committed).await {
-                            return (Err(node_error("output_commit_failed", m)), None, None);
+                        if let Err(m) = self
+                            .commit_file(job, &node.id, cached.clone(), &mut committed, held.as_mut())
+                            .await
+                        {
+                            return (Err(node_error("output_commit_failed", m)), None, None, Vec::new());
                         }
                         stored_files.push(cached);
                     }
                 }
-                (Ok(Some(stored_files)), Some((committed, job_files)), values)
+                (
+                    Ok(Some(stored_files)),
+                    Some((committed, job_files)),
+                    values,
+                    held.unwrap_or_default(),
+                )
             }
         }
     }
 
     /// Announces that `node` of job `job_id` reached `phase`.
     fn publish_node(&self, job_id: &str, node: &graph::PlannedNode, phase: NodePhase) {
-        let event = JobEvent::Node {
-            node_id: node.id.clone(),
-            class_type: node.class_type.clone(),
-            phase,
-        };
-        self.publish(job_id, event);
+        self.publish(job_id, node_event(node, phase));
     }
 
     /// Announces what a node wrote to the log since byte `start` (as much as the log still
@@ -1070,13 +1149,16 @@ impl Jobs {
     }
 
     /// Records `file` as the job's next output (numbered by `committed`, which then counts
-    /// it) and announces it.
-    async fn commit(
+    /// it) and announces it. With `held`, an inline file's record is added there instead,
+    /// for the job's final move to write and announce; a blob's record is written at once,
+    /// after those held before it, so that outputs stay in order.
+    async fn commit_file(
         &self,
         job: &JobRecord,
         node_id: &str,
         file: CachedFile,
         committed: &mut Committed,
+        held: Option<&mut Vec<HeldOutput>>,
     ) -> Result<(), String> {
         let asset = AssetRecord {
             id: uuid::Uuid::new_v4().to_string(),
@@ -1100,10 +1182,19 @@ impl Jobs {
             inline: file.inline.is_some(),
         };
         let size = file.size;
-        self.assets.commit_output(asset.clone(), file.inline).await?;
+        match (held, file.inline) {
+            (Some(held), Some(content)) => held.push((asset, content)),
+            (held, content) => {
+                for (asset, content) in held.map(std::mem::take).unwrap_or_default() {
+                    self.assets.commit_output(asset.clone(), Some(content)).await?;
+                    self.publish(&job.id, JobEvent::Output(Box::new(asset)));
+                }
+                self.assets.commit_output(asset.clone(), content).await?;
+                self.publish(&job.id, JobEvent::Output(Box::new(asset)));
+            }
+        }
         committed.count += 1;
         committed.bytes += size;
-        self.publish(&job.id, JobEvent::Output(Box::new(asset)));
         Ok(())
     }
 }

@@ -677,8 +677,23 @@ impl Jobs {
         trigger: Trigger,
         update: JobUpdate,
     ) -> Result<Option<JobRecord>, StoreError> {
+        self.transition_announcing(id, trigger, update, Vec::new()).await
+    }
+
+    /// [`Self::transition`], publishing `announce` just before the change if the move
+    /// happens: what the move records, such as the outputs in `update`.
+    pub(crate) async fn transition_announcing(
+        &self,
+        id: &str,
+        trigger: Trigger,
+        update: JobUpdate,
+        announce: Vec<JobEvent>,
+    ) -> Result<Option<JobRecord>, StoreError> {
         let updated = self.store.update_job(id, &state::moves(trigger), update).await?;
         if let Some(job) = &updated {
+            for event in announce {
+                self.publish(id, event);
+            }
             self.metrics.transition(job.status);
             self.publish(id, status_event(job));
         }

@@ -73,6 +73,9 @@ pub struct JobUpdate {
     pub logs: Option<JobLogs>,
     /// Set `node_times`.
     pub node_times: Option<Vec<NodeTime>>,
+    /// Outputs kept inline (record and content), recorded in the move's own transaction:
+    /// all of them if the job moves, none if it does not.
+    pub outputs: Vec<(AssetRecord, bytes::Bytes)>,
 }
 
 /// A page of jobs.

@@ -215,6 +215,36 @@ const ASSET_COLUMNS: &str = "id, tenant, blob, size_bytes, content_type, file_pa
 /// The columns [`user_file_from_row`] reads.
 const USER_FILE_COLUMNS: &str = "path, length(content)::BIGINT, created_at, modified_at";
 
+/// Inserts `asset`'s row within `tx`, with `content` when it is kept inline.
+async fn insert_asset_row(
+    tx: &deadpool_postgres::Transaction<'_>,
+    asset: &AssetRecord,
+    content: Option<&[u8]>,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT INTO assets (id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index, content)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+        &[
+            &asset.id,
+            &asset.tenant,
+            &asset.blob,
+            &asset.size_bytes,
+            &asset.content_type,
+            &asset.file_path,
+            &asset.job_id,
+            &asset.node_id,
+            &asset.kind,
+            &to_json(&asset.tags),
+            &asset.created_at,
+            &asset.expires_at,
+            &asset.output_index,
+            &content,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
 fn user_file_from_row(row: &Row) -> UserFile {
     UserFile {
         path: row.get(0),
@@ -492,6 +522,9 @@ impl Store for PgStore {
             ],
         )
         .await?;
+        for (asset, content) in &update.outputs {
+            insert_asset_row(&tx, asset, Some(content)).await?;
+        }
         tx.commit().await?;
         Ok(Some(next))
     }
@@ -580,27 +613,7 @@ impl Store for PgStore {
         if asset.job_id.is_some() {
             tx.batch_execute(RELAXED).await?;
         }
-        tx.execute(
-            "INSERT INTO assets (id, tenant, blob, size_bytes, content_type, file_path, job_id, node_id, kind, tags, created_at, expires_at, output_index, content)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-            &[
-                &asset.id,
-                &asset.tenant,
-                &asset.blob,
-                &asset.size_bytes,
-                &asset.content_type,
-                &asset.file_path,
-                &asset.job_id,
-                &asset.node_id,
-                &asset.kind,
-                &to_json(&asset.tags),
-                &asset.created_at,
-                &asset.expires_at,
-                &asset.output_index,
-                &content.as_deref(),
-            ],
-        )
-        .await?;
+        insert_asset_row(&tx, &asset, content.as_deref()).await?;
         tx.commit().await?;
         Ok(())
     }
