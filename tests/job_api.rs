@@ -1169,3 +1169,36 @@ fn metrics_not_yet_available_are_null_then_integers() {
     assert!(done["metrics"]["queue_ms"].is_u64(), "{}", short(&done));
     assert!(done["metrics"]["execution_ms"].is_u64(), "{}", short(&done));
 }
+
+#[test]
+fn outputs_fill_incrementally_during_execution() {
+    // Node 2's output is committed while node 3 still counts (for an hour, so the job is
+    // still running whenever the poll below sees it); the job is then canceled.
+    let (server, _plugins) = support::slow_server(&["--workers", "2"]);
+    let submitted = server.submit(json!({
+        "1": {"class_type": "PrimitiveString", "inputs": {"value": "early"}},
+        "2": {"class_type": "SaveText", "inputs": {"text": ["1", 0], "filename_prefix": "early"}},
+        "3": {"class_type": "SlowCounter", "inputs": {"seconds": 3600.0}},
+        "4": {"class_type": "PreviewAny", "inputs": {"source": ["3", 0]}}
+    }));
+    let id = submitted["id"].as_str().unwrap().to_string();
+    let mut seen = Value::Null;
+    for _ in 0..6000 {
+        seen = job(&server, &id);
+        if !seen["outputs"].as_array().unwrap().is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(seen["status"], "running", "{seen}");
+    let outputs = seen["outputs"].as_array().unwrap();
+    assert_eq!(outputs.len(), 1, "{seen}");
+    assert_eq!(outputs[0]["node_id"], "2");
+    cancel(&server, &id);
+    let done = wait_status(&server, &id, "canceled");
+    assert_eq!(
+        done["outputs"].as_array().unwrap().len(),
+        1,
+        "a committed output stays: {done}"
+    );
+}

@@ -262,7 +262,7 @@ fn admit(max_outputs: usize, max_bytes: u64, committed: &Committed, size: u64) -
 /// How a run ended, before it is recorded.
 enum Outcome {
     /// With what is held for the final move.
-    Succeeded(Held),
+    Succeeded(FinalMove),
     Failed(JobError),
     Canceled,
 }
@@ -300,7 +300,7 @@ const MAX_HELD_OUTPUTS: usize = 8;
 /// What the last node to commit leaves for the job's final move: its inline outputs, and
 /// the announcement of its end, which follows them.
 #[derive(Default)]
-struct Held {
+struct FinalMove {
     outputs: Vec<HeldOutput>,
     finished: Option<JobEvent>,
 }
@@ -426,7 +426,7 @@ impl Jobs {
             .await
         {
             Ok(_) if cancel.is_canceled() => Outcome::Canceled,
-            Ok(held) => Outcome::Succeeded(held),
+            Ok(final_move) => Outcome::Succeeded(final_move),
             Err(_) if cancel.is_canceled() => Outcome::Canceled,
             Err(e) => Outcome::Failed(e),
         };
@@ -441,14 +441,15 @@ impl Jobs {
         let final_progress = tracker.progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut announce = Vec::new();
         let (trigger, mut update) = match outcome {
-            Outcome::Succeeded(held) => {
+            Outcome::Succeeded(final_move) => {
                 // The outputs held for this move, then their node's end.
                 announce.extend(
-                    held.outputs
+                    final_move
+                        .outputs
                         .iter()
                         .map(|(asset, _)| JobEvent::Output(Box::new(asset.clone()))),
                 );
-                announce.extend(held.finished);
+                announce.extend(final_move.finished);
                 let mut p = final_progress;
                 p.value = 1.0;
                 p.nodes_done = p.nodes_total;
@@ -461,7 +462,7 @@ impl Jobs {
                     Trigger::Succeed,
                     JobUpdate {
                         progress: Some(p),
-                        outputs: held.outputs,
+                        outputs: final_move.outputs,
                         ..Default::default()
                     },
                 )
@@ -525,7 +526,7 @@ impl Jobs {
         cancel: &CancelToken,
         log: &TailLog,
         tracker: &Arc<Tracker>,
-    ) -> Result<Held, JobError> {
+    ) -> Result<FinalMove, JobError> {
         let fail = |code: &str, message: String| JobError {
             code: code.into(),
             message,
@@ -582,7 +583,7 @@ impl Jobs {
         let memory = runtime.job_memory();
         tracker.update(true, |p| p.nodes_total = plan.nodes.len() as u32);
         if cancel.is_canceled() {
-            return Ok(Held::default());
+            return Ok(FinalMove::default());
         }
         let workflow_text: Arc<str> = workflow.to_string().into();
         let n = plan.nodes.len();
@@ -617,7 +618,7 @@ impl Jobs {
         let mut permit_wait: FuturesUnordered<BoxFuture<'static, OwnedSemaphorePermit>> = FuturesUnordered::new();
         let mut tasks: FuturesUnordered<BoxFuture<'_, Event>> = FuturesUnordered::new();
         let mut failure: Option<JobError> = None;
-        let mut held = Held::default();
+        let mut final_move = FinalMove::default();
         let mut log_mark = log.written();
         // Node calls run on the job's own thread where they can (see below): only a
         // multi-threaded runtime can lend it.
@@ -880,7 +881,7 @@ impl Jobs {
                             // A node whose outputs are held ends, for its watchers, after them.
                             let announce = outputs.is_empty();
                             if !announce {
-                                held = Held {
+                                final_move = FinalMove {
                                     outputs,
                                     finished: Some(node_event(node, NodePhase::Finished)),
                                 };
@@ -917,7 +918,7 @@ impl Jobs {
                 format!("the job stopped after {next_commit} of its {n} nodes"),
             ));
         }
-        Ok(held)
+        Ok(final_move)
     }
 
     /// `node` is taken from the cache if the cache holds it and every blob it names. The

@@ -17,12 +17,12 @@ const BUDGET_BYTES: usize = 16 * 1024 * 1024;
 /// The workflows of queued jobs, by job id, and the bytes they hold.
 #[derive(Default)]
 pub(super) struct Handover {
-    held: Mutex<Held>,
+    kept: Mutex<Kept>,
 }
 
 /// Each kept workflow with its size, and the sizes' sum.
 #[derive(Default)]
-struct Held {
+struct Kept {
     workflows: HashMap<String, (Arc<Json>, usize)>,
     bytes: usize,
 }
@@ -34,24 +34,24 @@ impl Handover {
         let Some(bytes) = json_size(workflow, MAX_WORKFLOW_BYTES) else {
             return;
         };
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if held.bytes + bytes <= BUDGET_BYTES {
-            if let Some((_, replaced)) = held
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.bytes + bytes <= BUDGET_BYTES {
+            if let Some((_, replaced)) = kept
                 .workflows
                 .insert(id.to_string(), (Arc::new(workflow.clone()), bytes))
             {
-                held.bytes -= replaced;
+                kept.bytes -= replaced;
             }
-            held.bytes += bytes;
+            kept.bytes += bytes;
         }
     }
 
     /// Takes job `id`'s workflow, if it was kept: when the job starts, or leaves the queue
     /// without starting (canceled, expired).
     pub(super) fn take(&self, id: &str) -> Option<Arc<Json>> {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        let (workflow, bytes) = held.workflows.remove(id)?;
-        held.bytes -= bytes;
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let (workflow, bytes) = kept.workflows.remove(id)?;
+        kept.bytes -= bytes;
         Some(workflow)
     }
 }
@@ -115,6 +115,6 @@ mod tests {
             .filter(|i| handover.take(&i.to_string()).is_some())
             .count();
         assert_eq!(kept, fit, "the budget bounds what is held");
-        assert_eq!(handover.held.lock().unwrap().bytes, 0, "every byte is given back");
+        assert_eq!(handover.kept.lock().unwrap().bytes, 0, "every byte is given back");
     }
 }
