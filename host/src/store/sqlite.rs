@@ -11,6 +11,7 @@
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use async_trait::async_trait;
@@ -42,10 +43,36 @@ enum Durability {
     Relaxed,
 }
 
+/// The write connection, shared by the writer thread and callers that find it idle.
+struct WriteSide {
+    /// The connection, and whether it now commits with `synchronous = FULL`.
+    conn: Mutex<(Connection, bool)>,
+    /// Requests sent to the writer thread and not yet taken by it.
+    queued: AtomicUsize,
+}
+
+impl WriteSide {
+    /// Commits `request` on the calling thread if nothing waits for the writer thread and
+    /// the connection is free; hands it back otherwise.
+    fn commit_if_idle(&self, request: WriteRequest, health: &Mutex<StoreHealth>) -> Result<(), WriteRequest> {
+        if self.queued.load(Ordering::Acquire) != 0 {
+            return Err(request);
+        }
+        let mut conn = match self.conn.try_lock() {
+            Ok(conn) => conn,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Err(request),
+        };
+        commit_batch(&mut conn, vec![request], health);
+        Ok(())
+    }
+}
+
 /// The SQLite store.
 pub struct SqliteStore {
     path: PathBuf,
     writer: mpsc::Sender<WriteRequest>,
+    write_side: Arc<WriteSide>,
     readers: Arc<Mutex<Vec<Connection>>>,
     health: Arc<Mutex<StoreHealth>>,
 }
@@ -177,35 +204,55 @@ impl SqliteStore {
             ..StoreHealth::default()
         }));
         let writer_health = health.clone();
+        let write_side = Arc::new(WriteSide {
+            conn: Mutex::new((conn, true)),
+            queued: AtomicUsize::new(0),
+        });
+        let writer_side = write_side.clone();
         std::thread::Builder::new()
             .name("weft-store-writer".into())
-            .spawn(move || supervise_writer(&conn, &rx, &writer_health))
+            .spawn(move || supervise_writer(&writer_side, &rx, &writer_health))
             .map_err(|e| StoreError::Backend(e.to_string()))?;
         Ok(Self {
             path: path.to_path_buf(),
             writer: tx,
+            write_side,
             readers: Arc::new(Mutex::new(Vec::new())),
             health,
         })
     }
 
+    /// Commits `op`. When nothing waits for the writer thread and its connection is free,
+    /// the calling thread commits it at once: an idle server's write then costs no hand-off
+    /// to the writer thread and back (two thread wake-ups). Otherwise the writer thread takes
+    /// it, folded into one transaction with whatever else waits.
     async fn write<R: Send + 'static>(
         &self,
         durability: Durability,
         op: impl FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
     ) -> Result<R, StoreError> {
-        let (reply, rx) = oneshot::channel();
+        let (reply, mut rx) = oneshot::channel();
         let op: WriteOp = Box::new(move |c| op(c).map(|r| Box::new(r) as Box<dyn Any + Send>));
-        self.writer
-            .send(WriteRequest {
-                op,
-                reply,
-                durable: durability == Durability::Durable,
-            })
-            .map_err(|_| StoreError::Backend("the store writer has stopped".into()))?;
-        let out = rx
-            .await
-            .map_err(|_| StoreError::Backend("the store writer dropped a request".into()))??;
+        let request = WriteRequest {
+            op,
+            reply,
+            durable: durability == Durability::Durable,
+        };
+        let out = match self.write_side.commit_if_idle(request, &self.health) {
+            Ok(()) => rx
+                .try_recv()
+                .map_err(|_| StoreError::Backend("the store dropped a request".into()))??,
+            Err(request) => {
+                let queued = &self.write_side.queued;
+                queued.fetch_add(1, Ordering::AcqRel);
+                if self.writer.send(request).is_err() {
+                    queued.fetch_sub(1, Ordering::AcqRel);
+                    return Err(StoreError::Backend("the store writer has stopped".into()));
+                }
+                rx.await
+                    .map_err(|_| StoreError::Backend("the store writer dropped a request".into()))??
+            }
+        };
         Ok(*out.downcast::<R>().expect("write result has the requested type"))
     }
 
@@ -247,28 +294,18 @@ fn with_reader<R>(
 /// Runs the writer until every sender is gone, restarting it (with any half-done
 /// transaction rolled back) if it ever panics outside a request; the requests of that batch
 /// get an error. `health` records each restart, and that the writer stopped.
-fn supervise_writer(conn: &Connection, rx: &mpsc::Receiver<WriteRequest>, health: &Mutex<StoreHealth>) {
-    while let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer_loop(conn, rx, health))) {
+fn supervise_writer(side: &WriteSide, rx: &mpsc::Receiver<WriteRequest>, health: &Mutex<StoreHealth>) {
+    while let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer_loop(side, rx, health))) {
         tracing::error!(panic = %crate::panic_message(&*panic), "the store writer panicked; it is restarted");
-        let _ = conn.execute_batch("ROLLBACK");
+        let conn = side.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = conn.0.execute_batch("ROLLBACK");
         health.lock().unwrap_or_else(|e| e.into_inner()).writer_restarts += 1;
     }
     health.lock().unwrap_or_else(|e| e.into_inner()).writer_running = false;
 }
 
-/// Takes write requests, folds the queued ones into one transaction, commits, then answers
-/// each. A failing request is rolled back to its savepoint without touching the others.
-/// After each transaction `health` says whether it hit a storage failure (a `Backend` error,
-/// or a transaction that could not begin or commit).
-fn writer_loop(conn: &Connection, rx: &mpsc::Receiver<WriteRequest>, health: &Mutex<StoreHealth>) {
-    let record = |failure: Option<String>| {
-        let mut health = health.lock().unwrap_or_else(|e| e.into_inner());
-        if let (Some(f), None) = (&failure, &health.failing) {
-            tracing::error!(error = %f, "the store cannot write");
-        }
-        health.failing = failure;
-    };
-    let mut full = true;
+/// Takes write requests and commits the queued ones together ([`commit_batch`]).
+fn writer_loop(side: &WriteSide, rx: &mpsc::Receiver<WriteRequest>, health: &Mutex<StoreHealth>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_GROUP {
@@ -277,54 +314,72 @@ fn writer_loop(conn: &Connection, rx: &mpsc::Receiver<WriteRequest>, health: &Mu
                 Err(_) => break,
             }
         }
-        let durable = batch.iter().any(|r| r.durable);
-        if durable != full {
-            let mode = if durable { "FULL" } else { "NORMAL" };
-            if conn.pragma_update(None, "synchronous", mode).is_ok() {
-                full = durable;
-            }
+        side.queued.fetch_sub(batch.len(), Ordering::AcqRel);
+        let mut conn = side.conn.lock().unwrap_or_else(|e| e.into_inner());
+        commit_batch(&mut conn, batch, health);
+    }
+}
+
+/// Folds `batch` into one transaction on `conn` (fsynced if any request is durable; the
+/// flag beside the connection tracks its `synchronous` mode), commits, then answers each.
+/// A failing request is rolled back to its savepoint without touching the others. After
+/// the transaction `health` says whether it hit a storage failure (a `Backend` error, or a
+/// transaction that could not begin or commit).
+fn commit_batch(conn: &mut (Connection, bool), batch: Vec<WriteRequest>, health: &Mutex<StoreHealth>) {
+    let record = |failure: Option<String>| {
+        let mut health = health.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(f), None) = (&failure, &health.failing) {
+            tracing::error!(error = %f, "the store cannot write");
         }
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-            record(Some(e.to_string()));
-            for req in batch {
-                let _ = req.reply.send(Err(StoreError::Backend(e.to_string())));
-            }
-            continue;
+        health.failing = failure;
+    };
+    let (conn, full) = conn;
+    let durable = batch.iter().any(|r| r.durable);
+    if durable != *full {
+        let mode = if durable { "FULL" } else { "NORMAL" };
+        if conn.pragma_update(None, "synchronous", mode).is_ok() {
+            *full = durable;
         }
-        let mut results = Vec::with_capacity(batch.len());
-        let mut failure = None;
+    }
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        record(Some(e.to_string()));
         for req in batch {
-            let _ = conn.execute_batch("SAVEPOINT op");
-            // A panicking request fails alone: the writer thread lives on for the others.
-            let out =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (req.op)(conn))).unwrap_or_else(|panic| {
-                    Err(StoreError::Backend(format!(
-                        "a store write panicked: {}",
-                        crate::panic_message(&*panic)
-                    )))
-                });
-            if let Err(e) = &out {
-                if let StoreError::Backend(m) = e {
-                    failure = Some(m.clone());
-                }
-                let _ = conn.execute_batch("ROLLBACK TO op");
-            }
-            let _ = conn.execute_batch("RELEASE op");
-            results.push((req.reply, out));
+            let _ = req.reply.send(Err(StoreError::Backend(e.to_string())));
         }
-        match conn.execute_batch("COMMIT") {
-            Ok(()) => {
-                record(failure);
-                for (reply, out) in results {
-                    let _ = reply.send(out);
-                }
+        return;
+    }
+    let mut results = Vec::with_capacity(batch.len());
+    let mut failure = None;
+    for req in batch {
+        let _ = conn.execute_batch("SAVEPOINT op");
+        // A panicking request fails alone: the writer lives on for the others.
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (req.op)(conn))).unwrap_or_else(|panic| {
+            Err(StoreError::Backend(format!(
+                "a store write panicked: {}",
+                crate::panic_message(&*panic)
+            )))
+        });
+        if let Err(e) = &out {
+            if let StoreError::Backend(m) = e {
+                failure = Some(m.clone());
             }
-            Err(e) => {
-                record(Some(e.to_string()));
-                let _ = conn.execute_batch("ROLLBACK");
-                for (reply, _) in results {
-                    let _ = reply.send(Err(StoreError::Backend(format!("commit failed: {e}"))));
-                }
+            let _ = conn.execute_batch("ROLLBACK TO op");
+        }
+        let _ = conn.execute_batch("RELEASE op");
+        results.push((req.reply, out));
+    }
+    match conn.execute_batch("COMMIT") {
+        Ok(()) => {
+            record(failure);
+            for (reply, out) in results {
+                let _ = reply.send(out);
+            }
+        }
+        Err(e) => {
+            record(Some(e.to_string()));
+            let _ = conn.execute_batch("ROLLBACK");
+            for (reply, _) in results {
+                let _ = reply.send(Err(StoreError::Backend(format!("commit failed: {e}"))));
             }
         }
     }
