@@ -1,9 +1,11 @@
 //! The node result cache: results keyed by class, inputs and ancestors' keys (as ComfyUI
 //! keys them), kept per tenant, bounded in memory, least recently used evicted first, and
-//! aged out once unused for a while, so an idle server hands the memory back.
+//! aged out once unused for a while, so an idle server hands the memory back. A large
+//! result that its node made in well under a millisecond is not kept: running the node
+//! again costs less than holding the result (see [`NodeCache::put`]).
 
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lru::LruCache;
 
@@ -57,6 +59,12 @@ fn weight(entry: &Entry) -> usize {
         + 256
 }
 
+/// Results up to this weight are always kept: they take no more than a page of memory.
+const SMALL_RESULT: usize = 4096;
+
+/// A larger result is kept only if its node took at least this long to make it.
+const WORTH_KEEPING: Duration = Duration::from_millis(1);
+
 /// An entry with its weight and when it was last stored or read.
 struct Held {
     entry: Entry,
@@ -95,11 +103,17 @@ impl NodeCache {
         Some(held.entry.clone())
     }
 
-    /// Stores `entry` for `tenant` and `key`, evicting old entries beyond the budget.
-    pub fn put(&self, tenant: &str, key: [u8; 32], entry: Entry) {
+    /// Stores `entry` for `tenant` and `key`, evicting old entries beyond the budget, if
+    /// it is worth keeping: small (at most [`SMALL_RESULT`] bytes), or `cost` (the time its
+    /// node took to make it) at least [`WORTH_KEEPING`]. Returns whether it was stored.
+    ///
+    /// Every result kept is memory the next job cannot reuse, so each new result lands on
+    /// pages the process never touched; a fast node's large result (an `EmptyImage`, an
+    /// `ImageInvert`) costs more to fault in than to make again.
+    pub fn put(&self, tenant: &str, key: [u8; 32], entry: Entry, cost: Duration) -> bool {
         let size = weight(&entry);
-        if size > self.budget {
-            return;
+        if size > self.budget || (size > SMALL_RESULT && cost < WORTH_KEEPING) {
+            return false;
         }
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let held = Held {
@@ -117,6 +131,7 @@ impl NodeCache {
                 None => break,
             }
         }
+        true
     }
 
     /// Drops the entries last stored or read before `since`; returns the bytes freed.
@@ -186,14 +201,38 @@ mod tests {
             values: vec![Value::Text("x".into())],
             files: vec![],
         };
-        cache.put("a", [1; 32], e.clone());
+        cache.put("a", [1; 32], e.clone(), Duration::ZERO);
         assert!(cache.get("a", &[1; 32]).is_some());
         assert!(cache.get("b", &[1; 32]).is_none());
         for i in 0..10u8 {
-            cache.put("a", [i + 10; 32], e.clone());
+            cache.put("a", [i + 10; 32], e.clone(), Duration::ZERO);
         }
         assert!(cache.len() < 11);
         assert!(cache.get("a", &[1; 32]).is_none());
+    }
+
+    #[test]
+    fn a_large_result_is_kept_only_if_its_node_took_a_millisecond_or_more() {
+        let cache = NodeCache::new(1 << 20);
+        let large = || Entry {
+            values: vec![Value::Text("x".repeat(SMALL_RESULT))],
+            files: vec![],
+        };
+        let small = Entry {
+            values: vec![Value::Text("x".into())],
+            files: vec![],
+        };
+        assert!(!cache.put("a", [1; 32], large(), Duration::from_micros(50)));
+        assert!(
+            cache.get("a", &[1; 32]).is_none(),
+            "made again for less than it costs to keep"
+        );
+        assert!(cache.put("a", [2; 32], large(), WORTH_KEEPING));
+        assert!(cache.get("a", &[2; 32]).is_some());
+        assert!(
+            cache.put("a", [3; 32], small, Duration::ZERO),
+            "a small result is always kept"
+        );
     }
 
     #[test]
@@ -207,9 +246,9 @@ mod tests {
         let tick = || std::thread::sleep(std::time::Duration::from_millis(1));
         let before = Instant::now();
         tick();
-        cache.put("a", [1; 32], e.clone());
-        cache.put("a", [2; 32], e.clone());
-        cache.put("a", [3; 32], e);
+        cache.put("a", [1; 32], e.clone(), Duration::ZERO);
+        cache.put("a", [2; 32], e.clone(), Duration::ZERO);
+        cache.put("a", [3; 32], e, Duration::ZERO);
         assert_eq!(cache.evict_unused_since(before), 0, "all were used since");
         tick();
         let mark = Instant::now();
@@ -234,8 +273,8 @@ mod tests {
                 inline: None,
             }],
         };
-        cache.put("a", [1; 32], with_file("aa"));
-        cache.put("a", [2; 32], with_file("bb"));
+        cache.put("a", [1; 32], with_file("aa"), Duration::ZERO);
+        cache.put("a", [2; 32], with_file("bb"), Duration::ZERO);
         cache.forget_blobs(&["aa".to_string()]);
         assert!(cache.get("a", &[1; 32]).is_none());
         assert!(cache.get("a", &[2; 32]).is_some());

@@ -602,8 +602,9 @@ impl Jobs {
             }
         }
         let mut results: Vec<Vec<Value>> = vec![Vec::new(); n];
-        // Each node's slot among the node times.
+        // Each node's slot among the node times, and when its call began (none: cached).
         let mut slots = vec![0usize; n];
+        let mut call_began: Vec<Option<Instant>> = vec![None; n];
         // What each node that ran left to commit; outputs commit in plan order, one node
         // at a time, so `next_commit` is the node whose turn it is.
         let mut pending: Vec<Option<Commit>> = (0..n).map(|_| None).collect();
@@ -708,6 +709,7 @@ impl Jobs {
                         call_runtime.call(&class, inputs, &call_ctx)
                     };
                     let began = Instant::now();
+                    call_began[index] = Some(began);
                     if tasks.is_empty()
                         && ready.is_empty()
                         && fresh.is_empty()
@@ -829,14 +831,11 @@ impl Jobs {
                     results[index] = if readers[index] > 0 { output.values } else { Vec::new() };
                     if output.files.is_empty() {
                         if let (Some(key), Some(values)) = (node.cache_key, cache_values) {
-                            self.cache.put(
-                                &job.tenant,
-                                key,
-                                Entry {
-                                    values,
-                                    files: Vec::new(),
-                                },
-                            );
+                            let entry = Entry {
+                                values,
+                                files: Vec::new(),
+                            };
+                            self.cache.put(&job.tenant, key, entry, began.elapsed());
                         }
                         self.finished(
                             job,
@@ -875,8 +874,12 @@ impl Jobs {
                         Ok(Some(files)) if !cancel.is_canceled() => {
                             if cached {
                                 self.metrics.cache_hit();
-                            } else if let (Some(key), Some(values)) = (node.cache_key, values) {
-                                self.cache.put(&job.tenant, key, Entry { values, files });
+                            } else if let (Some(key), Some(values), Some(began)) =
+                                (node.cache_key, values, call_began[index])
+                            {
+                                // What a hit saves: the call and the outputs' commit.
+                                self.cache
+                                    .put(&job.tenant, key, Entry { values, files }, began.elapsed());
                             }
                             // A node whose outputs are held ends, for its watchers, after them.
                             let announce = outputs.is_empty();
