@@ -1131,7 +1131,13 @@ impl Jobs {
                 .map_err(|e| ("output_commit_failed", format!("the output's write was lost: {e}")))??
         };
         let (blob, size, inline) = match inline {
-            Some(hash) => (hash, e.bytes.len() as u64, Some(bytes::Bytes::from(e.bytes))),
+            Some(hash) => {
+                // Kept with the job's record and in the node cache: only its own bytes, not
+                // the encoder's spare capacity (a 64x64 PNG of 1 KiB was held in 7 KiB).
+                let mut bytes = e.bytes;
+                bytes.shrink_to_fit();
+                (hash, bytes.len() as u64, Some(bytes::Bytes::from(bytes)))
+            }
             None => {
                 let (blob, size) = self
                     .assets
