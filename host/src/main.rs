@@ -301,7 +301,8 @@ struct ServeArgs {
     /// at most 16384 (16 MiB).
     #[arg(long, env = "WEFT_INLINE_OUTPUT_KIB", default_value_t = 64)]
     inline_output_kib: usize,
-    /// Node result cache, in MiB.
+    /// Node result cache, in MiB. It keeps small results, and large ones whose node took a
+    /// millisecond or more: a faster node runs again rather than hold its result.
     #[arg(long, env = "WEFT_CACHE_MIB", default_value_t = 512)]
     cache_mib: usize,
     /// Seconds a cached node result may go unused before it is dropped and its memory handed
