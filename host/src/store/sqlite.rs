@@ -60,11 +60,27 @@ impl WriteSide {
         }
         let mut conn = match self.conn.try_lock() {
             Ok(conn) => conn,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::Poisoned(e)) => self.recovered(e.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => return Err(request),
         };
         commit_batch(&mut conn, vec![request], health);
         Ok(())
+    }
+
+    /// The connection, waiting for it.
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Connection, bool)> {
+        self.conn.lock().unwrap_or_else(|e| self.recovered(e.into_inner()))
+    }
+
+    /// `conn`, taken from a holder that panicked outside a request: whatever transaction it
+    /// left open is rolled back before anyone writes again.
+    fn recovered<'a>(
+        &self,
+        conn: std::sync::MutexGuard<'a, (Connection, bool)>,
+    ) -> std::sync::MutexGuard<'a, (Connection, bool)> {
+        let _ = conn.0.execute_batch("ROLLBACK");
+        self.conn.clear_poison();
+        conn
     }
 }
 
@@ -309,8 +325,7 @@ fn with_reader<R>(
 fn supervise_writer(side: &WriteSide, rx: &mpsc::Receiver<WriteRequest>, health: &Mutex<StoreHealth>) {
     while let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer_loop(side, rx, health))) {
         tracing::error!(panic = %crate::panic_message(&*panic), "the store writer panicked; it is restarted");
-        let conn = side.conn.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = conn.0.execute_batch("ROLLBACK");
+        let _ = side.lock().0.execute_batch("ROLLBACK");
         health.lock().unwrap_or_else(|e| e.into_inner()).writer_restarts += 1;
     }
     health.lock().unwrap_or_else(|e| e.into_inner()).writer_running = false;
@@ -327,8 +342,7 @@ fn writer_loop(side: &WriteSide, rx: &mpsc::Receiver<WriteRequest>, health: &Mut
             }
         }
         side.queued.fetch_sub(batch.len(), Ordering::AcqRel);
-        let mut conn = side.conn.lock().unwrap_or_else(|e| e.into_inner());
-        commit_batch(&mut conn, batch, health);
+        commit_batch(&mut side.lock(), batch, health);
     }
 }
 
