@@ -84,6 +84,11 @@ impl NodeTimes {
         self.done.len() - 1
     }
 
+    /// How long the node in `slot` has run, while its time is open.
+    fn elapsed(&self, slot: usize) -> Option<std::time::Duration> {
+        self.open.get(slot).copied().flatten().map(|began| began.elapsed())
+    }
+
     /// Closes the time in `slot`, if it is open.
     fn end(&mut self, slot: usize) {
         if let (Some(began), Some(time)) = (self.open.get_mut(slot).and_then(Option::take), self.done.get_mut(slot)) {
@@ -602,9 +607,8 @@ impl Jobs {
             }
         }
         let mut results: Vec<Vec<Value>> = vec![Vec::new(); n];
-        // Each node's slot among the node times, and when its call began (none: cached).
+        // Each node's slot among the node times.
         let mut slots = vec![0usize; n];
-        let mut call_began: Vec<Option<Instant>> = vec![None; n];
         // What each node that ran left to commit; outputs commit in plan order, one node
         // at a time, so `next_commit` is the node whose turn it is.
         let mut pending: Vec<Option<Commit>> = (0..n).map(|_| None).collect();
@@ -709,7 +713,6 @@ impl Jobs {
                         call_runtime.call(&class, inputs, &call_ctx)
                     };
                     let began = Instant::now();
-                    call_began[index] = Some(began);
                     if tasks.is_empty()
                         && ready.is_empty()
                         && fresh.is_empty()
@@ -835,7 +838,9 @@ impl Jobs {
                                 values,
                                 files: Vec::new(),
                             };
-                            self.cache.put(&job.tenant, key, entry, began.elapsed());
+                            if let Some(cost) = tracker.node_times().elapsed(slots[index]) {
+                                self.cache.put(&job.tenant, key, entry, cost);
+                            }
                         }
                         self.finished(
                             job,
@@ -874,12 +879,12 @@ impl Jobs {
                         Ok(Some(files)) if !cancel.is_canceled() => {
                             if cached {
                                 self.metrics.cache_hit();
-                            } else if let (Some(key), Some(values), Some(began)) =
-                                (node.cache_key, values, call_began[index])
+                            } else if let (Some(key), Some(values), Some(cost)) =
+                                (node.cache_key, values, tracker.node_times().elapsed(slots[index]))
                             {
-                                // What a hit saves: the call and the outputs' commit.
-                                self.cache
-                                    .put(&job.tenant, key, Entry { values, files }, began.elapsed());
+                                // The node's time so far, which a hit saves: its call and its
+                                // outputs' commit.
+                                self.cache.put(&job.tenant, key, Entry { values, files }, cost);
                             }
                             // A node whose outputs are held ends, for its watchers, after them.
                             let announce = outputs.is_empty();
