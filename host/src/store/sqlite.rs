@@ -9,6 +9,7 @@
 //! beside the writer.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,6 +24,28 @@ use super::*;
 
 /// Most writes folded into one transaction.
 const MAX_GROUP: usize = 512;
+
+/// The WAL's size, in pages, at which the checkpointer is asked to copy it back into the
+/// database (8 MiB of 2 KiB pages): a job's pages are mostly the same few (the tables' and
+/// indexes' last leaves), so fewer checkpoints copy each one fewer times.
+const CHECKPOINT_PAGES: i32 = 4000;
+
+/// The WAL's size, in pages, past which a commit checkpoints it itself (32 MiB of 2 KiB
+/// pages), should the checkpointer fall behind.
+const CHECKPOINT_PAGES_INLINE: i32 = 16_000;
+
+thread_local! {
+    /// The WAL's size in pages after the last commit on this thread, which SQLite reports
+    /// to [`note_wal_pages`].
+    static WAL_PAGES: Cell<i32> = const { Cell::new(0) };
+}
+
+/// The write connection's WAL hook: keeps the WAL's size for the committing thread to read
+/// once its commit returns. It replaces SQLite's own automatic checkpoints.
+fn note_wal_pages(_wal: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
+    WAL_PAGES.with(|p| p.set(pages));
+    Ok(())
+}
 
 type Output = Result<Box<dyn Any + Send>, StoreError>;
 type WriteOp = Box<dyn FnOnce(&Connection) -> Output + Send>;
@@ -52,6 +75,10 @@ struct WriteSide {
     /// Whether the connection's holder is committing a durable transaction, which waits
     /// for an fsync.
     syncing: AtomicBool,
+    /// Whether the checkpointer has been asked to run and has not finished.
+    checkpoint_asked: AtomicBool,
+    /// Asks the checkpointer thread ([`checkpoint_when_asked`]) to run.
+    checkpoint: mpsc::SyncSender<()>,
 }
 
 impl WriteSide {
@@ -84,6 +111,13 @@ impl WriteSide {
         commit_batch(conn, batch, health);
         if durable {
             self.syncing.store(false, Ordering::Release);
+        }
+        let pages = WAL_PAGES.with(Cell::take);
+        if pages >= CHECKPOINT_PAGES_INLINE {
+            // The checkpointer has fallen behind: this commit checkpoints itself.
+            let _ = conn.0.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        } else if pages >= CHECKPOINT_PAGES && !self.checkpoint_asked.swap(true, Ordering::AcqRel) {
+            let _ = self.checkpoint.try_send(());
         }
     }
 
@@ -202,10 +236,6 @@ fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
     // changes is written whole to the WAL, and a job's three commits change about twenty.
     conn.pragma_update(None, "page_size", PAGE_SIZE)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    // The WAL is copied back into the database every 4,000 pages (8 MiB) rather than
-    // SQLite's 1,000: a job's pages are mostly the same few (the tables' and indexes' last
-    // leaves), so fewer checkpoints copy each one fewer times.
-    conn.pragma_update(None, "wal_autocheckpoint", 4000)?;
     // FULL: the WAL is fsynced at every commit. The writer relaxes it per transaction.
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
@@ -246,18 +276,29 @@ impl SqliteStore {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let conn = open_connection(path)?;
         migrate(&conn)?;
+        // Checkpoints run on the checkpointer thread, not in the commit that fills the WAL.
+        conn.wal_hook(Some(note_wal_pages));
         let (tx, rx) = mpsc::channel::<WriteRequest>();
         let health = Arc::new(Mutex::new(StoreHealth {
             writer_running: true,
             ..StoreHealth::default()
         }));
         let writer_health = health.clone();
+        let (checkpoint_tx, checkpoint_rx) = mpsc::sync_channel(1);
         let write_side = Arc::new(WriteSide {
             conn: Mutex::new((conn, true)),
             queued: AtomicUsize::new(0),
             syncing: AtomicBool::new(false),
+            checkpoint_asked: AtomicBool::new(false),
+            checkpoint: checkpoint_tx,
         });
         let writer_side = write_side.clone();
+        let checkpoint_path = path.to_path_buf();
+        let checkpoint_side = Arc::downgrade(&write_side);
+        std::thread::Builder::new()
+            .name("weft-store-checkpoint".into())
+            .spawn(move || checkpoint_when_asked(&checkpoint_path, &checkpoint_side, &checkpoint_rx))
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
         std::thread::Builder::new()
             .name("weft-store-writer".into())
             .spawn(move || supervise_writer(&writer_side, &rx, &writer_health))
@@ -340,6 +381,38 @@ fn with_reader<R>(
     let result = op(&conn);
     readers.lock().unwrap_or_else(|e| e.into_inner()).push(conn);
     result
+}
+
+/// Copies the WAL back into the database each time it is asked, until the store's write
+/// side is gone, in two passes. The first, on the checkpointer's own connection, runs
+/// beside the writer and readers without blocking them: it copies what is committed and
+/// waits for the two fsyncs, which is most of a checkpoint's time. The second, on the write
+/// connection, holding it, copies the few commits made meanwhile: only a checkpoint that
+/// nothing commits beside lets the next write start the WAL over from its beginning, where
+/// its pages are rewritten in place instead of growing the file.
+fn checkpoint_when_asked(path: &Path, side: &std::sync::Weak<WriteSide>, asked: &mpsc::Receiver<()>) {
+    let conn = match open_connection(path) {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::warn!(error = %e, "the store's checkpointer cannot open the database; commits checkpoint themselves");
+            return;
+        }
+    };
+    let checkpoint = |c: &Connection| {
+        if let Err(e) = c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::warn!(error = %e, "the store's checkpoint failed");
+        }
+    };
+    while asked.recv().is_ok() {
+        checkpoint(&conn);
+        let Some(side) = side.upgrade() else { return };
+        let conn = side.lock();
+        // It waits for fsyncs: writes that come meanwhile go to the writer thread.
+        side.syncing.store(true, Ordering::Release);
+        checkpoint(&conn.0);
+        side.syncing.store(false, Ordering::Release);
+        side.checkpoint_asked.store(false, Ordering::Release);
+    }
 }
 
 /// Runs the writer until every sender is gone, restarting it (with any half-done
