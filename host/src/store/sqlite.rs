@@ -1,12 +1,13 @@
-//! The embedded store: SQLite in WAL mode. One writer thread takes every write, and under
-//! load commits many of them in one transaction (group commit), so durable submissions are
-//! not limited to one fsync each. A transaction holding a write that must survive power
-//! loss (a submission, an upload, a key, credits) commits with `synchronous = FULL`: the WAL
-//! is fsynced before the caller hears back, so a 201 means durably recorded. Transactions of
-//! only state updates that follow (start, outputs, finish) commit with `NORMAL`: they survive
-//! a process crash, and the next FULL commit makes them durable too; after a power cut the
-//! worst case is a job that ran again. Readers use their own connections, which WAL lets run
-//! beside the writer.
+//! The embedded store: SQLite in WAL mode, with one write connection. A write that finds
+//! it free commits on the caller's thread; under load the writer thread commits many writes
+//! in one transaction (group commit), so durable submissions are not limited to one fsync
+//! each. A checkpointer thread copies the WAL back into the database, off the write path.
+//! A transaction holding a write that must survive power loss (a submission, an upload, a
+//! key, credits) commits with `synchronous = FULL`: the WAL is fsynced before the caller
+//! hears back, so a 201 means durably recorded. Transactions of only state updates that
+//! follow (start, outputs, finish) commit with `NORMAL`: they survive a process crash, and
+//! the next FULL commit makes them durable too; after a power cut the worst case is a job
+//! that ran again. Readers use their own connections, which WAL lets run beside the writer.
 
 use std::any::Any;
 use std::cell::Cell;
