@@ -106,26 +106,26 @@ impl WriteSide {
     /// [`commit_batch`], telling callers meanwhile whether it waits for an fsync; then asks
     /// for a checkpoint if the WAL has grown to [`CHECKPOINT_PAGES`].
     fn commit(&self, conn: &mut (Connection, bool), batch: Vec<WriteRequest>, health: &Mutex<StoreHealth>) {
-        let durable = batch.iter().any(|r| r.durable);
-        if durable {
-            self.syncing.store(true, Ordering::Release);
+        if batch.iter().any(|r| r.durable) {
+            self.syncing_while(|| commit_batch(conn, batch, health));
+        } else {
+            commit_batch(conn, batch, health);
         }
-        commit_batch(conn, batch, health);
         let pages = WAL_PAGES.with(Cell::take);
         if pages >= CHECKPOINT_PAGES_INLINE {
-            // The checkpointer has fallen behind: this commit checkpoints itself, which
-            // waits for fsyncs too.
-            self.syncing.store(true, Ordering::Release);
-            let _ = conn.0.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
-            self.syncing.store(false, Ordering::Release);
-        } else {
-            if durable {
-                self.syncing.store(false, Ordering::Release);
-            }
-            if pages >= CHECKPOINT_PAGES && !self.checkpoint_asked.swap(true, Ordering::AcqRel) {
-                let _ = self.checkpoint.try_send(());
-            }
+            // The checkpointer has fallen behind: this commit checkpoints itself.
+            self.syncing_while(|| checkpoint(&conn.0));
+        } else if pages >= CHECKPOINT_PAGES && !self.checkpoint_asked.swap(true, Ordering::AcqRel) {
+            let _ = self.checkpoint.try_send(());
         }
+    }
+
+    /// Runs `work`, which waits for fsyncs while holding the connection: relaxed writes
+    /// that come meanwhile go to the writer thread rather than wait for the mutex.
+    fn syncing_while(&self, work: impl FnOnce()) {
+        self.syncing.store(true, Ordering::Release);
+        work();
+        self.syncing.store(false, Ordering::Release);
     }
 
     /// The connection, waiting for it.
@@ -405,20 +405,20 @@ fn checkpoint_when_asked(path: &Path, side: &std::sync::Weak<WriteSide>, asked: 
             return;
         }
     };
-    let checkpoint = |c: &Connection| {
-        if let Err(e) = c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            tracing::warn!(error = %e, "the store's checkpoint failed");
-        }
-    };
     while asked.recv().is_ok() {
         checkpoint(&conn);
         let Some(side) = side.upgrade() else { return };
-        let conn = side.lock();
-        // It waits for fsyncs: writes that come meanwhile go to the writer thread.
-        side.syncing.store(true, Ordering::Release);
-        checkpoint(&conn.0);
-        side.syncing.store(false, Ordering::Release);
+        let write = side.lock();
+        side.syncing_while(|| checkpoint(&write.0));
         side.checkpoint_asked.store(false, Ordering::Release);
+    }
+}
+
+/// Copies what the WAL holds back into the database, as far as readers allow, without
+/// waiting for any of them (`PASSIVE`).
+fn checkpoint(conn: &Connection) {
+    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+        tracing::warn!(error = %e, "the store's checkpoint failed");
     }
 }
 
