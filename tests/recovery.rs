@@ -26,6 +26,17 @@ fn wait_status(server: &Server, id: &str, status: &str) -> Value {
     panic!("job {id} never reached {status}");
 }
 
+/// Waits for each of `ids`, the jobs of `text_workflow(prefix + index)`, and checks it
+/// succeeded with its own text as its output.
+fn assert_each_succeeded_with_its_text(server: &Server, ids: &[String], prefix: &str) {
+    for (i, id) in ids.iter().enumerate() {
+        let job = server.wait(id);
+        assert_eq!(job["status"], "succeeded", "job {id}: {job}");
+        let url = job["outputs"][0]["url"].as_str().unwrap();
+        assert_eq!(server.download(url), format!("{prefix}{i}").as_bytes());
+    }
+}
+
 #[test]
 fn no_accepted_job_is_lost_after_kill_9() {
     let plugins = support::plugins_with(&["weft_test_counter"]);
@@ -56,12 +67,7 @@ fn no_accepted_job_is_lost_after_kill_9() {
     assert_eq!(job["status"], "succeeded", "the interrupted job was not re-run: {job}");
     assert!(job["error"].is_null(), "{job}");
     assert_eq!(job["progress"]["nodes_done"], job["progress"]["nodes_total"], "{job}");
-    for (i, id) in queued.iter().enumerate() {
-        let job = server.wait(id);
-        assert_eq!(job["status"], "succeeded", "job {id}");
-        let url = job["outputs"][0]["url"].as_str().unwrap();
-        assert_eq!(server.download(url), format!("q{i}").as_bytes());
-    }
+    assert_each_succeeded_with_its_text(&server, &queued, "q");
     drop(server);
     let _ = std::fs::remove_dir_all(data_dir);
 }
@@ -180,6 +186,34 @@ fn orphaned_blobs_older_than_an_hour_are_swept_and_referenced_or_recent_ones_sta
         server.download(asset["url"].as_str().unwrap()),
         b"an uploaded asset, referenced"
     );
+    drop(server);
+    let _ = std::fs::remove_dir_all(data_dir);
+}
+
+/// Enough jobs that the store's WAL is checkpointed several times while they are submitted
+/// and run (about 8 MiB of WAL a checkpoint), then kill -9 right after the last 201: every
+/// accepted job is there after the restart and finishes with its own output.
+#[test]
+fn no_accepted_job_is_lost_after_kill_9_across_wal_checkpoints() {
+    let options = Options {
+        args: vec!["--workers".into(), "2".into()],
+        ..Default::default()
+    };
+    let server = Server::with(options.clone());
+    let ids: Vec<String> = (0..800)
+        .map(|i| {
+            server.submit(text_workflow(&format!("c{i}")))["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let data_dir = server.kill();
+    let server = Server::with(Options {
+        data_dir: Some(data_dir.clone()),
+        ..options
+    });
+    assert_each_succeeded_with_its_text(&server, &ids, "c");
     drop(server);
     let _ = std::fs::remove_dir_all(data_dir);
 }
