@@ -792,6 +792,44 @@ async fn a_lapsed_claim_is_taken_over_by_exactly_one_process() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_renewal_locks_jobs_in_the_order_event_batches_do_and_never_deadlocks_with_one() {
+    let (store, url) = pg().await;
+    // "b" first: it is claimed first and lies first in the table, so a renewal that locked
+    // rows in scan order would take "b" before "a".
+    store.insert_job(job("b", "t", Utc::now()), None, 0).await.unwrap();
+    store.insert_job(job("a", "t", Utc::now()), None, 0).await.unwrap();
+    let c = coordinator(&store, "p", Duration::from_secs(30));
+    assert!(c.claim().await.unwrap().is_some());
+    assert!(c.claim().await.unwrap().is_some());
+    // An event batch of both jobs, as the log writes one: rows in id order, "a" locked first.
+    let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let batch = client.transaction().await.unwrap();
+    let bump = "UPDATE jobs SET event_seq = event_seq + 1 WHERE id = $1";
+    batch.execute(bump, &[&"a"]).await.unwrap();
+    let renewal = tokio::spawn({
+        let c = c.clone();
+        async move { c.renew_leases().await }
+    });
+    // Once the renewal waits for "a", the batch goes on to "b": it must find "b" free.
+    let (watcher, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let waiting =
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    while watcher.query_one(waiting, &[]).await.unwrap().get::<_, i64>(0) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the renewal never waited for the batch"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    batch.execute(bump, &[&"b"]).await.expect("the batch is not deadlocked");
+    batch.commit().await.unwrap();
+    assert_eq!(renewal.await.unwrap().expect("the renewal is not deadlocked"), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn events_of_one_job_are_numbered_once_across_processes_and_wake_the_others() {
     let (store, url) = pg().await;

@@ -192,9 +192,7 @@ impl Jobs {
                     if let Err(panic) = std::panic::AssertUnwindSafe(self.run(id.clone())).catch_unwind().await {
                         self.fail_after_panic(&id, panic).await;
                     }
-                    if let Err(e) = shared.coordinator.release(&id).await {
-                        tracing::warn!(job = %id, error = %e, "cannot release a job's claim; its lease will lapse");
-                    }
+                    release(shared.coordinator.as_ref(), &id).await;
                 }
                 Ok(None) => {
                     let _ = tokio::time::timeout(POLL, woken).await;
@@ -203,6 +201,27 @@ impl Jobs {
                     tracing::warn!(error = %e, "cannot claim a job");
                     tokio::time::sleep(POLL).await;
                 }
+            }
+        }
+    }
+}
+
+/// Tries to release one claim.
+const RELEASE_ATTEMPTS: u32 = 5;
+
+/// Releases this process's claim on job `id`, trying again after a failure (a deadlock the
+/// database broke, a dropped connection): a release is idempotent, and a claim left behind
+/// holds a queued job until its lease lapses.
+async fn release(coordinator: &dyn Coordinator, id: &str) {
+    for attempt in 1..=RELEASE_ATTEMPTS {
+        match coordinator.release(id).await {
+            Ok(()) => return,
+            Err(e) if attempt == RELEASE_ATTEMPTS => {
+                tracing::warn!(job = %id, error = %e, "cannot release a job's claim; its lease will lapse")
+            }
+            Err(e) => {
+                tracing::debug!(job = %id, error = %e, attempt, "releasing a claim failed; retrying");
+                tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
             }
         }
     }

@@ -246,11 +246,15 @@ impl Coordinator for PgCoordinator {
             .await?)
     }
 
+    /// Locks the rows in id order before writing them, as the event log's batches do: a
+    /// renewal that locked them in scan order could deadlock with a batch, and with the
+    /// releases and claims queued behind either on a row.
     async fn renew_leases(&self) -> Result<u64, StoreError> {
         let conn = self.pool.get().await?;
         Ok(conn
             .execute(
-                "UPDATE jobs SET lease_until = now() + make_interval(secs => $2) WHERE claimed_by = $1",
+                "UPDATE jobs SET lease_until = now() + make_interval(secs => $2) WHERE id IN (
+                    SELECT id FROM jobs WHERE claimed_by = $1 ORDER BY id FOR NO KEY UPDATE)",
                 &[&self.process, &self.lease_secs()],
             )
             .await?)
