@@ -206,7 +206,7 @@ impl Jobs {
     }
 }
 
-/// Tries to release one claim.
+/// How many times a worker tries to release one claim.
 const RELEASE_ATTEMPTS: u32 = 5;
 
 /// Releases this process's claim on job `id`, trying again after a failure (a deadlock the
