@@ -121,11 +121,19 @@ impl WriteSide {
     }
 
     /// Runs `work`, which waits for fsyncs while holding the connection: relaxed writes
-    /// that come meanwhile go to the writer thread rather than wait for the mutex.
+    /// that come meanwhile go to the writer thread rather than wait for the mutex. The flag
+    /// is cleared even if `work` panics (the writer is restarted after a panic), so relaxed
+    /// writes do not go the slow way for ever after.
     fn syncing_while(&self, work: impl FnOnce()) {
+        struct Cleared<'a>(&'a AtomicBool);
+        impl Drop for Cleared<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
         self.syncing.store(true, Ordering::Release);
+        let _cleared = Cleared(&self.syncing);
         work();
-        self.syncing.store(false, Ordering::Release);
     }
 
     /// The connection, waiting for it.
