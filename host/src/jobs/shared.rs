@@ -4,6 +4,7 @@
 //! process's streams from it, and cancels reach the process running the job. Wake-ups
 //! ([`Signal`]s) only shorten waits: workers also poll, and the hub re-reads the log.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -206,29 +207,36 @@ impl Jobs {
     }
 }
 
-/// How many times a worker tries to release one claim.
-const RELEASE_ATTEMPTS: u32 = 5;
+/// How many times a coordinator write that failed (a deadlock the database broke, a
+/// dropped connection) is tried in all: a failed one wrote nothing, so it is safe to repeat.
+const WRITE_ATTEMPTS: u32 = 5;
 
-/// Releases this process's claim on job `id`, trying again after a failure (a deadlock the
-/// database broke, a dropped connection): a release is idempotent, and a claim left behind
-/// holds a queued job until its lease lapses.
-async fn release(coordinator: &dyn Coordinator, id: &str) {
-    for attempt in 1..=RELEASE_ATTEMPTS {
-        match coordinator.release(id).await {
-            Ok(()) => return,
-            Err(e) if attempt == RELEASE_ATTEMPTS => {
-                tracing::warn!(job = %id, error = %e, "cannot release a job's claim; its lease will lapse")
+/// Runs `write` until it succeeds or has failed [`WRITE_ATTEMPTS`] times, pausing longer
+/// after each failure; the last error if every attempt failed.
+async fn with_retries<F: Future<Output = Result<(), StoreError>>>(
+    what: &str,
+    mut write: impl FnMut() -> F,
+) -> Result<(), StoreError> {
+    let mut attempt = 1;
+    loop {
+        match write().await {
+            Err(e) if attempt < WRITE_ATTEMPTS => {
+                tracing::debug!(error = %e, attempt, "{what} failed; retrying");
+                tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
+                attempt += 1;
             }
-            Err(e) => {
-                tracing::debug!(job = %id, error = %e, attempt, "releasing a claim failed; retrying");
-                tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
-            }
+            done => return done,
         }
     }
 }
 
-/// Tries to write one batch of events.
-const WRITE_ATTEMPTS: u32 = 5;
+/// Releases this process's claim on job `id`, retried: a claim left behind holds a queued
+/// job until its lease lapses.
+async fn release(coordinator: &dyn Coordinator, id: &str) {
+    if let Err(e) = with_retries("releasing a claim", || coordinator.release(id)).await {
+        tracing::warn!(job = %id, error = %e, "cannot release a job's claim; its lease will lapse");
+    }
+}
 
 /// Most events written in one transaction.
 const EVENT_BATCH: usize = 256;
@@ -251,17 +259,8 @@ async fn write_events(coordinator: Arc<dyn Coordinator>, mut rx: mpsc::Receiver<
                 (job, event.to_log(), progress)
             })
             .collect();
-        for attempt in 1..=WRITE_ATTEMPTS {
-            match coordinator.append_events(events.clone()).await {
-                Ok(()) => break,
-                Err(e) if attempt == WRITE_ATTEMPTS => {
-                    tracing::warn!(error = %e, events = events.len(), "cannot write events to the log; they are lost")
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, attempt, "writing events failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
-                }
-            }
+        if let Err(e) = with_retries("writing events", || coordinator.append_events(events.clone())).await {
+            tracing::warn!(error = %e, events = events.len(), "cannot write events to the log; they are lost");
         }
     }
 }
