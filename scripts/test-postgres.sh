@@ -4,14 +4,15 @@
 # tests use PostgreSQL in the ordinary run already.
 #
 # By default it runs the tests whose behaviour depends on the store: the job API, event
-# streams, recovery, ComfyUI's protocol (its /ws follows every job), the dashboard (its live
-# list follows every job), the CLI, the graph engine (cache, outputs, failures), branches,
-# bounds, assets, content safety, host limits and blobs in S3. CI runs it after the README's
-# test command. Extra arguments go to nextest instead (e.g. `-E 'binary(nodes)'`); the other
-# black-box tests pass there too (the SQLite-only disk-full test of `health` skips itself).
+# streams, recovery, graceful shutdown, ComfyUI's protocol (its /ws follows every job), the
+# dashboard (its live list follows every job), the CLI, the graph engine (cache, outputs,
+# failures), branches, bounds, assets, content safety, host limits and blobs in S3. CI runs
+# it after the README's test command. Extra arguments go to nextest instead (e.g.
+# `-E 'binary(nodes)'`); the other black-box tests pass there too (the SQLite-only disk-full
+# test of `health` skips itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-filter='binary(job_api) | binary(events) | binary(recovery) | binary(comfy_protocol) | binary(dashboard) | binary(cli) | binary(graph) | binary(branches) | binary(bounds) | binary(assets) | binary(content_safety) | binary(host_limits) | binary(blob_store)'
+filter='binary(job_api) | binary(events) | binary(recovery) | binary(shutdown) | binary(comfy_protocol) | binary(dashboard) | binary(cli) | binary(graph) | binary(branches) | binary(bounds) | binary(assets) | binary(content_safety) | binary(host_limits) | binary(blob_store)'
 if [ $# -gt 0 ]; then
   WEFT_TEST_STORE=postgres cargo nextest run --workspace --no-fail-fast "$@"
 else

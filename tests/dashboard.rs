@@ -5,11 +5,9 @@
 
 mod support;
 
-use std::time::Duration;
-
 use serde_json::{json, Value};
 use support::browser::Browser;
-use support::{new_key, plugins_with, Options, Server};
+use support::{new_key, plugins_with, raw_client, session_cookie, Options, Server};
 
 fn image_graph() -> Value {
     json!({
@@ -28,31 +26,6 @@ fn log_in(browser: &Browser, server: &Server, key: &str) {
         "the jobs page after login",
         "return document.body.dataset.page === 'jobs'",
     );
-}
-
-/// A client that keeps no cookies and follows no redirects.
-fn raw_client() -> reqwest::blocking::Client {
-    reqwest::blocking::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
-/// Logs in over HTTP and returns the `weft_session=...` cookie pair.
-fn session_cookie(server: &Server, key: &str) -> String {
-    let r = raw_client()
-        .post(server.url("/login"))
-        .header("Origin", &server.base)
-        .form(&[("key", key), ("next", "/")])
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 303);
-    let set = r.headers()["set-cookie"].to_str().unwrap().to_string();
-    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/"] {
-        assert!(set.contains(attribute), "cookie lacks {attribute}: {set}");
-    }
-    set.split(';').next().unwrap().to_string()
 }
 
 #[test]

@@ -54,3 +54,13 @@ fn image_files_that_once_crashed_the_decoder_are_clean_errors() {
 fn guest_results_that_once_crashed_the_wit_conversions_are_clean_errors() {
     replay("wit_values", weft::fuzzing::wit_values);
 }
+
+#[test]
+fn comfy_protocol_requests_that_once_crashed_a_route_are_clean_errors() {
+    replay("comfy_request", weft::fuzzing::comfy_request);
+}
+
+#[test]
+fn json_bodies_whose_scan_once_disagreed_with_their_parse_are_counted_right() {
+    replay("json_body", weft::fuzzing::json_body);
+}

@@ -225,8 +225,10 @@ fn every_sampler_and_scheduler_matches_comfyui(
     let text = |key: &str| s[key].as_str().map(str::to_string).context(key.to_string());
     let number = |key: &str| s[key].as_f64().context(key.to_string());
     let encoder = TextEncoder::new(models.clone(), checkpoint.to_path_buf());
-    let positive = Conditioning::from_context(encoder.encode(&text("positive")?, None)?);
-    let negative = Conditioning::from_context(encoder.encode(&text("negative")?, None)?);
+    let positive =
+        Conditioning::from_context(encoder.encode(&text("positive")?, None, crate::interrupt::Interrupt::NEVER)?);
+    let negative =
+        Conditioning::from_context(encoder.encode(&text("negative")?, None, crate::interrupt::Interrupt::NEVER)?);
     let model = DiffusionModel::new(models.clone(), checkpoint.to_path_buf());
     let (width, height) = (number("width")? as u32, number("height")? as u32);
     let shape = [1, models.config.latent_channels as u32, height / 8, width / 8];
@@ -264,9 +266,16 @@ fn every_sampler_and_scheduler_matches_comfyui(
             last_step: usize::MAX,
             force_full_denoise: false,
         };
-        let out = ksample(&model, &positive, &negative, &empty, &settings, &mut |_| {
-            StepControl::Continue
-        })?;
+        let never = crate::interrupt::Interrupt::NEVER;
+        let out = ksample(
+            &model,
+            &positive,
+            &negative,
+            &empty,
+            &settings,
+            &mut |_| StepControl::Continue,
+            never,
+        )?;
         let want: Vec<f32> = case["latent"]
             .as_array()
             .context("latent")?

@@ -4,7 +4,7 @@
 
 use std::io::Cursor;
 
-use image::{imageops::FilterType, GenericImageView, ImageBuffer, Rgb, Rgb32FImage};
+use image::{GenericImageView, ImageBuffer, Rgb, Rgb32FImage};
 
 use super::ComputeError;
 
@@ -178,7 +178,8 @@ pub fn scale_peak_bytes(image: &ImageBatch, width: u32, height: u32, center_crop
 
 /// Resizes every image to `width` x `height`. A zero side keeps the aspect ratio; with
 /// `center_crop` the source is first cropped to the target's aspect ratio, as ComfyUI does.
-/// `keep_going` is asked before each image; when it says no, scaling stops with `None`.
+/// `keep_going` is asked before each image and every few million pixel-taps of filtering
+/// inside one (~10 ms of work); when it says no, scaling stops with `None`.
 pub fn scale(
     image: &ImageBatch,
     method: ScaleMethod,
@@ -193,16 +194,19 @@ pub fn scale(
         return Err(ComputeError::invalid("only 3-channel images can be scaled"));
     }
     let mut data = Vec::new();
+    let mut work = Work::new(keep_going);
     for index in 0..image.batch {
         if !keep_going() {
             return Ok(None);
         }
         let frame = image.frame(index);
-        let mut resized = match center_crop.then(|| crop_to_aspect(&frame, width, height)).flatten() {
-            Some(cropped) => resize(&cropped, method, width, height),
-            None => resize(&frame, method, width, height),
-        }
-        .into_raw();
+        let resized = match center_crop.then(|| crop_to_aspect(&frame, width, height)).flatten() {
+            Some(cropped) => resize(&cropped, method, width, height, &mut work),
+            None => resize(&frame, method, width, height, &mut work),
+        };
+        let Some(mut resized) = resized else {
+            return Ok(None);
+        };
         for v in &mut resized {
             *v = v.clamp(0.0, 1.0);
         }
@@ -224,19 +228,193 @@ pub fn scale(
     }))
 }
 
-/// `frame` resized to `width` x `height` with `method`.
-fn resize<I: GenericImageView<Pixel = Rgb<f32>>>(
-    frame: &I,
+/// Pixel-taps (one source pixel weighed into one target pixel) between two questions to
+/// the caller: about 10 ms of filtering.
+const TAPS_PER_CHECK: u64 = 1 << 22;
+
+/// Counts a long loop's work and asks the caller whether to go on every
+/// [`TAPS_PER_CHECK`] of it.
+struct Work<'a> {
+    keep_going: &'a dyn Fn() -> bool,
+    since_check: u64,
+}
+
+impl<'a> Work<'a> {
+    fn new(keep_going: &'a dyn Fn() -> bool) -> Self {
+        Work {
+            keep_going,
+            since_check: 0,
+        }
+    }
+
+    /// `taps` more done; false once the caller says stop.
+    fn done(&mut self, taps: u64) -> bool {
+        self.since_check += taps;
+        if self.since_check < TAPS_PER_CHECK {
+            return true;
+        }
+        self.since_check = 0;
+        (self.keep_going)()
+    }
+}
+
+/// `frame` resized to `width` x `height` with `method`, as RGB values; `None` when `work`
+/// was told to stop.
+fn resize<C: std::ops::Deref<Target = [f32]>>(
+    frame: &ImageBuffer<Rgb<f32>, C>,
     method: ScaleMethod,
     width: u32,
     height: u32,
-) -> Rgb32FImage {
-    match method {
-        ScaleMethod::Area => area_resize(frame, width, height),
-        ScaleMethod::NearestExact => image::imageops::resize(frame, width, height, FilterType::Nearest),
-        ScaleMethod::Bilinear => image::imageops::resize(frame, width, height, FilterType::Triangle),
-        ScaleMethod::Bicubic => image::imageops::resize(frame, width, height, FilterType::CatmullRom),
-        ScaleMethod::Lanczos => image::imageops::resize(frame, width, height, FilterType::Lanczos3),
+    work: &mut Work<'_>,
+) -> Option<Vec<f32>> {
+    let (kernel, support): (fn(f32) -> f32, f32) = match method {
+        ScaleMethod::Area => return area_resize(frame, width, height, work).map(Rgb32FImage::into_raw),
+        ScaleMethod::NearestExact => (|_| 1.0, 0.0),
+        ScaleMethod::Bilinear => (triangle, 1.0),
+        ScaleMethod::Bicubic => (catmull_rom, 2.0),
+        ScaleMethod::Lanczos => (lanczos3, 3.0),
+    };
+    let (sw, sh) = frame.dimensions();
+    if (sw, sh) == (width, height) {
+        return Some(frame.as_raw().to_vec());
+    }
+    let filter = Filter { kernel, support };
+    let columns = vertical_pass(frame.as_raw(), (sw, sh), height, &filter, work)?;
+    horizontal_pass(&columns, (sw, height), width, &filter, work)
+}
+
+/// A separable resampling filter: its kernel, and its half-width in target pixels.
+struct Filter {
+    kernel: fn(f32) -> f32,
+    support: f32,
+}
+
+impl Filter {
+    /// For each of `to` target positions along an axis of `from` source pixels, the first
+    /// source pixel it reads and the normalised weights of those it reads: the `image`
+    /// crate's `resize` (its `vertical_sample` and `horizontal_sample`), operation for
+    /// operation, so that results are the same to the bit.
+    fn taps(&self, from: u32, to: u32) -> Vec<(u32, Vec<f32>)> {
+        let ratio = from as f32 / to as f32;
+        let sratio = if ratio < 1.0 { 1.0 } else { ratio };
+        let src_support = self.support * sratio;
+        (0..to)
+            .map(|out| {
+                let input = (out as f32 + 0.5) * ratio;
+                let left = ((input - src_support).floor() as i64).clamp(0, i64::from(from) - 1) as u32;
+                let right = ((input + src_support).ceil() as i64).clamp(i64::from(left) + 1, i64::from(from)) as u32;
+                let input = input - 0.5;
+                let mut weights: Vec<f32> = (left..right)
+                    .map(|i| (self.kernel)((i as f32 - input) / sratio))
+                    .collect();
+                let sum: f32 = weights.iter().fold(0.0, |a, w| a + w);
+                weights.iter_mut().for_each(|w| *w /= sum);
+                (left, weights)
+            })
+            .collect()
+    }
+}
+
+/// The source's columns resampled to `to` rows (RGB, `sw` x `to`).
+fn vertical_pass(
+    pixels: &[f32],
+    (sw, sh): (u32, u32),
+    to: u32,
+    filter: &Filter,
+    work: &mut Work<'_>,
+) -> Option<Vec<f32>> {
+    let row = sw as usize * 3;
+    let mut out = vec![0f32; row * to as usize];
+    for ((left, weights), target) in filter.taps(sh, to).iter().zip(out.chunks_exact_mut(row)) {
+        for x in 0..sw as usize {
+            let mut t = [0f32; 3];
+            for (i, w) in weights.iter().enumerate() {
+                let p = &pixels[(*left as usize + i) * row + x * 3..][..3];
+                for c in 0..3 {
+                    t[c] += p[c] * w;
+                }
+            }
+            target[x * 3..x * 3 + 3].copy_from_slice(&t);
+        }
+        if !work.done(u64::from(sw) * weights.len() as u64) {
+            return None;
+        }
+    }
+    Some(out)
+}
+
+/// The rows of `columns` (`sw` x `h`) resampled to `to` columns and clamped to 0..=1.
+fn horizontal_pass(
+    columns: &[f32],
+    (sw, h): (u32, u32),
+    to: u32,
+    filter: &Filter,
+    work: &mut Work<'_>,
+) -> Option<Vec<f32>> {
+    let taps = filter.taps(sw, to);
+    let per_row: u64 = taps.iter().map(|(_, w)| w.len() as u64).sum();
+    let (row, out_row) = (sw as usize * 3, to as usize * 3);
+    let mut out = vec![0f32; out_row * h as usize];
+    for (source, target) in columns.chunks_exact(row).zip(out.chunks_exact_mut(out_row)) {
+        for ((left, weights), pixel) in taps.iter().zip(target.chunks_exact_mut(3)) {
+            let mut t = [0f32; 3];
+            for (i, w) in weights.iter().enumerate() {
+                let p = &source[(*left as usize + i) * 3..][..3];
+                for c in 0..3 {
+                    t[c] += p[c] * w;
+                }
+            }
+            for c in 0..3 {
+                pixel[c] = t[c].clamp(0.0, 1.0);
+            }
+        }
+        if !work.done(per_row) {
+            return None;
+        }
+    }
+    Some(out)
+}
+
+/// The `image` crate's Lanczos kernel with a window of 3.
+fn lanczos3(x: f32) -> f32 {
+    let sinc = |t: f32| {
+        let a = t * std::f32::consts::PI;
+        if t == 0.0 {
+            1.0
+        } else {
+            a.sin() / a
+        }
+    };
+    if x.abs() < 3.0 {
+        sinc(x) * sinc(x / 3.0)
+    } else {
+        0.0
+    }
+}
+
+/// The `image` crate's Catmull-Rom cubic (its `bc_cubic_spline` with b = 0, c = 0.5).
+fn catmull_rom(x: f32) -> f32 {
+    let (b, c) = (0.0f32, 0.5f32);
+    let a = x.abs();
+    let k = if a < 1.0 {
+        (12.0 - 9.0 * b - 6.0 * c) * a.powi(3) + (-18.0 + 12.0 * b + 6.0 * c) * a.powi(2) + (6.0 - 2.0 * b)
+    } else if a < 2.0 {
+        (-b - 6.0 * c) * a.powi(3)
+            + (6.0 * b + 30.0 * c) * a.powi(2)
+            + (-12.0 * b - 48.0 * c) * a
+            + (8.0 * b + 24.0 * c)
+    } else {
+        0.0
+    };
+    k / 6.0
+}
+
+/// The triangle (bilinear) kernel.
+fn triangle(x: f32) -> f32 {
+    if x.abs() < 1.0 {
+        1.0 - x.abs()
+    } else {
+        0.0
     }
 }
 
@@ -267,10 +445,19 @@ fn crop_to_aspect(frame: &FrameView<'_>, width: u32, height: u32) -> Option<Rgb3
 
 /// Box-filter resize: each target pixel is the area-weighted mean of the source pixels it
 /// covers (torch's `adaptive_avg_pool2d`, which ComfyUI's `area` uses).
-fn area_resize<I: GenericImageView<Pixel = Rgb<f32>>>(frame: &I, width: u32, height: u32) -> Rgb32FImage {
+fn area_resize<I: GenericImageView<Pixel = Rgb<f32>>>(
+    frame: &I,
+    width: u32,
+    height: u32,
+    work: &mut Work<'_>,
+) -> Option<Rgb32FImage> {
     let (sw, sh) = frame.dimensions();
     let mut out: Rgb32FImage = ImageBuffer::new(width, height);
     for ty in 0..height {
+        let taps = u64::from(sw.max(width)) * u64::from(sh.div_ceil(height).max(1));
+        if !work.done(taps) {
+            return None;
+        }
         let y0 = (ty as u64 * sh as u64 / height as u64) as u32;
         let y1 = (((ty as u64 + 1) * sh as u64).div_ceil(height as u64) as u32).max(y0 + 1);
         for tx in 0..width {
@@ -289,7 +476,7 @@ fn area_resize<I: GenericImageView<Pixel = Rgb<f32>>>(frame: &I, width: u32, hei
             out.put_pixel(tx, ty, Rgb([sum[0] / n, sum[1] / n, sum[2] / n]));
         }
     }
-    out
+    Some(out)
 }
 
 /// A reader of an uploaded image file that refuses sides over [`MAX_SIDE`] and decoder
@@ -385,6 +572,36 @@ mod tests {
         assert!(scale(&img, ScaleMethod::Lanczos, 16, 16, false, &|| false)
             .unwrap()
             .is_none());
+        // Every filter gives the `image` crate's results to the bit, up and down.
+        let mut noisy = empty(37, 23, 1, 0).unwrap();
+        for (i, v) in noisy.data.iter_mut().enumerate() {
+            *v = ((i * 7919) % 1000) as f32 / 999.0;
+        }
+        let filters = [
+            (ScaleMethod::NearestExact, image::imageops::FilterType::Nearest),
+            (ScaleMethod::Bilinear, image::imageops::FilterType::Triangle),
+            (ScaleMethod::Bicubic, image::imageops::FilterType::CatmullRom),
+            (ScaleMethod::Lanczos, image::imageops::FilterType::Lanczos3),
+        ];
+        for (method, filter) in filters {
+            for (w, h) in [(80, 51), (11, 7), (37, 9)] {
+                let ours = scale(&noisy, method, w, h, false, &|| true).unwrap().unwrap();
+                let theirs = image::imageops::resize(&noisy.frame(0), w, h, filter);
+                let theirs: Vec<f32> = theirs.into_raw().iter().map(|v| v.clamp(0.0, 1.0)).collect();
+                assert_eq!(ours.data, theirs, "{method:?} to {w}x{h}");
+            }
+        }
+        // A stop inside one image: a large one asks long before it is done.
+        let big = empty(2048, 1024, 1, 0x808080).unwrap();
+        let asked = std::cell::Cell::new(0);
+        let stop_soon = || {
+            asked.set(asked.get() + 1);
+            asked.get() < 3
+        };
+        assert!(scale(&big, ScaleMethod::Lanczos, 4096, 2048, false, &stop_soon)
+            .unwrap()
+            .is_none());
+        assert_eq!(asked.get(), 3, "stopped at the first no");
         // 8x4 to 4x2: the result, and the pass of 8 source columns by 2 target rows (RGBA).
         assert_eq!(scale_peak_bytes(&img, 4, 0, false), 4 * 2 * 12 + 8 * 2 * 16);
     }

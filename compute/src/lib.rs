@@ -11,7 +11,8 @@
 //! - [`models`]: SD1.x checkpoints (validation, loading, weft's UNet, a model cache),
 //!   [`vae`] encode and decode, latent [`preview`]s and [`text_to_image`], the whole
 //!   pipeline; [`device`] picks the CPU or a CUDA GPU;
-//! - [`ComputeError`], how a compute operation fails.
+//! - [`ComputeError`], how a compute operation fails, and [`interrupt`], how a caller
+//!   stops a long one (a forward pass, a scale) part way.
 //!
 //! The CPU kernels behind the models (attention, convolution, norms, linear layers, SIMD
 //! helpers) and the tokenizer are internal.
@@ -25,6 +26,7 @@ pub mod device;
 pub mod diffusion;
 mod geglu;
 pub mod image;
+pub mod interrupt;
 mod linear;
 mod matmul;
 pub mod models;
@@ -73,6 +75,10 @@ pub enum ComputeError {
     /// The operation failed for another reason.
     #[error("{0}")]
     Failed(String),
+    /// The caller's [`interrupt::Interrupt`] fired (a cancel or a deadline) and the
+    /// operation stopped part way.
+    #[error("the computation was interrupted")]
+    Interrupted,
 }
 
 impl ComputeError {
@@ -87,6 +93,7 @@ impl ComputeError {
             Self::Invalid(_) => "invalid_input",
             Self::TooLarge(_) => "value_too_large",
             Self::Failed(_) => "compute_failed",
+            Self::Interrupted => "interrupted",
         }
     }
 }

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use candle_core::{Device, Tensor as CTensor};
 
 use super::image::ImageBatch;
+use super::interrupt::Interrupt;
 use super::models::{Sd1Models, Sd1Vae};
 use super::sampling::Tensor;
 
@@ -38,6 +39,17 @@ pub fn decode(models: &Sd1Models, latent: &Tensor) -> Result<ImageBatch> {
 
 /// [`decode`] with any SD1 autoencoder: a checkpoint's or a standalone VAE file's.
 pub fn decode_with(vae: &Sd1Vae, device: &Device, latent_channels: usize, latent: &Tensor) -> Result<ImageBatch> {
+    decode_interruptible(vae, device, latent_channels, latent, Interrupt::NEVER)
+}
+
+/// [`decode_with`], asking `stop` between the decoder's blocks.
+pub fn decode_interruptible(
+    vae: &Sd1Vae,
+    device: &Device,
+    latent_channels: usize,
+    latent: &Tensor,
+    stop: Interrupt<'_>,
+) -> Result<ImageBatch> {
     anyhow::ensure!(
         latent.shape.len() == 4 && latent.shape[1] == latent_channels,
         "decode needs a [batch, {}, h, w] latent, got {:?}",
@@ -45,7 +57,7 @@ pub fn decode_with(vae: &Sd1Vae, device: &Device, latent_channels: usize, latent
         latent.shape
     );
     let x = CTensor::from_slice(&latent.data, latent.shape.as_slice(), device)?;
-    let img = vae.decode(&x).context("VAE decode")?;
+    let img = vae.decode_interruptible(&x, stop).context("VAE decode")?;
     let img = ((img + 1.0)? / 2.0)?
         .clamp(0f32, 1f32)?
         .permute((0, 2, 3, 1))?
@@ -68,6 +80,11 @@ pub fn encode(models: &Sd1Models, image: &ImageBatch) -> Result<Tensor> {
 
 /// [`encode`] with any SD1 autoencoder: a checkpoint's or a standalone VAE file's.
 pub fn encode_with(vae: &Sd1Vae, device: &Device, image: &ImageBatch) -> Result<Tensor> {
+    encode_interruptible(vae, device, image, Interrupt::NEVER)
+}
+
+/// [`encode_with`], asking `stop` between the encoder's blocks.
+pub fn encode_interruptible(vae: &Sd1Vae, device: &Device, image: &ImageBatch, stop: Interrupt<'_>) -> Result<Tensor> {
     anyhow::ensure!(
         image.channels == 3,
         "encode needs an RGB image, got {} channels",
@@ -89,7 +106,7 @@ pub fn encode_with(vae: &Sd1Vae, device: &Device, image: &ImageBatch) -> Result<
         .permute((0, 3, 1, 2))?
         .contiguous()?;
     let x = ((x * 2.0)? - 1.0)?;
-    let latent = vae.encode(&x).context("VAE encode")?;
+    let latent = vae.encode_interruptible(&x, stop).context("VAE encode")?;
     from_candle(&latent)
 }
 

@@ -39,7 +39,8 @@ const RETURNED_LIMIT: usize = 64 * 1024;
 struct Context {
     dir: PathBuf,
     tokio: tokio::runtime::Runtime,
-    assets: Assets,
+    store: Arc<dyn crate::store::Store>,
+    assets: Arc<Assets>,
 }
 
 fn context() -> &'static Context {
@@ -57,24 +58,29 @@ fn context() -> &'static Context {
         let blobs = Arc::new(LocalBlobs::open(&dir.join("blobs")).expect("opening the fuzz blobs"));
         std::fs::create_dir_all(dir.join("v2m-tmp")).expect("creating the v2m temporary directory");
         Context {
-            assets: Assets::new(store, blobs),
+            assets: Arc::new(Assets::new(store.clone(), blobs)),
+            store,
             dir,
             tokio,
         }
     })
 }
 
-fn catalog() -> &'static Catalog {
-    static CATALOG: OnceLock<Catalog> = OnceLock::new();
-    CATALOG.get_or_init(|| {
+fn runtime() -> &'static Arc<Runtime> {
+    static RUNTIME: OnceLock<Arc<Runtime>> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
         let config = RuntimeConfig {
             cache_dir: Some(std::env::temp_dir().join("weft-fuzz-cache")),
             concurrent_calls: 1,
             ..RuntimeConfig::default()
         };
-        let runtime = Runtime::load(config).expect("loading the built-in plugins");
-        runtime.catalog().into_owned()
+        Runtime::load(config).expect("loading the built-in plugins")
     })
+}
+
+fn catalog() -> &'static Catalog {
+    static CATALOG: OnceLock<Catalog> = OnceLock::new();
+    CATALOG.get_or_init(|| runtime().catalog().into_owned())
 }
 
 /// The workflow parser and validator: `data` as a submitted workflow, checked against the
@@ -389,4 +395,167 @@ fn guest_file(u: &mut Unstructured, reps: &[u32]) -> arbitrary::Result<wit::Outp
         content_type: String::arbitrary(u)?,
         data,
     })
+}
+
+/// The server's routes on the fuzz context's store, with a job service that queues jobs and
+/// never runs them: what a ComfyUI client reaches over HTTP.
+fn server_routes() -> &'static warp::filters::BoxedFilter<(warp::reply::Response,)> {
+    static ROUTES: OnceLock<warp::filters::BoxedFilter<(warp::reply::Response,)>> = OnceLock::new();
+    ROUTES.get_or_init(|| {
+        let context = context();
+        let (assets, store) = (context.assets.clone(), context.store.clone());
+        let config = crate::api::ApiConfig {
+            auth: crate::api::AuthMode::None,
+            surface: crate::api::Surface::SelfHosted,
+            public_demo: false,
+            mount_prefix: String::new(),
+            max_upload_bytes: MAX_UPLOAD,
+            max_json_bytes: 1 << 20,
+            json_parse_budget_bytes: 64 << 20,
+            max_streams: 16,
+            tenant_max_streams: 16,
+            public_url: None,
+            allowed_origins: Vec::new(),
+            admin_token: None,
+            v2m: Default::default(),
+            comfyui_frontend: None,
+        };
+        let state = Arc::new(crate::api::AppState {
+            json_budget: crate::api::body::ParseBudget::new(config.json_parse_budget_bytes),
+            config,
+            store: store.clone(),
+            assets: assets.clone(),
+            jobs: OnceLock::new(),
+            links: crate::api::links::Links::new(
+                "http://127.0.0.1:8188",
+                "",
+                [7; 32],
+                std::time::Duration::from_secs(60),
+            ),
+            streams: Default::default(),
+            tenant_streams: Default::default(),
+            stopped: Default::default(),
+            v2m: None,
+            sessions: Default::default(),
+            logins: Default::default(),
+            settings_locks: Default::default(),
+        });
+        let jobs = context.tokio.block_on(async {
+            let config = crate::jobs::JobsConfig {
+                queue_depth: 64,
+                tenant_queue_depth: 64,
+                ..Default::default()
+            };
+            crate::jobs::Jobs::new(store, assets, runtime().clone(), config)
+        });
+        let _ = state.jobs.set(jobs);
+        crate::api::routes(state)
+    })
+}
+
+/// What [`comfy_request`] sends, picked by the input's first byte; `{}` is replaced by the
+/// input's first line, the rest of the input is the body.
+const COMFY_REQUESTS: &[(&str, &str)] = &[
+    ("POST", "/prompt"),
+    ("POST", "/userdata/{}?overwrite=true"),
+    ("GET", "/userdata?dir={}&recurse=true&split=true"),
+    ("GET", "/userdata/{}"),
+    ("POST", "/userdata/{}/move/renamed.json"),
+    ("DELETE", "/userdata/{}"),
+    ("GET", "/v2/userdata?path={}"),
+    ("POST", "/settings"),
+    ("POST", "/settings/{}"),
+    ("POST", "/upload/image"),
+    ("POST", "/upload/mask"),
+    ("GET", "/view?{}"),
+    ("POST", "/queue"),
+    ("POST", "/interrupt"),
+    ("POST", "/history"),
+    ("GET", "/history?{}"),
+    ("POST", "/api/v2/jobs"),
+    ("WS", "/ws?{}"),
+];
+
+/// ComfyUI's protocol as a client speaks it: `/prompt` bodies, user-data paths and files,
+/// settings, upload forms (framed with [`BOUNDARY`]), `/view` queries and `/ws` frames, sent
+/// to the real routes. No answer may be a 5xx, and no user-data file may be stored under a
+/// name the path rules refuse.
+pub fn comfy_request(data: &[u8]) {
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
+    let (method, template) = COMFY_REQUESTS[usize::from(pick) % COMFY_REQUESTS.len()];
+    let (arg, body) = match rest.iter().position(|&b| b == b'\n') {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, &[][..]),
+    };
+    let Ok(arg) = std::str::from_utf8(arg) else {
+        return;
+    };
+    let path = template.replace("{}", arg);
+    if path.parse::<warp::http::Uri>().is_err() {
+        return;
+    }
+    let routes = server_routes();
+    let context = context();
+    context.tokio.block_on(async {
+        if method == "WS" {
+            return websocket_frames(routes, &path, body).await;
+        }
+        let mut request = warp::test::request().method(method).path(&path).body(body);
+        if path.starts_with("/upload/") {
+            request = request.header("content-type", format!("multipart/form-data; boundary={BOUNDARY}"));
+        }
+        let response = request.reply(routes).await;
+        assert!(
+            !response.status().is_server_error(),
+            "{method} {path} answered {}: {}",
+            response.status(),
+            String::from_utf8_lossy(response.body())
+        );
+        if template.starts_with("/userdata/") && method == "POST" {
+            let files = context
+                .store
+                .user_files("default", "")
+                .await
+                .expect("listing user files");
+            for file in files {
+                assert!(
+                    crate::api::comfy::user_path_is_allowed(&file.path),
+                    "a user file was stored as {:?}",
+                    file.path
+                );
+            }
+        }
+    });
+}
+
+/// Opens `/ws` at `path`, sends `frame` as a client's text frame and as a binary one, and
+/// reads what the server sends first.
+async fn websocket_frames(routes: &warp::filters::BoxedFilter<(warp::reply::Response,)>, path: &str, frame: &[u8]) {
+    let Ok(mut socket) = warp::test::ws().path(path).handshake(routes.clone()).await else {
+        return;
+    };
+    socket.send_text(String::from_utf8_lossy(frame)).await;
+    socket.send(warp::ws::Message::binary(frame.to_vec())).await;
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(50), socket.recv()).await;
+}
+
+/// The scan that bounds a JSON body before it is parsed: it never panics, and for any text
+/// that parses, it counts what the parse holds (keys, values and the widest object), so the
+/// bounds and the memory estimate are those of the real value. Duplicate keys are the one
+/// difference: a parse keeps one of them, the scan counts each.
+pub fn json_body(data: &[u8]) {
+    let scanned = crate::api::body::Shape::scan(data);
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let parsed = crate::api::body::Shape::of(&value);
+    assert_eq!(
+        scanned.values,
+        parsed.values,
+        "values of {:?}",
+        String::from_utf8_lossy(data)
+    );
+    assert!(scanned.keys >= parsed.keys && scanned.widest_object >= parsed.widest_object);
 }

@@ -193,6 +193,11 @@ struct ServeArgs {
     /// process's jobs are rescued this long after it stopped.
     #[arg(long, env = "WEFT_LEASE_SECS", default_value_t = 30)]
     lease_secs: u64,
+    /// Seconds the running jobs may go on after SIGTERM or Ctrl-C (no new job is taken);
+    /// those still running then are interrupted and queued again, for another process or
+    /// the next start. A second signal stops at once.
+    #[arg(long, env = "WEFT_SHUTDOWN_GRACE_SECS", default_value_t = ServeConfig::DEFAULT_SHUTDOWN_GRACE_SECS)]
+    shutdown_grace_secs: u64,
     /// Extra plugins: every *.wasm in this directory, with its optional <name>.toml manifest.
     #[arg(long, env = "WEFT_PLUGINS_DIR")]
     plugins_dir: Option<PathBuf>,
@@ -252,6 +257,11 @@ struct ServeArgs {
     /// Credits a new tenant starts with.
     #[arg(long, env = "WEFT_INITIAL_CREDITS", default_value_t = 0)]
     initial_credits: i64,
+    /// Memory that request bodies being read and parsed may hold at once, in MiB: a JSON
+    /// body's length while it arrives, then an estimate of its parse. Beyond it a request
+    /// gets 429 `server_busy` with `Retry-After`; one that could never fit gets 413.
+    #[arg(long, env = "WEFT_JSON_PARSE_BUDGET_MIB", default_value_t = 512)]
+    json_parse_budget_mib: u64,
     /// Largest asset upload in bytes.
     #[arg(long, env = "WEFT_MAX_UPLOAD_BYTES", default_value_t = 300_000_000)]
     max_upload_bytes: u64,
@@ -267,6 +277,10 @@ struct ServeArgs {
     /// request's `Host` header is never trusted.
     #[arg(long, env = "WEFT_PUBLIC_URL")]
     public_url: Option<String>,
+    /// An origin (`scheme://host[:port]`) besides the server's own whose pages may use a
+    /// dashboard session cookie: read, follow events and change state. Repeatable.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    allowed_origins: Vec<String>,
     /// Time a plugin may take to describe itself at start-up, in milliseconds; a plugin
     /// that takes longer is refused and the others serve.
     #[arg(long, env = "WEFT_PLUGIN_LOAD_TIMEOUT_MS", default_value_t = 10_000)]
@@ -436,12 +450,18 @@ fn auth_mode(auth: Option<&str>, token: Option<&str>) -> anyhow::Result<AuthMode
     }
 }
 
-/// `--public-url`, checked: `http` or `https`, a host, no path beyond `/`, no query.
+/// `--public-url`, checked (see [`origin`]).
 fn public_url(value: Option<&str>) -> anyhow::Result<Option<String>> {
-    let Some(value) = value.filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    let url = url::Url::parse(value).map_err(|e| anyhow::anyhow!("--public-url {value:?}: {e}"))?;
+    value
+        .filter(|v| !v.is_empty())
+        .map(|v| origin("--public-url", v))
+        .transpose()
+}
+
+/// An origin given to `flag`, checked (`http` or `https`, a host, no path beyond `/`, no
+/// query) and written as a browser writes it in `Origin` (no default port, no `/`).
+fn origin(flag: &str, value: &str) -> anyhow::Result<String> {
+    let url = url::Url::parse(value).map_err(|e| anyhow::anyhow!("{flag} {value:?}: {e}"))?;
     if !matches!(url.scheme(), "http" | "https")
         || url.host_str().is_none()
         || url.path() != "/"
@@ -449,9 +469,9 @@ fn public_url(value: Option<&str>) -> anyhow::Result<Option<String>> {
         || url.fragment().is_some()
         || !url.username().is_empty()
     {
-        anyhow::bail!("--public-url {value:?} must be http(s)://host[:port], without a path or query");
+        anyhow::bail!("{flag} {value:?} must be http(s)://host[:port], without a path or query");
     }
-    Ok(Some(url.as_str().trim_end_matches('/').to_string()))
+    Ok(url.as_str().trim_end_matches('/').to_string())
 }
 
 fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
@@ -485,6 +505,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
         role: args.role,
         operator_addr: args.operator_addr,
         lease: Duration::from_secs(args.lease_secs.max(1)),
+        shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
         data_dir: args.data_dir,
         api: ApiConfig {
             auth,
@@ -493,9 +514,15 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
             mount_prefix: args.mount_prefix,
             max_upload_bytes: args.max_upload_bytes,
             max_json_bytes: 32 << 20,
+            json_parse_budget_bytes: args.json_parse_budget_mib << 20,
             max_streams: args.max_streams,
             tenant_max_streams,
             public_url: public_url(args.public_url.as_deref())?,
+            allowed_origins: args
+                .allowed_origins
+                .iter()
+                .map(|o| origin("--allowed-origin", o))
+                .collect::<anyhow::Result<_>>()?,
             admin_token: args.admin_token,
             comfyui_frontend: args.comfyui_frontend,
             v2m: weft::api::v2m::V2mSettings {
@@ -650,7 +677,10 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Serve(args) => {
             let config = serve_config(*args)?;
-            runtime.block_on(serve::run(config))
+            let served = runtime.block_on(serve::run(config));
+            // The jobs have drained: a blocking call still in flight is not waited for.
+            runtime.shutdown_timeout(Duration::from_secs(1));
+            served
         }
         Command::Nodes {
             plugins_dir,

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use weft_v2m::Engine as V2mEngine;
 
 use crate::api::v2m::{V2mService, V2mSettings};
@@ -57,6 +59,31 @@ pub struct ServeConfig {
     pub link_ttl: Duration,
     /// Credits the `default` tenant starts with (cloud and serverless surfaces).
     pub initial_credits: i64,
+    /// How long the running jobs may go on after SIGTERM or Ctrl-C before they are
+    /// interrupted and queued again (see [`run`]).
+    pub shutdown_grace: Duration,
+}
+
+impl ServeConfig {
+    /// The default of [`shutdown_grace`](Self::shutdown_grace), in seconds
+    /// (`--shutdown-grace-secs`).
+    pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
+}
+
+/// How long open connections (event streams) may hold the HTTP server once the jobs have
+/// drained; then they are closed.
+const HTTP_CLOSE: Duration = Duration::from_secs(2);
+
+/// A server started by [`start`].
+struct Started {
+    /// Where it listens.
+    addr: SocketAddr,
+    /// The HTTP server's task.
+    server: tokio::task::JoinHandle<()>,
+    /// The job service.
+    jobs: Arc<Jobs>,
+    /// Stops the HTTP server (open connections finish their requests).
+    stop_http: CancellationToken,
 }
 
 /// The key that signs content links: one per data dir, or with a shared store one beside
@@ -98,9 +125,36 @@ pub async fn open_store(database: &Database) -> anyhow::Result<Arc<dyn Store>> {
 /// the port opens once the plugins are loaded and recovery has run, so the first request
 /// is served; on the serverless surface it opens at once and job routes answer
 /// `deployment_not_ready` until then, as a deployment that is still starting does.
+///
+/// On SIGTERM or Ctrl-C it shuts down gracefully and returns `Ok`: no new job is taken,
+/// the running ones have [`ServeConfig::shutdown_grace`] to finish, and those still running
+/// then are interrupted and queued again with their claims released
+/// ([`Jobs::shut_down`]). The HTTP side serves throughout (reads, event streams, cancels;
+/// submissions are accepted durably, for another process or the next start to run), then
+/// stops. A second signal exits the process at once with status 128 + the signal's number
+/// (143 for SIGTERM, 130 for SIGINT).
 pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
-    let (_, server) = start(config, true).await?;
-    server.await?;
+    let grace = config.shutdown_grace;
+    let mut stop = stop_requests()?;
+    let Started {
+        mut server,
+        jobs,
+        stop_http,
+        ..
+    } = start(config, true).await?;
+    tokio::select! {
+        _ = stop.wait_for(|asked| *asked) => {}
+        ended = &mut server => {
+            ended?;
+            return Ok(());
+        }
+    }
+    jobs.shut_down(grace).await;
+    stop_http.cancel();
+    if tokio::time::timeout(HTTP_CLOSE, &mut server).await.is_err() {
+        tracing::info!("closing the connections still open");
+    }
+    tracing::info!("stopped");
     Ok(())
 }
 
@@ -108,15 +162,14 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
 /// printed, Ctrl-C is left to the caller, and it serves until the process ends. Returns
 /// once it is ready, with its address.
 pub async fn start_embedded(config: ServeConfig) -> anyhow::Result<SocketAddr> {
-    let (addr, _server) = start(config, false).await?;
-    Ok(addr)
+    Ok(start(config, false).await?.addr)
 }
 
-/// Assembles the server and starts serving; returns its address once jobs are accepted,
-/// and the serving task. A `standalone` server announces its address on stdout and stops
-/// on SIGINT or SIGTERM.
-async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+/// Assembles the server and starts serving; returns once jobs are accepted. A `standalone`
+/// server announces its address on stdout.
+async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<Started> {
     std::fs::create_dir_all(&config.data_dir)?;
+    let stop_http = CancellationToken::new();
     let opened = config
         .database
         .open()
@@ -152,7 +205,7 @@ async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<(Soc
             link_key,
         )?;
         let addr = listener.local_addr()?;
-        let server = listen(listener, state.clone(), standalone)?;
+        let server = listen(listener, state.clone(), standalone, stop_http.clone())?;
         Some((state, server, addr))
     } else {
         None
@@ -168,27 +221,7 @@ async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<(Soc
         refused = runtime.refused().len(),
         "plugins loaded"
     );
-    let jobs = match coordinator {
-        // Several processes share the store: a dead one's jobs are rescued when their
-        // leases lapse, never at another's start.
-        Some(coordinator) => {
-            let jobs = Jobs::new_shared(store.clone(), assets.clone(), runtime, config.jobs.clone(), coordinator);
-            jobs.start_services();
-            jobs::rescue::start(jobs.clone());
-            jobs
-        }
-        None => {
-            let jobs = Jobs::new(store.clone(), assets.clone(), runtime, config.jobs.clone());
-            let recovered = jobs::recovery::recover(&jobs).await?;
-            if recovered != Default::default() {
-                tracing::info!(?recovered, "recovered unfinished jobs");
-            }
-            jobs
-        }
-    };
-    if config.role != Role::Api {
-        jobs.start_workers();
-    }
+    let jobs = job_service(&config, store.clone(), assets.clone(), runtime, coordinator).await?;
     let watcher = match (&config.runtime.plugins_dir, config.watch_plugins) {
         (Some(dir), true) => Some(jobs::plugin_watch::start(dir, jobs.clone())?),
         (None, true) => anyhow::bail!("--watch needs --plugins-dir"),
@@ -200,20 +233,20 @@ async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<(Soc
         let listener = std::net::TcpListener::bind(config.operator_addr.unwrap_or(config.addr))?;
         let addr = listener.local_addr()?;
         let state = app_state(&config, addr, store, assets, &v2m_engine, link_key)?;
-        let _ = state.jobs.set(jobs);
-        (listen_operator(listener, state)?, addr)
+        let _ = state.jobs.set(jobs.clone());
+        (listen_operator(listener, state, stop_http.clone())?, addr)
     } else {
         match early {
             Some((state, server, addr)) => {
-                let _ = state.jobs.set(jobs);
+                let _ = state.jobs.set(jobs.clone());
                 (server, addr)
             }
             None => {
                 let listener = std::net::TcpListener::bind(config.addr)?;
                 let addr = listener.local_addr()?;
                 let state = app_state(&config, addr, store, assets, &v2m_engine, link_key)?;
-                let _ = state.jobs.set(jobs);
-                (listen(listener, state, standalone)?, addr)
+                let _ = state.jobs.set(jobs.clone());
+                (listen(listener, state, standalone, stop_http.clone())?, addr)
             }
         }
     };
@@ -226,7 +259,46 @@ async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<(Soc
         None => server,
     };
     tracing::info!("ready");
-    Ok((addr, server))
+    Ok(Started {
+        addr,
+        server,
+        jobs,
+        stop_http,
+    })
+}
+
+/// The job service over `store`: shared with the other processes through `coordinator`
+/// (with its rescue service), or this process's alone (after crash recovery); its workers
+/// started unless the process only serves the API.
+async fn job_service(
+    config: &ServeConfig,
+    store: Arc<dyn Store>,
+    assets: Arc<Assets>,
+    runtime: Arc<Runtime>,
+    coordinator: Option<Arc<dyn Coordinator>>,
+) -> anyhow::Result<Arc<Jobs>> {
+    let jobs = match coordinator {
+        // Several processes share the store: a dead one's jobs are rescued when their
+        // leases lapse, never at another's start.
+        Some(coordinator) => {
+            let jobs = Jobs::new_shared(store, assets, runtime, config.jobs.clone(), coordinator);
+            jobs.start_services();
+            jobs::rescue::start(jobs.clone());
+            jobs
+        }
+        None => {
+            let jobs = Jobs::new(store, assets, runtime, config.jobs.clone());
+            let recovered = jobs::recovery::recover(&jobs).await?;
+            if recovered != Default::default() {
+                tracing::info!(?recovered, "recovered unfinished jobs");
+            }
+            jobs
+        }
+    };
+    if config.role != Role::Api {
+        jobs.start_workers();
+    }
+    Ok(jobs)
 }
 
 /// The handlers' shared state, with links on `--public-url` or else on `bound`.
@@ -255,6 +327,8 @@ fn app_state(
         stopped: Default::default(),
         sessions: Default::default(),
         logins: Default::default(),
+        json_budget: api::body::ParseBudget::new(config.api.json_parse_budget_bytes),
+        settings_locks: Default::default(),
         v2m: v2m_engine.clone().and_then(|engine| {
             V2mService::new(&config.api.v2m, engine)
                 .map(Arc::new)
@@ -264,22 +338,16 @@ fn app_state(
     }))
 }
 
-/// Serves `state`'s routes on `listener`. A `standalone` server announces its address and
-/// stops on a shutdown signal; an embedded one serves until the process ends.
+/// Serves `state`'s routes on `listener` until `stop`. A `standalone` server announces its
+/// address.
 fn listen(
     listener: std::net::TcpListener,
     state: Arc<AppState>,
     standalone: bool,
+    stop: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let bound = listener.local_addr()?;
-    let shutdown = async move {
-        if standalone {
-            shutdown_signal().await
-        } else {
-            std::future::pending().await
-        }
-    };
-    let server = serve_with_client_addr(listener, api::routes(state), shutdown)?;
+    let server = serve_with_client_addr(listener, api::routes(state), stop.cancelled_owned())?;
     tracing::info!(addr = %bound, "listening");
     if standalone {
         println!("weft listening on http://{bound}");
@@ -287,13 +355,14 @@ fn listen(
     Ok(tokio::spawn(server))
 }
 
-/// Serves only `/healthz` and `/metrics` on `listener` (a worker-only process).
+/// Serves only `/healthz` and `/metrics` on `listener` (a worker-only process) until `stop`.
 fn listen_operator(
     listener: std::net::TcpListener,
     state: Arc<AppState>,
+    stop: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let bound = listener.local_addr()?;
-    let server = serve_with_client_addr(listener, api::operator_routes(state), shutdown_signal())?;
+    let server = serve_with_client_addr(listener, api::operator_routes(state), stop.cancelled_owned())?;
     tracing::info!(addr = %bound, "operator routes listening");
     println!("weft listening on http://{bound}");
     Ok(tokio::spawn(server))
@@ -336,18 +405,61 @@ fn serve_with_client_addr(
     })
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Listens for SIGTERM and SIGINT (Ctrl-C) from now on. The first signal sets the returned
+/// flag (the caller shuts down gracefully); a second exits the process at once, with status
+/// 128 + its number (143 for SIGTERM, 130 for SIGINT), leaving the running jobs to recovery.
+fn stop_requests() -> anyhow::Result<watch::Receiver<bool>> {
+    let (asked, requests) = watch::channel(false);
     #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("installing SIGTERM handler");
+    let mut signals = Signals::new()?;
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        let (name, _) = signals.next().await;
+        #[cfg(not(unix))]
+        let name = {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        };
+        tracing::info!(
+            signal = name,
+            "shutting down: the running jobs may finish within the grace period (a second signal stops at once)"
+        );
+        asked.send_replace(true);
+        #[cfg(unix)]
+        let (name, number) = signals.next().await;
+        #[cfg(not(unix))]
+        let (name, number) = {
+            let _ = tokio::signal::ctrl_c().await;
+            ("SIGINT", 2)
+        };
+        tracing::warn!(signal = name, "stopping at once: the running jobs are left to recovery");
+        std::process::exit(128 + number);
+    });
+    Ok(requests)
+}
+
+/// The stop signals of a Unix process, listened for from their creation.
+#[cfg(unix)]
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+#[cfg(unix)]
+impl Signals {
+    fn new() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// The next stop signal: its name and number.
+    async fn next(&mut self) -> (&'static str, i32) {
         tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+            _ = self.term.recv() => ("SIGTERM", 15),
+            _ = self.interrupt.recv() => ("SIGINT", 2),
         }
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    tracing::info!("shutting down");
 }

@@ -397,3 +397,29 @@ pub(crate) fn slow_workflow(seconds: f64) -> Value {
         "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}
     })
 }
+
+/// A client that keeps no cookies and follows no redirects.
+pub(crate) fn raw_client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Logs in to the dashboard over HTTP with `key` and returns the `weft_session=...` cookie
+/// pair.
+pub(crate) fn session_cookie(server: &Server, key: &str) -> String {
+    let r = raw_client()
+        .post(server.url("/login"))
+        .header("Origin", &server.base)
+        .form(&[("key", key), ("next", "/")])
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    let set = r.headers()["set-cookie"].to_str().unwrap().to_string();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(set.contains(attribute), "cookie lacks {attribute}: {set}");
+    }
+    set.split(';').next().unwrap().to_string()
+}

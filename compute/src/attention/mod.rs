@@ -13,11 +13,14 @@
 
 use std::cell::RefCell;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use candle_core::{DType, Result, Tensor};
 
 mod narrow;
 mod tiled;
 
+use super::interrupt::Interrupt;
 use super::matmul::{matmul, View};
 use super::simd::{self, exp, Kernel};
 use super::{filled, par_init, with_buffer, CpuF32};
@@ -37,7 +40,17 @@ const KEYS: usize = 512;
 /// `k, v: [b, m, heads·d]`; returns `[b, n, heads·d]`, the heads side by side. The inputs'
 /// rows may be strided (columns of a wider tensor) as long as each row's elements are
 /// adjacent.
-pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale: f64) -> Result<Tensor> {
+///
+/// `stop` is asked every [`rows_per_check`] query rows of each head (every ~10 ms of work
+/// however many keys there are); once it fires, the call returns its error.
+pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    heads: usize,
+    scale: f64,
+    stop: Interrupt<'_>,
+) -> Result<Tensor> {
     let (b, n, width) = q.dims3()?;
     let (kb, m, kwidth) = k.dims3()?;
     if heads == 0 || width % heads != 0 || kb != b || kwidth != width || v.dims3()? != (b, m, width) {
@@ -73,6 +86,8 @@ pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale:
     let scale = scale as f32;
     let narrow = d <= narrow::MAX_WIDTH && avx512_available();
     let tiled = !narrow && d <= tiled::MAX_WIDTH && avx512_available();
+    let stopped = AtomicBool::new(false);
+    let chunk = rows_per_check(m, d);
     let per_head = par_init(b * heads * n * d, n * d, |task, o| {
         // Overwritten below; zeroing the chunk (in cache) gives a `&mut [f32]` to write into.
         let o = filled(o, 0.0);
@@ -81,38 +96,58 @@ pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale:
         }
         let (image, cols) = (task / heads, (task % heads) * d..(task % heads + 1) * d);
         with_buffer(&SCRATCH, |Scratch { keys, values, scores }| {
+            // Query rows `first..` in chunks, with a check of `stop` before each.
+            let mut chunks = |attend: &mut AttendChunk<'_>| {
+                for (index, ob) in o.chunks_mut(chunk * d).enumerate() {
+                    if stopped.load(Ordering::Relaxed) || stop.requested() {
+                        stopped.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    let rows = ob.len() / d;
+                    attend(q.view(image, index * chunk, rows, cols.clone()), ob, scores);
+                }
+            };
             if narrow {
                 let (width, padded) = (narrow::padded_width(d), narrow::padded_keys(m));
                 k.gather_transposed(image, cols.clone(), (padded, width), padded, keys);
                 v.gather_transposed(image, cols.clone(), (padded, width), padded, values);
-                let kv = narrow::Transposed { keys, values, m };
-                narrow::attend(q.view(image, 0, n, cols.clone()), kv, scale, o);
+                chunks(&mut |q, ob, _| {
+                    let kv = narrow::Transposed { keys, values, m };
+                    narrow::attend(q, kv, scale, ob);
+                });
                 return;
             }
             if tiled {
                 let padded = tiled::padded_keys(m);
                 k.gather_transposed(image, cols.clone(), (padded, d), tiled::KEYS, keys);
                 v.gather(image, cols.clone(), (padded, tiled::padded_width(d)), values);
-                let kv = tiled::Tiled { keys, values, m };
-                tiled::attend(q.view(image, 0, n, cols.clone()), kv, scale, o, scores);
+                chunks(&mut |q, ob, scores| {
+                    let kv = tiled::Tiled { keys, values, m };
+                    tiled::attend(q, kv, scale, ob, scores);
+                });
                 return;
             }
             k.gather(image, cols.clone(), (m, d), keys);
             v.gather(image, cols.clone(), (m, d), values);
-            scores.resize(ROWS * KEYS, 0.0);
-            for (block, ob) in o.chunks_mut(ROWS * d).enumerate() {
-                let rows = ob.len() / d;
-                let task = Block {
-                    q: q.view(image, block * ROWS, rows, cols.clone()),
-                    keys,
-                    values,
-                    scale,
-                };
-                attend_block(task, ob, scores);
-            }
+            chunks(&mut |q, ob, scores| {
+                scores.resize(ROWS * KEYS, 0.0);
+                for (block, ob) in ob.chunks_mut(ROWS * d).enumerate() {
+                    let rows = ob.len() / d;
+                    let q = View {
+                        data: &q.data[block * ROWS * q.row_stride..],
+                        rows,
+                        ..q
+                    };
+                    attend_block(Block { q, keys, values, scale }, ob, scores);
+                }
+            });
         });
         o
     });
+    if stopped.load(Ordering::Relaxed) {
+        stop.check()?;
+        candle_core::bail!("attention: interrupted");
+    }
     // Head by head into their columns: chunk `i` is head `i % heads` of token `i / heads`.
     let out = par_init(b * n * width, d, |i, o| {
         let (row, head) = (i / heads, i % heads);
@@ -120,6 +155,25 @@ pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, scale:
         o.write_copy_of_slice(&per_head[((image * heads + head) * n + token) * d..][..d])
     });
     Tensor::from_vec(out, (b, n, width), &candle_core::Device::Cpu)
+}
+
+/// One kernel's work on a chunk of query rows: the rows, their output and the scores scratch.
+type AttendChunk<'a> = dyn FnMut(View<'_>, &mut [f32], &mut Vec<f32>) + 'a;
+
+/// Multiply-adds of scores between two checks of the caller's interrupt: 2^27, about
+/// 10 ms of one core's work.
+const CHECK_WORK: usize = 1 << 27;
+
+/// Query rows of one head between two checks of the interrupt for `m` keys of `d` columns:
+/// about [`CHECK_WORK`] multiply-adds, in whole blocks of the kernels' rows (192, the tiled
+/// kernel's cache block, or 6, its register block, at least).
+fn rows_per_check(m: usize, d: usize) -> usize {
+    let rows = CHECK_WORK / (m * d).max(1);
+    if rows >= 192 {
+        rows / 192 * 192
+    } else {
+        rows.max(1).div_ceil(6) * 6
+    }
 }
 
 /// `x` itself when each of its rows is adjacent in memory, else a contiguous copy.
@@ -413,7 +467,7 @@ mod tests {
             let k = Tensor::randn(0f32, 1.0, (b, m, heads * d), &dev).unwrap();
             let v = Tensor::randn(0f32, 1.0, (b, m, heads * d), &dev).unwrap();
             let scale = 1.0 / (d as f64).sqrt();
-            let got = attention(&q, &k, &v, heads, scale).unwrap();
+            let got = attention(&q, &k, &v, heads, scale, Interrupt::NEVER).unwrap();
             let want = reference(&q, &k, &v, heads, scale);
             assert_eq!(got.dims(), want.dims());
             let diff = crate::max_abs_diff(&got, &want);
@@ -429,7 +483,7 @@ mod tests {
         let part = |i: usize| qkv.narrow(2, i * heads * d, heads * d).unwrap();
         let (q, k, v) = (part(0), part(1), part(2));
         assert!(!q.is_contiguous());
-        let got = attention(&q, &k, &v, heads, 0.3).unwrap();
+        let got = attention(&q, &k, &v, heads, 0.3, Interrupt::NEVER).unwrap();
         let want = reference(&q, &k, &v, heads, 0.3);
         assert!(crate::max_abs_diff(&got, &want) < 1e-5);
     }
@@ -442,7 +496,7 @@ mod tests {
             let q = (Tensor::randn(0f32, 1.0, (1, 9, width), &dev).unwrap() * 100.0).unwrap();
             let k = (Tensor::randn(0f32, 1.0, (1, 33, width), &dev).unwrap() * 100.0).unwrap();
             let v = Tensor::randn(0f32, 1.0, (1, 33, width), &dev).unwrap();
-            let got = attention(&q, &k, &v, 1, 1.0).unwrap();
+            let got = attention(&q, &k, &v, 1, 1.0, Interrupt::NEVER).unwrap();
             let want = reference(&q, &k, &v, 1, 1.0);
             let diff = crate::max_abs_diff(&got, &want);
             assert!(diff < 1e-4, "width {width}: {diff}");
@@ -495,8 +549,24 @@ mod tests {
         let q = Tensor::zeros((2, 4, 8), DType::F32, &dev).unwrap();
         let k = Tensor::zeros((2, 5, 8), DType::F32, &dev).unwrap();
         let v = Tensor::zeros((2, 6, 8), DType::F32, &dev).unwrap();
-        assert!(attention(&q, &k, &v, 2, 1.0).is_err());
-        assert!(attention(&q, &k, &k, 3, 1.0).is_err());
-        assert!(attention(&q, &k, &k, 0, 1.0).is_err());
+        assert!(attention(&q, &k, &v, 2, 1.0, Interrupt::NEVER).is_err());
+        assert!(attention(&q, &k, &k, 3, 1.0, Interrupt::NEVER).is_err());
+        assert!(attention(&q, &k, &k, 0, 1.0, Interrupt::NEVER).is_err());
+    }
+
+    #[test]
+    fn an_interrupt_stops_attention_between_query_blocks() {
+        let dev = Device::Cpu;
+        for d in [4, 40, 80] {
+            let q = Tensor::randn(0f32, 1.0, (1, 2000, 2 * d), &dev).unwrap();
+            let asked = std::sync::atomic::AtomicUsize::new(0);
+            let stop = || asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 1;
+            let stopped = attention(&q, &q, &q, 2, 0.1, Interrupt::new(&stop));
+            assert!(stopped.is_err(), "heads of {d} columns ran on");
+            assert!(attention(&q, &q, &q, 2, 0.1, Interrupt::NEVER).is_ok());
+        }
+        assert_eq!(rows_per_check(4096, 40), 768);
+        assert_eq!(rows_per_check(4 << 20, 4), 12);
+        assert_eq!(rows_per_check(1 << 30, 512), 6);
     }
 }

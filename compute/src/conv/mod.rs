@@ -20,6 +20,7 @@ use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Conv2dConfig, VarBuilder};
 use rayon::prelude::*;
 
+use super::interrupt::Interrupt;
 use super::matmul::{matmul, View};
 use super::{filled, par_init, repeated, with_buffer, CpuF32};
 
@@ -46,6 +47,13 @@ const CHANNEL_BLOCK: usize = 16;
 
 /// Rows per parallel task where an output is started from per-row values.
 const ROWS_PER_TASK: usize = 64;
+
+/// Multiply-adds of one product between two questions to the caller's interrupt: 2^30,
+/// 5-10 ms on two cores. A large convolution's product is cut into pieces of about this
+/// many (output positions, which a product computes independently, so the pieces give the
+/// same bits as the whole), so that a VAE level at 2048x2048 (over a second per
+/// convolution) stops within milliseconds of being asked.
+const MACS_PER_CHECK: usize = 1 << 30;
 
 thread_local! {
     /// The calling thread's column matrix, kept between calls: SD1's largest is 47 MB, and
@@ -91,6 +99,18 @@ impl Conv2d {
         shift: Option<&Tensor>,
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
+        self.forward_interruptible(x, shift, residual, Interrupt::NEVER)
+    }
+
+    /// [`forward_fused`](Self::forward_fused), asking `stop` between images, Winograd passes
+    /// and pieces of [`MACS_PER_CHECK`] multiply-adds of the product; an error once it fires.
+    pub(crate) fn forward_interruptible(
+        &self,
+        x: &Tensor,
+        shift: Option<&Tensor>,
+        residual: Option<&Tensor>,
+        stop: Interrupt<'_>,
+    ) -> Result<Tensor> {
         if !(x.device().is_cpu() && x.dtype() == DType::F32) {
             let cfg = Conv2dConfig {
                 padding: self.padding,
@@ -128,7 +148,7 @@ impl Conv2d {
         let k = cin * kh * kw;
         if winograd::applies((h, w), (kh, kw), s, pad) {
             let mut out = start.output()?;
-            winograd::accumulate(x, weight, (b, cin, h, w), &mut out);
+            winograd::accumulate(x, weight, (b, cin, h, w), &mut out, stop)?;
             return Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device());
         }
         let one_by_one = kh == 1 && kw == 1 && s == 1 && pad == 0;
@@ -142,30 +162,41 @@ impl Conv2d {
                 stride: s,
                 pad,
             };
+            // Output rows per piece of the product, each with its own column rows.
+            let rows = (MACS_PER_CHECK / (wo * k * cout).max(1)).clamp(1, ho);
             let out = with_buffer(&PIXEL_MAJOR, |(pixels, products)| {
                 products.resize(products.len().max(b * p * cout), 0.0);
                 let products = &mut products[..b * p * cout];
                 with_buffer(&COLUMNS, |columns| {
-                    columns.resize(columns.len().max(p * k), 0.0);
-                    let columns = &mut columns[..p * k];
+                    columns.resize(columns.len().max(rows * wo * k), 0.0);
                     for (image, y) in x.chunks_exact(cin * h * w).zip(products.chunks_exact_mut(p * cout)) {
+                        stop.check()?;
                         channels_last(image, cin, h * w, pixels);
-                        fill_pixel_columns(pixels, columns, &geometry);
-                        let cols = View::rows(columns, p, k);
-                        matmul(y, cout, cols, View::rows(taps_major, k, cout), 1.0, false, true);
+                        for (piece, y) in y.chunks_mut(rows * wo * cout).enumerate() {
+                            stop.check()?;
+                            let positions = y.len() / cout;
+                            let columns = &mut columns[..positions * k];
+                            fill_pixel_columns(pixels, columns, &geometry, piece * rows);
+                            let cols = View::rows(columns, positions, k);
+                            matmul(y, cout, cols, View::rows(taps_major, k, cout), 1.0, false, true);
+                        }
                     }
-                });
+                    Ok(())
+                })?;
                 start.output_from_pixel_major(products)
             })?;
             return Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device());
         }
         let mut out = start.output()?;
+        // Output positions per piece of the product: a multiple of 64, for whole vectors.
+        let piece = (MACS_PER_CHECK / (cout * k).max(1)).max(1).next_multiple_of(64).min(p);
         with_buffer(&COLUMNS, |columns| {
             if !one_by_one {
                 // Every element is overwritten by `fill_columns`; only growth is zeroed.
                 columns.resize(columns.len().max(k * p), 0.0);
             }
             for (image, y) in x.chunks_exact(cin * h * w).zip(out.chunks_exact_mut(cout * p)) {
+                stop.check()?;
                 // A 1×1 convolution multiplies the image itself.
                 let rhs: &[f32] = if one_by_one {
                     image
@@ -177,17 +208,24 @@ impl Conv2d {
                     });
                     columns
                 };
-                matmul(
-                    y,
-                    p,
-                    View::rows(weight, cout, k),
-                    View::rows(rhs, k, p),
-                    1.0,
-                    true,
-                    true,
-                );
+                // Pieces of `piece` columns (output positions) of the product.
+                for first in (0..p).step_by(piece) {
+                    if first > 0 {
+                        stop.check()?;
+                    }
+                    let n = piece.min(p - first);
+                    let rhs = View {
+                        data: &rhs[first..],
+                        rows: k,
+                        cols: n,
+                        row_stride: p,
+                        col_stride: 1,
+                    };
+                    matmul(&mut y[first..], p, View::rows(weight, cout, k), rhs, 1.0, true, true);
+                }
             }
-        });
+            Ok(())
+        })?;
         Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device())
     }
 
@@ -419,14 +457,16 @@ struct Geometry {
 
 /// The pixel-major column matrix (`[h'·w', (tap, cin)]`) from a channels-last image: each
 /// output pixel's row is, tap by tap, the input pixel under that tap (its `cin` channels,
-/// one contiguous copy) or zeros in the padding. One parallel task per output row.
-fn fill_pixel_columns(pixels: &[f32], columns: &mut [f32], g: &Geometry) {
+/// one contiguous copy) or zeros in the padding. `columns` holds the rows of the output
+/// rows from `first_row` on (as many as it has room for). One parallel task per output row.
+fn fill_pixel_columns(pixels: &[f32], columns: &mut [f32], g: &Geometry, first_row: usize) {
     let ((h, w), (kh, kw), (_, wo), cin) = (g.input, g.kernel, g.output, g.cin);
     let row_len = kh * kw * cin;
     columns
         .par_chunks_mut(wo * row_len)
         .enumerate()
-        .for_each(|(oy, out_row)| {
+        .for_each(|(row, out_row)| {
+            let oy = first_row + row;
             for (ox, pixel) in out_row.chunks_exact_mut(row_len).enumerate() {
                 for (tap, segment) in pixel.chunks_exact_mut(cin).enumerate() {
                     let sy = (oy * g.stride + tap / kw) as isize - g.pad as isize;

@@ -16,6 +16,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::interrupt::Interrupt;
 use crate::matmul::{matmul, View};
 use crate::with_buffer;
 
@@ -55,9 +56,18 @@ thread_local! {
 }
 
 /// Adds the convolution of `x` (`[b, cin, h, w]`) by `weight` (`[cout, cin, 3, 3]`) to `out`
-/// (`[b, cout, h, w]`). Panics unless the lengths agree.
-pub(super) fn accumulate(x: &[f32], weight: &[f32], dims: (usize, usize, usize, usize), out: &mut [f32]) {
-    accumulate_within(x, weight, dims, out, MAX_BUFFERED);
+/// (`[b, cout, h, w]`), asking `stop` before each pass over the tiles (at most
+/// [`MAX_BUFFERED`] transformed inputs: 16 products of up to 2^20 input channel-tiles each,
+/// tens of milliseconds); an error, with `out` part done, once it fires. Panics unless the
+/// lengths agree.
+pub(super) fn accumulate(
+    x: &[f32],
+    weight: &[f32],
+    dims: (usize, usize, usize, usize),
+    out: &mut [f32],
+    stop: Interrupt<'_>,
+) -> candle_core::Result<()> {
+    accumulate_within(x, weight, dims, out, MAX_BUFFERED, stop)
 }
 
 /// [`accumulate`] with at most `max_buffered` floats of transformed inputs per pass (at
@@ -68,12 +78,13 @@ fn accumulate_within(
     (b, cin, h, w): (usize, usize, usize, usize),
     out: &mut [f32],
     max_buffered: usize,
-) {
+    stop: Interrupt<'_>,
+) -> candle_core::Result<()> {
     let p = h * w;
     let cout = out.len() / (b * p).max(1);
     assert!(x.len() == b * cin * p && weight.len() == cout * cin * 9 && out.len() == b * cout * p);
     if out.is_empty() || cin == 0 {
-        return;
+        return Ok(());
     }
     let tiling = Tiling {
         h,
@@ -88,6 +99,7 @@ fn accumulate_within(
         let filters = sized(&mut buffers.filters, cout * POINTS * cin);
         transform_filters(weight, (cout, cin), filters);
         for first in (0..all_rows).step_by(per_pass) {
+            stop.check()?;
             let rows = first..all_rows.min(first + per_pass);
             let tiles = rows.len() * tiling.cols;
             let inputs = sized(&mut buffers.inputs, cin * POINTS * tiles);
@@ -102,7 +114,8 @@ fn accumulate_within(
             }
             add_outputs(products, cout, &tiling, rows, out);
         }
-    });
+        Ok(())
+    })
 }
 
 /// The first `len` elements of `buffer`, grown (with zeros) when it is shorter.
@@ -329,11 +342,11 @@ mod tests {
             .map(|i| ((i * 53 % 89) as f32 - 44.0) / 40.0)
             .collect();
         let mut whole = vec![0.5f32; b * cout * h * w];
-        accumulate_within(&x, &weight, (b, cin, h, w), &mut whole, usize::MAX);
+        accumulate_within(&x, &weight, (b, cin, h, w), &mut whole, usize::MAX, Interrupt::NEVER).unwrap();
         let per_row = POINTS * 3 * cout.max(cin);
         for rows in [1, 3] {
             let mut parts = vec![0.5f32; b * cout * h * w];
-            accumulate_within(&x, &weight, (b, cin, h, w), &mut parts, rows * per_row);
+            accumulate_within(&x, &weight, (b, cin, h, w), &mut parts, rows * per_row, Interrupt::NEVER).unwrap();
             for (got, want) in parts.iter().zip(&whole) {
                 assert!((got - want).abs() <= 1e-5, "{rows} rows per pass: {got} vs {want}");
             }

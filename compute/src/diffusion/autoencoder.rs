@@ -12,6 +12,7 @@ use candle_nn::VarBuilder;
 
 use super::checkpoint::ModelError;
 use crate::image::ImageBatch;
+use crate::interrupt::Interrupt;
 use crate::models::autoencoder::Sd1Vae;
 use crate::models::safetensors::{SafetensorsIndex, DEFAULT_MAX_HEADER};
 use crate::models::sd1::{ldm_to_candle, vae_layout, Component, Sd1Config, VAE_PREFIX};
@@ -32,22 +33,37 @@ pub struct StandaloneVae {
     vae: Sd1Vae,
     device: Device,
     latent_channels: usize,
+    config: Sd1Config,
 }
 
 impl Autoencoder {
-    /// Decodes VAE-space latents `[batch, channels, h, w]` into images.
-    pub fn decode(&self, latent: &Tensor) -> anyhow::Result<ImageBatch> {
+    /// Decodes VAE-space latents `[batch, channels, h, w]` into images; `stop` is asked
+    /// between the decoder's blocks.
+    pub fn decode(&self, latent: &Tensor, stop: Interrupt<'_>) -> anyhow::Result<ImageBatch> {
+        let (vae, device, channels) = self.parts();
+        vae::decode_interruptible(vae, device, channels, latent, stop)
+    }
+
+    /// Encodes an RGB batch (sides multiples of 8) into VAE-space latents (posterior mean);
+    /// `stop` is asked between the encoder's blocks.
+    pub fn encode(&self, image: &ImageBatch, stop: Interrupt<'_>) -> anyhow::Result<Tensor> {
+        let (vae, device, _) = self.parts();
+        vae::encode_interruptible(vae, device, image, stop)
+    }
+
+    /// The networks, where they live, and their latent channels.
+    fn parts(&self) -> (&Sd1Vae, &Device, usize) {
         match self {
-            Autoencoder::Checkpoint(models) => vae::decode(models, latent),
-            Autoencoder::File(own) => own.decode(latent),
+            Autoencoder::Checkpoint(models) => (&models.vae, &models.device, models.config.latent_channels),
+            Autoencoder::File(own) => (&own.vae, &own.device, own.latent_channels),
         }
     }
 
-    /// Encodes an RGB batch (sides multiples of 8) into VAE-space latents (posterior mean).
-    pub fn encode(&self, image: &ImageBatch) -> anyhow::Result<Tensor> {
+    /// The layout of these networks.
+    pub fn config(&self) -> &Sd1Config {
         match self {
-            Autoencoder::Checkpoint(models) => vae::encode(models, image),
-            Autoencoder::File(own) => own.encode(image),
+            Autoencoder::Checkpoint(models) => &models.config,
+            Autoencoder::File(own) => &own.config,
         }
     }
 }
@@ -118,15 +134,8 @@ impl StandaloneVae {
             vae,
             device: device.clone(),
             latent_channels: cfg.latent_channels,
+            config: cfg.clone(),
         })
-    }
-
-    fn decode(&self, latent: &Tensor) -> anyhow::Result<ImageBatch> {
-        vae::decode_with(&self.vae, &self.device, self.latent_channels, latent)
-    }
-
-    fn encode(&self, image: &ImageBatch) -> anyhow::Result<Tensor> {
-        vae::encode_with(&self.vae, &self.device, image)
     }
 }
 
@@ -160,9 +169,11 @@ mod tests {
         let own = Autoencoder::File(Arc::new(
             StandaloneVae::load(&path, "tiny-vae.safetensors", &Device::Cpu).unwrap(),
         ));
-        let image = own.decode(&Tensor::zeros(vec![1, 4, 3, 5])).unwrap();
+        let image = own.decode(&Tensor::zeros(vec![1, 4, 3, 5]), Interrupt::NEVER).unwrap();
         assert_eq!((image.width, image.height), (10, 6));
-        let back = own.encode(&crate::image::empty(16, 8, 1, 0x336699).unwrap()).unwrap();
+        let back = own
+            .encode(&crate::image::empty(16, 8, 1, 0x336699).unwrap(), Interrupt::NEVER)
+            .unwrap();
         assert_eq!(back.shape, vec![1, 4, 4, 8]);
         // A checkpoint's `first_stage_model.` tensors load as a VAE too.
         let ckpt = dir.path().join("tiny.safetensors");

@@ -8,6 +8,7 @@ use candle_core::{DType, Tensor as CTensor};
 use super::conditioning::{can_batch, repeat_to_common_length, Area, CondEntry, Conditioning};
 use super::model::DiffusionModel;
 use super::resize::{resize_planes, Mode};
+use crate::interrupt::Interrupt;
 use crate::sampling::{
     cfg, default_noise, ksampler_sigmas, sample, seeded_noise, ModelSampling, SampleError, SamplerKind, Scheduler,
     StepControl, StepInfo, Tensor, TorchGenerator,
@@ -52,12 +53,17 @@ pub enum SampleFailure {
     /// Bad inputs or a failing model.
     #[error(transparent)]
     Compute(#[from] ComputeError),
+    /// The caller's [`Interrupt`] fired during a step (inside the model's forward pass).
+    #[error("sampling was interrupted")]
+    Interrupted,
 }
 
 /// Samples `latent` with `model`'s UNet guided by `positive` against `negative`.
 /// `on_step` runs after every step with the sampler's view of it (its `step` is 0-based, and
 /// `denoised` is the model's prediction, in the sampler's space, as previews show it);
-/// [`StepControl::Stop`] ends the run with [`SampleFailure::Stopped`].
+/// [`StepControl::Stop`] ends the run with [`SampleFailure::Stopped`]. `stop` is asked
+/// inside every UNet call (between its blocks); once it fires, the run ends with
+/// [`SampleFailure::Interrupted`].
 pub fn ksample(
     model: &DiffusionModel,
     positive: &Conditioning,
@@ -65,6 +71,7 @@ pub fn ksample(
     latent: &LatentBatch,
     settings: &SampleSettings,
     on_step: &mut dyn FnMut(&StepInfo<'_>) -> StepControl,
+    stop: Interrupt<'_>,
 ) -> Result<LatentBatch, SampleFailure> {
     let models = &model.checkpoint;
     let shape: Vec<usize> = latent.shape.iter().map(|&d| d as usize).collect();
@@ -115,6 +122,7 @@ pub fn ksample(
         positive,
         negative,
         scale: settings.cfg as f32,
+        stop,
     };
     let mut denoiser = |x: &Tensor, sigma: f32| -> anyhow::Result<Tensor> {
         let Some(mask) = &mask else {
@@ -152,6 +160,7 @@ pub fn ksample(
     )
     .map_err(|e| match e {
         SampleError::Cancelled { step } => SampleFailure::Stopped(step),
+        _ if stop.requested() => SampleFailure::Interrupted,
         other => SampleFailure::Compute(ComputeError::Failed(other.to_string())),
     })?;
     Ok(LatentBatch {
@@ -201,6 +210,7 @@ struct Guidance<'a> {
     positive: &'a Conditioning,
     negative: &'a Conditioning,
     scale: f32,
+    stop: Interrupt<'a>,
 }
 
 /// A latent region in cells: `(y, x, height, width)`.
@@ -348,7 +358,10 @@ impl Guidance<'_> {
             .collect::<candle_core::Result<Vec<_>>>()?;
         let context = CTensor::cat(&repeat_to_common_length(&contexts)?, 0)?;
         let t = self.ms.timestep(sigma) as f64;
-        let eps = self.model.unet().forward(&input, t, &context)?;
+        let eps = self
+            .model
+            .unet()
+            .forward_interruptible(&input, t, &context, self.stop)?;
         let eps = eps.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
         Ok(eps
             .chunks_exact(crop.len())
@@ -389,11 +402,19 @@ mod tests {
         let neg = Conditioning::from_context(encode("blurry"));
         let empty = latent::empty(32, 16, 1).unwrap();
         let mut steps = Vec::new();
-        let out = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |info| {
-            let (s, n) = (info.step + 1, info.total);
-            steps.push((s, n));
-            StepControl::Continue
-        })
+        let out = ksample(
+            &model,
+            &pos,
+            &neg,
+            &empty,
+            &settings(42),
+            &mut |info| {
+                let (s, n) = (info.step + 1, info.total);
+                steps.push((s, n));
+                StepControl::Continue
+            },
+            Interrupt::NEVER,
+        )
         .unwrap();
         assert_eq!(steps, vec![(1, 3), (2, 3), (3, 3)]);
         let image = crate::vae::decode(&m, &Tensor::new(vec![1, 4, 2, 4], out.data.clone())).unwrap();
@@ -420,25 +441,45 @@ mod tests {
             .fold(0f32, f32::max);
         assert!(worst < 1e-4, "node path and text_to_image differ by {worst}");
         // Same seed, same latent; another seed, another one.
-        let again = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |_| {
-            StepControl::Continue
-        })
+        let again = ksample(
+            &model,
+            &pos,
+            &neg,
+            &empty,
+            &settings(42),
+            &mut |_| StepControl::Continue,
+            Interrupt::NEVER,
+        )
         .unwrap();
         assert_eq!(again.data, out.data);
-        let other = ksample(&model, &pos, &neg, &empty, &settings(43), &mut |_| {
-            StepControl::Continue
-        })
+        let other = ksample(
+            &model,
+            &pos,
+            &neg,
+            &empty,
+            &settings(43),
+            &mut |_| StepControl::Continue,
+            Interrupt::NEVER,
+        )
         .unwrap();
         assert_ne!(other.data, out.data);
         // A stop ends the run.
-        let stopped = ksample(&model, &pos, &neg, &empty, &settings(42), &mut |info| {
-            let s = info.step + 1;
-            if s == 1 {
-                StepControl::Stop
-            } else {
-                StepControl::Continue
-            }
-        });
+        let stopped = ksample(
+            &model,
+            &pos,
+            &neg,
+            &empty,
+            &settings(42),
+            &mut |info| {
+                let s = info.step + 1;
+                if s == 1 {
+                    StepControl::Stop
+                } else {
+                    StepControl::Continue
+                }
+            },
+            Interrupt::NEVER,
+        );
         assert!(matches!(stopped, Err(SampleFailure::Stopped(_))));
     }
 
@@ -454,7 +495,16 @@ mod tests {
         let neg = Conditioning::from_context(encode("blurry"));
         let empty = latent::empty(32, 16, 1).unwrap();
         let go = |pos: &Conditioning, neg: &Conditioning| {
-            ksample(&model, pos, neg, &empty, &settings(3), &mut |_| StepControl::Continue).unwrap()
+            ksample(
+                &model,
+                pos,
+                neg,
+                &empty,
+                &settings(3),
+                &mut |_| StepControl::Continue,
+                Interrupt::NEVER,
+            )
+            .unwrap()
         };
         // A context repeated whole guides exactly as the original (ComfyUI pads by repeating).
         let once = go(&Conditioning::from_context(short.clone()), &neg);
@@ -502,8 +552,17 @@ mod tests {
             .combine(&Conditioning::from_context(encode("sea")).set_area(64, 64, 64, 0, 1.0));
         let neg = Conditioning::from_context(encode("")).zero_out().unwrap();
         let base = latent::empty(128, 64, 2).unwrap();
-        let go =
-            |l: &LatentBatch, s: &SampleSettings| ksample(&model, &pos, &neg, l, s, &mut |_| StepControl::Continue);
+        let go = |l: &LatentBatch, s: &SampleSettings| {
+            ksample(
+                &model,
+                &pos,
+                &neg,
+                l,
+                s,
+                &mut |_| StepControl::Continue,
+                Interrupt::NEVER,
+            )
+        };
         let out = go(&base, &settings(1)).unwrap();
         assert_eq!(out.shape, base.shape);
         // A window past the schedule leaves the latent as it was.

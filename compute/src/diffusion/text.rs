@@ -10,7 +10,8 @@ use candle_nn::VarBuilder;
 
 use super::checkpoint::ModelError;
 use super::lora::{load_component, Lora};
-use super::prompt::{encode_prompt, EmbeddingLookup};
+use super::prompt::{encode_prompt_interruptible, EmbeddingLookup};
+use crate::interrupt::Interrupt;
 use crate::models::sd1::Component;
 use crate::models::{ClipText, Sd1Models};
 use crate::ComputeError;
@@ -71,17 +72,23 @@ impl TextEncoder {
     /// `CLIPTextEncode`: `text` with ComfyUI's prompt syntax encoded as
     /// `[1, 77 * chunks, context_dim]` float32, the final layer norm applied to the chosen
     /// layer's output (ComfyUI's SD1 CLIP); `embeddings` resolves `embedding:NAME` words.
-    pub fn encode(&self, text: &str, embeddings: Option<&dyn EmbeddingLookup>) -> Result<Tensor, ComputeError> {
+    /// `stop` is asked before every layer (then [`ComputeError::Interrupted`]).
+    pub fn encode(
+        &self,
+        text: &str,
+        embeddings: Option<&dyn EmbeddingLookup>,
+        stop: Interrupt<'_>,
+    ) -> Result<Tensor, ComputeError> {
         let layers = (self.models.config.clip_layers as i32 + self.last_layer + 1) as usize;
         if self.loras.is_empty() {
-            return encode_prompt(&self.models.clip, layers, text, embeddings);
+            return encode_prompt_interruptible(&self.models.clip, layers, text, embeddings, stop);
         }
         let clip = self
             .patched
             .get_or_init(|| self.patch().map(Arc::new).map_err(|e| format!("{e:#}")))
             .as_ref()
             .map_err(|e| ComputeError::Failed(format!("text encoding: {e}")))?;
-        encode_prompt(clip, layers, text, embeddings)
+        encode_prompt_interruptible(clip, layers, text, embeddings, stop)
     }
 
     /// The checkpoint's CLIP with the LoRAs applied (its weights loaded again and patched).
@@ -106,14 +113,18 @@ mod tests {
         let (dir, models) = tiny_test_models(7).unwrap();
         let path = dir.path().join("tiny.safetensors");
         let full = TextEncoder::new(Arc::new(models), path);
-        let a = full.encode("a red apple", None).unwrap();
+        let a = full.encode("a red apple", None, Interrupt::NEVER).unwrap();
         assert_eq!(a.dims(), &[1, 77, 32]);
         let skip = full.with_last_layer(-2).unwrap();
-        let b = skip.encode("a red apple", None).unwrap();
+        let b = skip.encode("a red apple", None, Interrupt::NEVER).unwrap();
         assert_eq!(b.dims(), a.dims());
         assert!(crate::max_abs_diff(&a, &b) > 0.0);
         // Stopping at the last layer is the whole encoder.
-        let same = full.with_last_layer(-1).unwrap().encode("a red apple", None).unwrap();
+        let same = full
+            .with_last_layer(-1)
+            .unwrap()
+            .encode("a red apple", None, Interrupt::NEVER)
+            .unwrap();
         assert_eq!(crate::max_abs_diff(&a, &same), 0.0);
         assert!(full.with_last_layer(0).is_err());
         assert!(full.with_last_layer(-3).is_err());

@@ -7,6 +7,7 @@ use super::autoencoder::Autoencoder;
 use super::latent::{plain, PIXELS_PER_CELL};
 use super::resize::{resize_planes, Mode};
 use crate::image::{ImageBatch, MaskBatch};
+use crate::interrupt::Interrupt;
 use crate::sampling::Tensor;
 use crate::values::LatentBatch;
 use crate::ComputeError;
@@ -15,11 +16,12 @@ fn failed(e: anyhow::Error) -> ComputeError {
     ComputeError::Failed(format!("{e:#}"))
 }
 
-/// Decodes `latent` into images.
-pub fn decode(vae: &Autoencoder, latent: &LatentBatch) -> Result<ImageBatch, ComputeError> {
+/// Decodes `latent` into images; `stop` is asked between the decoder's blocks (then
+/// [`ComputeError::Interrupted`]).
+pub fn decode(vae: &Autoencoder, latent: &LatentBatch, stop: Interrupt<'_>) -> Result<ImageBatch, ComputeError> {
     let shape = latent.shape.iter().map(|&d| d as usize).collect();
     let t = Tensor::try_new(shape, latent.data.clone()).map_err(failed)?;
-    vae.decode(&t).map_err(failed)
+    vae.decode(&t, stop).map_err(|e| stop.explain("VAE decode", e))
 }
 
 /// `pixels` cut to whole latent cells, centred, keeping only RGB.
@@ -57,24 +59,26 @@ fn crop_to_cells(pixels: &ImageBatch) -> Result<ImageBatch, ComputeError> {
     })
 }
 
-fn encode_cropped(vae: &Autoencoder, pixels: &ImageBatch) -> Result<LatentBatch, ComputeError> {
-    let t = vae.encode(pixels).map_err(failed)?;
+fn encode_cropped(vae: &Autoencoder, pixels: &ImageBatch, stop: Interrupt<'_>) -> Result<LatentBatch, ComputeError> {
+    let t = vae.encode(pixels, stop).map_err(|e| stop.explain("VAE encode", e))?;
     let shape = [t.shape[0], t.shape[1], t.shape[2], t.shape[3]].map(|d| d as u32);
     Ok(plain(shape, t.data))
 }
 
-/// `VAEEncode`: `pixels` (cut to whole latent cells) encoded into latents.
-pub fn encode(vae: &Autoencoder, pixels: &ImageBatch) -> Result<LatentBatch, ComputeError> {
-    encode_cropped(vae, &crop_to_cells(pixels)?)
+/// `VAEEncode`: `pixels` (cut to whole latent cells) encoded into latents; `stop` is asked
+/// between the encoder's blocks (then [`ComputeError::Interrupted`]).
+pub fn encode(vae: &Autoencoder, pixels: &ImageBatch, stop: Interrupt<'_>) -> Result<LatentBatch, ComputeError> {
+    encode_cropped(vae, &crop_to_cells(pixels)?, stop)
 }
 
 /// `VAEEncodeForInpaint`: `pixels` with the masked part set to grey, encoded, with the
-/// mask grown by `grow_by` pixels as the latent's noise mask.
+/// mask grown by `grow_by` pixels as the latent's noise mask; `stop` as for [`encode`].
 pub fn encode_for_inpaint(
     vae: &Autoencoder,
     pixels: &ImageBatch,
     mask: &MaskBatch,
     grow_by: u32,
+    stop: Interrupt<'_>,
 ) -> Result<LatentBatch, ComputeError> {
     let (pw, ph) = (pixels.width as usize, pixels.height as usize);
     // The mask at the image's size, then cut like the image.
@@ -106,7 +110,7 @@ pub fn encode_for_inpaint(
             }
         }
     }
-    let mut latent = encode_cropped(vae, &grey)?;
+    let mut latent = encode_cropped(vae, &grey, stop)?;
     latent.noise_mask = Some(Arc::new(MaskBatch {
         width: w as u32,
         height: h as u32,
@@ -163,7 +167,7 @@ mod tests {
         let (_dir, m) = tiny_test_models(4).unwrap();
         let m = Autoencoder::Checkpoint(std::sync::Arc::new(m));
         let image = crate::image::empty(20, 17, 1, 0x808080).unwrap();
-        let latent = encode(&m, &image).unwrap();
+        let latent = encode(&m, &image, Interrupt::NEVER).unwrap();
         // Cut to 16x16 pixels; the tiny VAE halves them.
         assert_eq!(latent.shape, [1, 4, 8, 8]);
         let mask = MaskBatch {
@@ -172,11 +176,11 @@ mod tests {
             batch: 1,
             data: vec![1.0; 20 * 17],
         };
-        let inpaint = encode_for_inpaint(&m, &image, &mask, 6).unwrap();
+        let inpaint = encode_for_inpaint(&m, &image, &mask, 6, Interrupt::NEVER).unwrap();
         let noise_mask = inpaint.noise_mask.expect("a noise mask");
         assert_eq!((noise_mask.width, noise_mask.height), (16, 16));
         assert!(noise_mask.data.iter().all(|&v| v == 1.0));
-        let decoded = decode(&m, &latent).unwrap();
+        let decoded = decode(&m, &latent, Interrupt::NEVER).unwrap();
         assert_eq!((decoded.width, decoded.height), (16, 16));
     }
 }

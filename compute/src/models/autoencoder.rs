@@ -15,9 +15,11 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
+use super::working::{act, attention_scratch, conv_scratch, halved, resnet_bytes, Peak};
 use super::Sd1Config;
 use crate::attention::attention;
 use crate::conv::Conv2d;
+use crate::interrupt::Interrupt;
 use crate::norm::GroupNorm;
 
 /// Groups of every group norm.
@@ -51,8 +53,15 @@ impl Sd1Vae {
     /// The mean of the posterior for images `x: [b, 3, h, w]` in `[-1, 1]`:
     /// `[b, latent, h/8, w/8]` for SD1 (ComfyUI encodes with the mean).
     pub fn encode(&self, x: &Tensor) -> Result<Tensor> {
+        self.encode_interruptible(x, Interrupt::NEVER)
+    }
+
+    /// [`Sd1Vae::encode`], asking `stop` before every block and inside attention.
+    pub fn encode_interruptible(&self, x: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
         crate::on_workers(|| {
-            let moments = self.quant_conv.forward_fused(&self.encoder.forward(x)?, None, None)?;
+            let h = self.encoder.forward(x, stop)?;
+            stop.check()?;
+            let moments = self.quant_conv.forward_fused(&h, None, None)?;
             moments.narrow(1, 0, self.latent_channels)?.contiguous()
         })
     }
@@ -60,11 +69,103 @@ impl Sd1Vae {
     /// The images (`[b, 3, 8h, 8w]` for SD1, nominally in `[-1, 1]`) of latents
     /// `z: [b, latent, h, w]`.
     pub fn decode(&self, z: &Tensor) -> Result<Tensor> {
+        self.decode_interruptible(z, Interrupt::NEVER)
+    }
+
+    /// [`Sd1Vae::decode`], asking `stop` before every block and inside attention.
+    pub fn decode_interruptible(&self, z: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
         crate::on_workers(|| {
+            stop.check()?;
             self.decoder
-                .forward(&self.post_quant_conv.forward_fused(z, None, None)?)
+                .forward(&self.post_quant_conv.forward_fused(z, None, None)?, stop)
         })
     }
+}
+
+impl Sd1Vae {
+    /// Bytes [`Sd1Vae::decode`] (with `crate::vae::decode_with`'s conversion to an image
+    /// batch) allocates at its peak, weights aside, for `batch` latents of `height` x
+    /// `width` cells: the mid block's single-head attention over every cell (every worker
+    /// copies the whole of its keys and values: 1,024 floats per cell for SD1), then each
+    /// level's residual blocks and the upsampling (the input, its nearest-neighbour copy at
+    /// twice the size and the convolution's output), the widest levels at full size.
+    pub fn decode_working_bytes(cfg: &Sd1Config, batch: usize, (height, width): (usize, usize)) -> u64 {
+        let channels: Vec<usize> = cfg.vae_mult.iter().rev().map(|m| m * cfg.vae_channels).collect();
+        let lc = cfg.latent_channels;
+        let mut size = (height, width);
+        let mut peak = Peak::default();
+        peak.hold(2 * act(batch, lc, size));
+        let mut cin = channels[0];
+        peak.during(act(batch, cin, size) + conv_scratch(batch, (lc, cin), size, 3, 1));
+        peak.hold(act(batch, cin, size));
+        peak.during(mid_bytes(batch, cin, size));
+        for (i, &cout) in channels.iter().enumerate() {
+            for _ in 0..=cfg.vae_res_blocks {
+                peak.during(resnet_bytes(batch, (cin, cout), size));
+                peak.release(act(batch, cin, size));
+                peak.hold(act(batch, cout, size));
+                cin = cout;
+            }
+            if i + 1 < channels.len() {
+                let up = (2 * size.0, 2 * size.1);
+                peak.during(2 * act(batch, cout, up) + conv_scratch(batch, (cout, cout), up, 3, 1));
+                peak.release(act(batch, cout, size));
+                peak.hold(act(batch, cout, up));
+                size = up;
+            }
+        }
+        peak.during(act(batch, cin + 3, size) + conv_scratch(batch, (cin, 3), size, 3, 1));
+        // Scaled, clamped and permuted into the image batch: up to seven 3-channel copies.
+        peak.release(act(batch, cin, size));
+        peak.during(7 * act(batch, 3, size));
+        peak.peak()
+    }
+
+    /// Bytes [`Sd1Vae::encode`] (with `crate::vae::encode_with`'s conversion from an image
+    /// batch) allocates at its peak, weights aside, for `batch` images of `height` x
+    /// `width` pixels: the scaled input, each level's residual blocks, the downsampling
+    /// (two zero-padded copies, the column matrix of the stride-2 convolution and its
+    /// output), and the mid block's attention over the smallest level's pixels.
+    pub fn encode_working_bytes(cfg: &Sd1Config, batch: usize, (height, width): (usize, usize)) -> u64 {
+        let channels: Vec<usize> = cfg.vae_mult.iter().map(|m| m * cfg.vae_channels).collect();
+        let mut size = (height, width);
+        let mut peak = Peak::default();
+        peak.during(4 * act(batch, 3, size));
+        peak.hold(act(batch, 3, size));
+        let mut cin = cfg.vae_channels;
+        peak.during(act(batch, cin, size) + conv_scratch(batch, (3, cin), size, 3, 1));
+        peak.hold(act(batch, cin, size));
+        for (i, &cout) in channels.iter().enumerate() {
+            for _ in 0..cfg.vae_res_blocks {
+                peak.during(resnet_bytes(batch, (cin, cout), size));
+                peak.release(act(batch, cin, size));
+                peak.hold(act(batch, cout, size));
+                cin = cout;
+            }
+            if i + 1 < channels.len() {
+                let padded = (size.0 + 1, size.1 + 1);
+                let down = halved(size);
+                let conv = act(batch, cout, down) + conv_scratch(batch, (cout, cout), padded, 3, 2);
+                peak.during(2 * act(batch, cout, padded) + conv);
+                peak.release(act(batch, cout, size));
+                peak.hold(act(batch, cout, down));
+                size = down;
+            }
+        }
+        peak.during(mid_bytes(batch, cin, size));
+        let lc = cfg.latent_channels;
+        peak.during(act(batch, cin + 5 * lc, size) + conv_scratch(batch, (cin, 2 * lc), size, 3, 1));
+        peak.peak()
+    }
+}
+
+/// Bytes of the mid block over `batch` x `size` pixels of `c` channels while it runs,
+/// besides its input: its residual blocks, or its attention (the norm's output, q, k and v
+/// as tokens, the output before and after it is laid out, the projection) with every
+/// worker's copy of the keys and values.
+fn mid_bytes(batch: usize, c: usize, size: (usize, usize)) -> u64 {
+    let attention = 7 * act(batch, c, size) + attention_scratch(size.0 * size.1, c);
+    resnet_bytes(batch, (c, c), size).max(attention)
 }
 
 fn conv3x3(vb: VarBuilder, cin: usize, cout: usize) -> Result<Conv2d> {
@@ -108,19 +209,23 @@ impl Encoder {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
+        stop.check()?;
         let mut h = self.conv_in.forward_fused(x, None, None)?;
         for (resnets, downsample) in &self.down {
             for resnet in resnets {
+                stop.check()?;
                 h = resnet.forward(&h)?;
             }
             if let Some(conv) = downsample {
+                stop.check()?;
                 // One zero row and column after the plane, then a 3x3 stride-2 convolution
                 // without padding (the original LDM downsampling).
                 h = conv.forward_fused(&h.pad_with_zeros(2, 0, 1)?.pad_with_zeros(3, 0, 1)?, None, None)?;
             }
         }
-        let h = self.mid.forward(&h)?;
+        let h = self.mid.forward(&h, stop)?;
+        stop.check()?;
         self.conv_out.forward_fused(&self.norm_out.forward(&h)?, None, None)
     }
 }
@@ -164,17 +269,20 @@ impl Decoder {
         })
     }
 
-    fn forward(&self, z: &Tensor) -> Result<Tensor> {
-        let mut h = self.mid.forward(&self.conv_in.forward_fused(z, None, None)?)?;
+    fn forward(&self, z: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
+        let mut h = self.mid.forward(&self.conv_in.forward_fused(z, None, None)?, stop)?;
         for (resnets, upsample) in &self.up {
             for resnet in resnets {
+                stop.check()?;
                 h = resnet.forward(&h)?;
             }
             if let Some(conv) = upsample {
+                stop.check()?;
                 let (_, _, height, width) = h.dims4()?;
                 h = conv.forward_fused(&h.upsample_nearest2d(2 * height, 2 * width)?, None, None)?;
             }
         }
+        stop.check()?;
         self.conv_out.forward_fused(&self.norm_out.forward(&h)?, None, None)
     }
 }
@@ -231,8 +339,12 @@ impl MidBlock {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.attention.forward(&self.resnet_1.forward(x)?)?;
+    fn forward(&self, x: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
+        stop.check()?;
+        let h = self.resnet_1.forward(x)?;
+        stop.check()?;
+        let h = self.attention.forward(&h, stop)?;
+        stop.check()?;
         self.resnet_2.forward(&h)
     }
 }
@@ -261,7 +373,7 @@ impl SelfAttention {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
         let (_, _, h, w) = x.dims4()?;
         let normed = self.norm.forward(x)?;
         let q = self.query.forward_to_tokens(&normed)?;
@@ -269,7 +381,7 @@ impl SelfAttention {
         let v = self.value.forward_to_tokens(&normed)?;
         let scale = 1.0 / (self.channels as f64).sqrt();
         self.proj
-            .forward_from_tokens(&attention(&q, &k, &v, 1, scale)?, (h, w), x)
+            .forward_from_tokens(&attention(&q, &k, &v, 1, scale, stop)?, (h, w), x)
     }
 }
 

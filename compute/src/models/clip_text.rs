@@ -8,6 +8,7 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{layer_norm, LayerNorm, VarBuilder};
 
+use crate::interrupt::Interrupt;
 use crate::linear::Linear;
 use crate::models::sd1::Sd1Config;
 
@@ -78,6 +79,16 @@ impl ClipText {
     /// [`ClipText::positions`]), stopped after its first `layers` encoder layers, with the
     /// final layer norm applied to that layer's output (as ComfyUI's SD1 CLIP does).
     pub fn forward_embeddings(&self, embeds: &Tensor, layers: usize) -> Result<Tensor> {
+        self.forward_embeddings_interruptible(embeds, layers, Interrupt::NEVER)
+    }
+
+    /// [`ClipText::forward_embeddings`], asking `stop` before every encoder layer.
+    pub fn forward_embeddings_interruptible(
+        &self,
+        embeds: &Tensor,
+        layers: usize,
+        stop: Interrupt<'_>,
+    ) -> Result<Tensor> {
         let (_, n, d) = embeds.dims3()?;
         if n > self.positions() || d != self.width() || layers == 0 || layers > self.layers.len() {
             candle_core::bail!(
@@ -92,6 +103,7 @@ impl ClipText {
         let mut x = embeds.broadcast_add(&positions)?;
         let mask = causal_mask(n, embeds.device())?;
         for layer in &self.layers[..layers] {
+            stop.check()?;
             x = layer.forward(&x, &mask, self.heads)?;
         }
         self.final_norm.forward(&x)

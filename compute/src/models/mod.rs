@@ -10,6 +10,7 @@ pub mod safetensors;
 pub mod sd1;
 pub mod sd15_random;
 pub mod unet;
+mod working;
 
 pub use autoencoder::Sd1Vae;
 pub use cache::ModelCache;

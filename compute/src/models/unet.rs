@@ -12,10 +12,12 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{layer_norm, LayerNorm, VarBuilder};
 
+use super::working::{act, attention_scratch, conv_scratch, halved, resnet_bytes, Peak};
 use super::Sd1Config;
 use crate::attention::attention;
 use crate::conv::Conv2d;
 use crate::geglu::geglu;
+use crate::interrupt::Interrupt;
 use crate::linear::Linear;
 use crate::norm::GroupNorm;
 
@@ -173,10 +175,24 @@ impl Sd1Unet {
     /// The predicted noise for `x: [b, c, h, w]` at `timestep` (the same for the whole
     /// batch) under `context: [b, tokens, context_dim]`.
     pub fn forward(&self, x: &Tensor, timestep: f64, context: &Tensor) -> Result<Tensor> {
-        crate::on_workers(|| self.forward_here(x, timestep, context))
+        self.forward_interruptible(x, timestep, context, Interrupt::NEVER)
     }
 
-    fn forward_here(&self, x: &Tensor, timestep: f64, context: &Tensor) -> Result<Tensor> {
+    /// [`Sd1Unet::forward`], asking `stop` before every block (residual block, transformer,
+    /// resampling convolution) and inside attention; once it fires, the pass ends with its
+    /// error (see [`Interrupt::requested`]).
+    pub fn forward_interruptible(
+        &self,
+        x: &Tensor,
+        timestep: f64,
+        context: &Tensor,
+        stop: Interrupt<'_>,
+    ) -> Result<Tensor> {
+        crate::on_workers(|| self.forward_here(x, timestep, context, stop))
+    }
+
+    fn forward_here(&self, x: &Tensor, timestep: f64, context: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
+        stop.check()?;
         let batch = x.dim(0)?;
         let emb = timestep_embedding(timestep, self.base_channels, batch, x)?;
         let emb = self
@@ -189,31 +205,37 @@ impl Sd1Unet {
         let mut skips = vec![h.clone()];
         for level in &self.down {
             for (j, resnet) in level.resnets.iter().enumerate() {
+                stop.check()?;
                 h = resnet.forward(&h, &emb)?;
                 if let Some(t) = level.transformers.get(j) {
-                    h = t.forward(&h, context)?;
+                    h = t.forward(&h, context, stop)?;
                 }
                 skips.push(h.clone());
             }
             if let Some(conv) = &level.resample {
+                stop.check()?;
                 h = conv.forward(&h)?;
                 skips.push(h.clone());
             }
         }
+        stop.check()?;
         h = self.mid.0.forward(&h, &emb)?;
-        h = self.mid.1.forward(&h, context)?;
+        h = self.mid.1.forward(&h, context, stop)?;
+        stop.check()?;
         h = self.mid.2.forward(&h, &emb)?;
         for level in &self.up {
             for (j, resnet) in level.resnets.iter().enumerate() {
+                stop.check()?;
                 let skip = skips
                     .pop()
                     .ok_or_else(|| candle_core::Error::Msg("UNet: skip connections exhausted".into()))?;
                 h = resnet.forward(&Tensor::cat(&[&h, &skip], 1)?, &emb)?;
                 if let Some(t) = level.transformers.get(j) {
-                    h = t.forward(&h, context)?;
+                    h = t.forward(&h, context, stop)?;
                 }
             }
             if let Some(conv) = &level.resample {
+                stop.check()?;
                 // Upsample to the size of the skip this level's successor consumes, so that
                 // odd sizes (which the stride-2 convolutions round up) line up.
                 let (th, tw) = match skips.last() {
@@ -223,8 +245,93 @@ impl Sd1Unet {
                 h = conv.forward(&h.upsample_nearest2d(th, tw)?)?;
             }
         }
+        stop.check()?;
         self.conv_out.forward(&self.norm_out.forward(&h)?)
     }
+}
+
+impl Sd1Unet {
+    /// Bytes a forward pass of the UNet of `cfg` allocates at its peak (weights aside) for
+    /// `batch` latents of `height` x `width` cells under `tokens` context tokens: its input
+    /// and output, the skip connections held from the down path to the up path, the largest
+    /// block's temporaries on top of them (a transformer's feed-forward is 8 channels wide
+    /// per channel, and with its input, projections and output 15 activations live at once;
+    /// an up-path residual block reads the concatenation of its input and a skip), and the
+    /// convolution and attention kernels' scratch. Attention never holds its score matrix
+    /// (see [`crate::attention`]), so the count grows with the pixels, not their square.
+    pub fn working_bytes(cfg: &Sd1Config, batch: usize, (height, width): (usize, usize), tokens: usize) -> u64 {
+        let (base, lc) = (cfg.model_channels, cfg.latent_channels);
+        let channels: Vec<usize> = cfg.channel_mult.iter().map(|m| m * base).collect();
+        let mut sizes = vec![(height, width)];
+        while sizes.len() < channels.len() {
+            sizes.push(halved(sizes[sizes.len() - 1]));
+        }
+        let a = |c: usize, level: usize| act(batch, c, sizes[level]);
+        let transformer = |c: usize, level: usize| transformer_bytes(batch, c, sizes[level], (tokens, cfg.context_dim));
+        let mut peak = Peak::default();
+        // The input batch, its copy in the UNet's dtype, the output and the sampler's view
+        // of it; the context.
+        peak.hold(4 * a(lc, 0) + batch as u64 * (tokens * cfg.context_dim) as u64 * 4);
+        peak.during(a(base, 0) + conv_scratch(batch, (lc, base), sizes[0], 3, 1));
+        peak.hold(a(base, 0));
+        let mut skips = vec![(base, 0)];
+        let mut cin = base;
+        for (level, (&c, &attn)) in channels.iter().zip(&cfg.attention).enumerate() {
+            for _ in 0..cfg.num_res_blocks {
+                peak.during(resnet_bytes(batch, (cin, c), sizes[level]));
+                peak.hold(a(c, level));
+                if attn {
+                    peak.during(transformer(c, level));
+                }
+                skips.push((c, level));
+                cin = c;
+            }
+            if level + 1 < channels.len() {
+                peak.during(a(c, level + 1) + conv_scratch(batch, (c, c), sizes[level], 3, 2));
+                peak.hold(a(c, level + 1));
+                skips.push((c, level + 1));
+            }
+        }
+        let last = channels.len() - 1;
+        peak.during(resnet_bytes(batch, (cin, cin), sizes[last]));
+        peak.hold(a(cin, last));
+        peak.during(transformer(cin, last).max(resnet_bytes(batch, (cin, cin), sizes[last])));
+        let (mut current, mut level) = (cin, last);
+        for (i, (&c, &attn)) in channels.iter().zip(&cfg.attention).enumerate().rev() {
+            for _ in 0..=cfg.num_res_blocks {
+                let Some((skip, _)) = skips.pop() else { break };
+                let input = current + skip;
+                peak.during(a(input, i) + resnet_bytes(batch, (input, c), sizes[i]));
+                peak.release(a(current, level) + a(skip, i));
+                peak.hold(a(c, i));
+                (current, level) = (c, i);
+                if attn {
+                    peak.during(transformer(c, i));
+                }
+            }
+            if let Some(&(_, to)) = skips.last() {
+                peak.during(2 * a(c, to) + conv_scratch(batch, (c, c), sizes[to], 3, 1));
+                peak.release(a(c, i));
+                peak.hold(a(c, to));
+                level = to;
+            }
+        }
+        peak.during(a(base, 0) + a(lc, 0) + conv_scratch(batch, (base, lc), sizes[0], 3, 1));
+        peak.peak()
+    }
+}
+
+/// Bytes of a spatial transformer over `batch` x `size` pixels of `c` channels while it
+/// runs, besides its input, under a context of `(tokens, width)`: during the feed-forward,
+/// the tokens, the first norm's output (kept for the block), the 8c-wide projection, the
+/// 4c-wide GEGLU and the new tokens (15c); during self-attention, the stacked q/k/v, the
+/// heads' outputs before and after they are laid side by side and the projection (8c),
+/// with every worker's copy of one head's keys and values.
+fn transformer_bytes(batch: usize, c: usize, size: (usize, usize), (tokens, width): (usize, usize)) -> u64 {
+    let a = |k: usize| act(batch, k * c, size);
+    let context = 2 * (batch * tokens * (c + width)) as u64 * 4;
+    let attention = a(8) + attention_scratch(size.0 * size.1, c / HEADS);
+    a(15).max(attention) + context
 }
 
 /// Sinusoidal embedding of `timestep`, `[cos | sin]` of `timestep · 10000^(-i/half)`, as
@@ -317,12 +424,14 @@ impl Transformer {
 
     /// Tokens stay `[b, h·w, c]` from `proj_in` to `proj_out`, which fold the transposes
     /// into their products; each residual is added by the layer before it.
-    fn forward(&self, x: &Tensor, context: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, context: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
         let (_, _, h, w) = x.dims4()?;
         let mut t = self.proj_in.forward_to_tokens(&self.norm.forward(x)?)?;
         let normed = self.norm1.forward(&t)?;
-        t = self.attn1.forward(&normed, &normed, &t)?;
-        t = self.attn2.forward(&self.norm2.forward(&t)?, context, &t)?;
+        t = self.attn1.forward(&normed, &normed, &t, stop)?;
+        stop.check()?;
+        t = self.attn2.forward(&self.norm2.forward(&t)?, context, &t, stop)?;
+        stop.check()?;
         let projected = self.ff_in.forward(&self.norm3.forward(&t)?)?;
         t = self.ff_out.forward_add(&geglu(&projected)?, &t)?;
         self.proj_out.forward_from_tokens(&t, (h, w), x)
@@ -365,7 +474,7 @@ impl Attention {
     }
 
     /// `residual + attention(x, context)`; `context` is only read by cross-attention.
-    fn forward(&self, x: &Tensor, context: &Tensor, residual: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, context: &Tensor, residual: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
         let c = self.channels;
         let projected = self.to_q.forward(x)?;
         let (q, k, v) = match &self.to_kv {
@@ -380,7 +489,8 @@ impl Attention {
             }
         };
         let scale = 1.0 / ((c / HEADS) as f64).sqrt();
-        self.to_out.forward_add(&attention(&q, &k, &v, HEADS, scale)?, residual)
+        self.to_out
+            .forward_add(&attention(&q, &k, &v, HEADS, scale, stop)?, residual)
     }
 }
 

@@ -44,9 +44,8 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
         .and(warp::post())
         .and(with())
         .and(caller.clone())
-        .and(warp::body::content_length_limit(state.config.max_json_bytes))
-        .and(warp::body::bytes())
-        .and_then(|s, c, b| async move { respond(from_hash(s, c, b).await) });
+        .and(super::body::budgeted_body(&state))
+        .and_then(|s, c, b: super::body::BudgetedBody| async move { respond(from_hash(s, c, b.bytes).await) });
     let by_hash = warp::path!("assets" / "by-hash" / String)
         .and(warp::head())
         .and(with())

@@ -95,38 +95,69 @@ pub async fn authenticate(state: &AppState, header: Option<&str>) -> Result<Call
     }
 }
 
-/// Whether `method` changes nothing (RFC 9110 safe methods), so needs no CSRF guard.
+/// Whether `method` changes nothing (RFC 9110 safe methods).
 fn is_safe(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
-/// Whether a request comes from a page of this server: the browser says
-/// `Sec-Fetch-Site: same-origin`, or its `Origin` is the server's own (`--public-url`, the
-/// listening address, or, with no public URL set, `http://` plus the `Host` it reached).
+/// Whether `origin` (an `Origin` header's value) is this server's own: `--public-url`, the
+/// listening address, or, with no public URL set, `http://` plus the `Host` the request
+/// reached; or one the operator allowed with `--allowed-origin`.
+fn is_own_origin(state: &AppState, headers: &HeaderMap, origin: &str) -> bool {
+    if origin == state.links.origin() || state.config.allowed_origins.iter().any(|o| o == origin) {
+        return true;
+    }
+    state.config.public_url.is_none()
+        && headers
+            .get("host")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|host| origin == format!("http://{host}"))
+}
+
+/// Whether a request comes from a page of this server (or an allowed origin): the browser
+/// says `Sec-Fetch-Site: same-origin` (it compares the exact scheme, host and port of the
+/// page and the request, and a page cannot forge the header), or its `Origin` is one of
+/// those.
 pub fn is_same_origin(state: &AppState, headers: &HeaderMap) -> bool {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    if header("sec-fetch-site") == Some("same-origin") {
+    header("sec-fetch-site") == Some("same-origin")
+        || header("origin").is_some_and(|o| is_own_origin(state, headers, o))
+}
+
+/// Whether a request that carries a session cookie may use it. A browser attaches the
+/// cookie to requests made by any page of the same *site*, other ports included, and a
+/// WebSocket upgrade or an event stream is not held back by the same-origin policy; so a
+/// cookie counts only for:
+/// - a request from this server's own pages or an allowed origin ([`is_same_origin`]);
+/// - a read without an `Origin`, unless the browser says another site or origin made it,
+///   apart from a top-level navigation (whose answer only the user sees). A client that is
+///   not a browser sends neither header and may read with the cookie it holds.
+pub fn cookie_allowed(state: &AppState, method: &Method, headers: &HeaderMap) -> bool {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if is_same_origin(state, headers) {
         return true;
     }
-    let Some(origin) = header("origin") else {
+    if header("origin").is_some() || !is_safe(method) {
         return false;
-    };
-    if origin == state.links.origin() {
-        return true;
     }
-    state.config.public_url.is_none() && header("host").is_some_and(|host| origin == format!("http://{host}"))
+    match header("sec-fetch-site") {
+        Some("same-site" | "cross-site") => header("sec-fetch-mode") == Some("navigate"),
+        _ => true,
+    }
 }
 
 /// Resolves the caller of a request: its bearer token when it sends an `Authorization`
-/// header, else its dashboard session cookie (a state-changing request on a cookie must
-/// come from this server's own pages), else no credentials.
+/// header, else its dashboard session cookie (which must come from this server's own pages,
+/// see [`cookie_allowed`]), else no credentials.
 pub async fn authenticate_request(state: &AppState, method: &Method, headers: &HeaderMap) -> Result<Caller, ApiError> {
     let authorization = headers.get(AUTHORIZATION).map(|v| v.to_str().unwrap_or(""));
     if authorization.is_none() && state.config.auth != AuthMode::None {
         if let Some(session) = session::from_headers(headers).and_then(|id| state.sessions.get(id)) {
-            if !is_safe(method) && !is_same_origin(state, headers) {
+            if !cookie_allowed(state, method, headers) {
                 return Err(ApiError::Forbidden(
-                    "a cookie-authenticated request that changes state must come from this server's own pages".into(),
+                    "a cookie-authenticated request must come from this server's own pages \
+                     (its Origin is not this server's, nor one allowed with --allowed-origin)"
+                        .into(),
                 ));
             }
             return Ok(Caller { tenant: session.tenant });

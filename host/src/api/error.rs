@@ -68,6 +68,11 @@ pub enum ApiError {
     },
     /// 422: the deployment was drained by its operator.
     DeploymentStopped,
+    /// 429: request bodies being read and parsed hold the server's parse budget.
+    ServerBusy {
+        /// Seconds to wait before trying again (`Retry-After`).
+        retry_after: u64,
+    },
     /// 429: too many open event streams.
     TooManyStreams {
         /// Seconds to wait before trying again (`Retry-After`).
@@ -160,6 +165,12 @@ impl ApiError {
                 "the deployment has been stopped by its operator and accepts no new jobs".into(),
                 Json::Null,
             ),
+            ServerBusy { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "server_busy",
+                "the server is reading and parsing as many request bodies as it can hold; retry after the indicated delay".into(),
+                Json::Null,
+            ),
             TooManyStreams { .. } => (
                 StatusCode::TOO_MANY_REQUESTS,
                 "too_many_streams",
@@ -184,7 +195,8 @@ impl ApiError {
         match self {
             ApiError::QueueFull { retry_after }
             | ApiError::DeploymentNotReady { retry_after }
-            | ApiError::TooManyStreams { retry_after } => Some(*retry_after),
+            | ApiError::TooManyStreams { retry_after }
+            | ApiError::ServerBusy { retry_after } => Some(*retry_after),
             _ => None,
         }
     }

@@ -34,8 +34,7 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
         .and(with())
         .and(caller.clone())
         .and(warp::header::optional::<String>("idempotency-key"))
-        .and(warp::body::content_length_limit(state.config.max_json_bytes))
-        .and(warp::body::bytes())
+        .and(super::body::budgeted_body(&state))
         .and_then(|s, c, k, b| async move { respond(submit(s, c, k, b).await) });
     let list = warp::path("jobs")
         .and(warp::path::end())
@@ -93,7 +92,7 @@ async fn submit(
     state: Arc<AppState>,
     caller: Caller,
     key: Option<String>,
-    body: bytes::Bytes,
+    body: super::body::BudgetedBody,
 ) -> Result<warp::reply::Response, ApiError> {
     let jobs = state.jobs()?;
     if state.stopped.load(Ordering::SeqCst) {
@@ -110,9 +109,7 @@ async fn submit(
             return Err(ApiError::IdempotencyKeyReuse { job_id });
         }
     }
-    let body: Json = super::parse_json(body)
-        .await
-        .map_err(|e| ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}")))?;
+    let (body, _parse_charge) = body.parse().await?;
     let Json::Object(mut body) = body else {
         return Err(ApiError::bad_request(
             "invalid_request",

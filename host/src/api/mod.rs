@@ -11,6 +11,7 @@ use warp::{Filter, Reply};
 
 pub mod assets;
 pub mod auth;
+pub mod body;
 pub mod comfy;
 pub mod dashboard;
 pub mod error;
@@ -57,6 +58,8 @@ pub struct ApiConfig {
     pub max_upload_bytes: u64,
     /// Largest JSON request body, in bytes.
     pub max_json_bytes: u64,
+    /// Bytes that request bodies being read and parsed may hold at once (see [`body`]).
+    pub json_parse_budget_bytes: u64,
     /// Most event streams open at once.
     pub max_streams: usize,
     /// Most event streams one tenant may have open, so one tenant cannot take them all.
@@ -64,6 +67,9 @@ pub struct ApiConfig {
     /// `scheme://authority` clients reach the server at, when it is behind a proxy; content
     /// links are built on it. None: on the listening address.
     pub public_url: Option<String>,
+    /// Origins (`scheme://host[:port]`) besides the server's own whose pages may use a
+    /// dashboard session cookie (`--allowed-origin`).
+    pub allowed_origins: Vec<String>,
     /// Operator token for drain; none disables operator routes.
     pub admin_token: Option<String>,
     /// Video-to-music endpoint settings.
@@ -97,6 +103,10 @@ pub struct AppState {
     pub sessions: session::Sessions,
     /// Login attempts per client network.
     pub logins: session::LoginLimiter,
+    /// What request bodies being read and parsed hold now.
+    pub json_budget: Arc<body::ParseBudget>,
+    /// The locks of ComfyUI's settings writes, one per tenant.
+    pub settings_locks: comfy::SettingsLocks,
 }
 
 /// The address of the client a request came from (its TCP peer), in the request's
@@ -167,21 +177,6 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
             response
         })
         .boxed()
-}
-
-/// Request bodies from this size on are parsed on a blocking thread: a workflow of tens of
-/// MiB takes milliseconds to parse, which would hold one of tokio's few async workers (two
-/// on a 2-core machine) and every request and job step queued behind it.
-const PARSE_ON_BLOCKING_THREAD: usize = 256 << 10;
-
-/// `body` parsed as JSON; a large one on a blocking thread.
-pub(crate) async fn parse_json(body: bytes::Bytes) -> Result<serde_json::Value, serde_json::Error> {
-    if body.len() < PARSE_ON_BLOCKING_THREAD {
-        return serde_json::from_slice(&body);
-    }
-    tokio::task::spawn_blocking(move || serde_json::from_slice(&body))
-        .await
-        .unwrap_or_else(|e| Err(serde::de::Error::custom(format!("the body's parse was lost: {e}"))))
 }
 
 /// Wraps a handler result as a response.

@@ -58,8 +58,12 @@ pub fn root_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)
             let stopped = s1.stopped.load(Ordering::SeqCst);
             let store = s1.store.health();
             let workers = s1.jobs.get().map(|jobs| jobs.worker_health());
-            let failing = !store.is_ok() || workers.as_ref().is_some_and(|w| w.running < w.configured);
-            let status = if ready && !failing {
+            let draining = workers.as_ref().is_some_and(|w| w.draining);
+            let failing = !store.is_ok()
+                || workers
+                    .as_ref()
+                    .is_some_and(|w| !w.draining && w.running < w.configured);
+            let status = if ready && !failing && !draining {
                 StatusCode::OK
             } else {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -68,6 +72,8 @@ pub fn root_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)
                 "starting"
             } else if failing {
                 "failing"
+            } else if draining {
+                "draining"
             } else if stopped {
                 "stopped"
             } else {

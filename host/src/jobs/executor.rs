@@ -410,6 +410,10 @@ impl Jobs {
                 preview: preview.clone(),
             },
         );
+        if self.shutdown.is_abandoning() {
+            // Started as the grace period ended, after the running nodes were interrupted.
+            cancel.cancel();
+        }
         let log = TailLog::new(self.config.log_bytes);
         let tracker = Arc::new(Tracker {
             job_id: id.clone(),
@@ -430,6 +434,20 @@ impl Jobs {
             .execute(&job, handed_over.as_deref(), &cancel, &log, &tracker)
             .await
         {
+            _ if cancel.is_canceled() && self.shutdown.is_abandoning() => {
+                // Interrupted by the shutdown: queued again, unless the shutdown has queued
+                // it already (it took the job from the running ones).
+                if self
+                    .running
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id)
+                    .is_some()
+                {
+                    self.requeue_interrupted(&id).await;
+                }
+                return;
+            }
             Ok(_) if cancel.is_canceled() => Outcome::Canceled,
             Ok(final_move) => Outcome::Succeeded(final_move),
             Err(_) if cancel.is_canceled() => Outcome::Canceled,

@@ -133,11 +133,20 @@ impl Metrics {
         );
         let _ = writeln!(out, "# HELP weft_job_transitions_total Status transitions, by new status.\n# TYPE weft_job_transitions_total counter");
         for (status, n) in self.transitions.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(out, "weft_job_transitions_total{{status=\"{status}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "weft_job_transitions_total{{status=\"{}\"}} {n}",
+                label_value(status)
+            );
         }
         let _ = writeln!(out, "# HELP weft_node_duration_seconds Node call latency, by class.\n# TYPE weft_node_duration_seconds histogram");
         for (class, h) in self.nodes.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            write_histogram(out, "weft_node_duration_seconds", &format!("class=\"{class}\","), h);
+            write_histogram(
+                out,
+                "weft_node_duration_seconds",
+                &format!("class=\"{}\",", label_value(class)),
+                h,
+            );
         }
         let _ = writeln!(
             out,
@@ -162,6 +171,24 @@ impl Metrics {
     }
 }
 
+/// `value` escaped for a label of the Prometheus text format: a backslash, a double quote
+/// and a line feed are the three characters that would end the value or the line.
+fn label_value(value: &str) -> std::borrow::Cow<'_, str> {
+    if !value.contains(['\\', '"', '\n']) {
+        return value.into();
+    }
+    let mut escaped = String::with_capacity(value.len() + 8);
+    for c in value.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            '"' => escaped.push_str("\\\""),
+            '\n' => escaped.push_str("\\n"),
+            c => escaped.push(c),
+        }
+    }
+    escaped.into()
+}
+
 fn write_histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
     for (i, bound) in BUCKETS.iter().enumerate() {
         let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{bound}\"}} {}", h.counts[i]);
@@ -175,4 +202,21 @@ fn write_histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
     };
     let _ = writeln!(out, "{name}_sum{braces} {}", h.sum);
     let _ = writeln!(out, "{name}_count{braces} {}", h.count);
+}
+
+#[cfg(test)]
+mod label_tests {
+    use super::*;
+
+    #[test]
+    fn label_values_escape_what_would_end_the_value_or_the_line() {
+        assert_eq!(label_value("KSampler"), "KSampler");
+        assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        let metrics = Metrics::default();
+        metrics.node_call("Evil\"} 1\nweft_fake 2", Duration::from_millis(1));
+        let mut out = String::new();
+        metrics.render(&mut out);
+        assert!(!out.lines().any(|l| l.starts_with("weft_fake")), "{out}");
+        assert!(out.contains("class=\"Evil\\\"} 1\\nweft_fake 2\""), "{out}");
+    }
 }

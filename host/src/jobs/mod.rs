@@ -31,6 +31,7 @@ pub mod recovery;
 pub mod rescue;
 pub mod retention;
 mod shared;
+pub mod shutdown;
 pub mod state;
 
 use assets::Assets;
@@ -161,6 +162,8 @@ pub struct Jobs {
     workers_started: std::sync::atomic::AtomicUsize,
     /// Counters and histograms for `/metrics`.
     pub metrics: metrics::Metrics,
+    /// Whether the service is shutting down ([`shut_down`](Self::shut_down)).
+    shutdown: shutdown::Shutdown,
 }
 
 /// How the job workers are doing, as `/healthz` reports it.
@@ -168,10 +171,13 @@ pub struct Jobs {
 pub struct WorkerHealth {
     /// Workers started (`--workers`; none on a process that runs no jobs).
     pub configured: usize,
-    /// Workers running now: fewer only for the moment a panicked one takes to restart.
+    /// Workers taking jobs now: fewer only for the moment a panicked one takes to restart,
+    /// and none once the service drains (a worker may still finish its last job then).
     pub running: usize,
     /// How many times a worker was restarted after a panic outside a job's run.
     pub restarts: u64,
+    /// Whether the service is shutting down: it takes no new job.
+    pub draining: bool,
 }
 
 impl Jobs {
@@ -213,6 +219,7 @@ impl Jobs {
             workers: Default::default(),
             workers_started: Default::default(),
             metrics: metrics::Metrics::default(),
+            shutdown: shutdown::Shutdown::default(),
         })
     }
 
@@ -322,11 +329,20 @@ impl Jobs {
         }
     }
 
-    /// One worker: takes queued jobs one at a time, for ever.
+    /// One worker: takes queued jobs one at a time, until the service drains.
     async fn work(self: Arc<Self>) {
         use futures::FutureExt;
         loop {
-            let (_tenant, id) = self.queue.pop().await;
+            let (tenant, id) = tokio::select! {
+                biased;
+                () = self.shutdown.draining() => return,
+                next = self.queue.pop() => next,
+            };
+            if self.shutdown.is_draining() {
+                // Taken as the drain began: it stays queued, for the next start.
+                let _ = self.queue.push(&tenant, id, true);
+                return;
+            }
             if let Err(panic) = std::panic::AssertUnwindSafe(self.run(id.clone())).catch_unwind().await {
                 self.fail_after_panic(&id, panic).await;
             }
@@ -336,10 +352,16 @@ impl Jobs {
     /// How the workers are doing.
     pub fn worker_health(&self) -> WorkerHealth {
         use std::sync::atomic::Ordering;
+        let draining = self.shutdown.is_draining();
         WorkerHealth {
             configured: self.workers_started.load(Ordering::SeqCst),
-            running: self.workers.0.load(Ordering::SeqCst),
+            running: if draining {
+                0
+            } else {
+                self.workers.0.load(Ordering::SeqCst)
+            },
             restarts: self.workers.1.load(Ordering::SeqCst),
+            draining,
         }
     }
 

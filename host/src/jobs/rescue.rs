@@ -15,7 +15,8 @@ use super::recovery::{recover_one, Recovered};
 use super::Jobs;
 use crate::store::StoreError;
 
-/// Starts the rescue service, if `jobs` shares its store.
+/// Starts the rescue service, if `jobs` shares its store. It stops when the service
+/// drains ([`Jobs::shut_down`]).
 pub fn start(jobs: Arc<Jobs>) {
     let Some(coordinator) = jobs.coordinator().cloned() else {
         return;
@@ -25,7 +26,15 @@ pub fn start(jobs: Arc<Jobs>) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = jobs.shutdown.draining() => return,
+            }
+            // Held while the pass settles jobs: a drain waits for the pass in flight.
+            let _settling = jobs.shutdown.settling.lock().await;
+            if jobs.shutdown.is_draining() {
+                return;
+            }
             match rescue(&jobs).await {
                 Ok(done) if done != Recovered::default() => {
                     tracing::info!(?done, "rescued the jobs of a process that stopped renewing its leases")

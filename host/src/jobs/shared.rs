@@ -50,6 +50,19 @@ impl Shared {
         }
     }
 
+    /// Waits (at most `within`) until the events published so far have been taken for the
+    /// shared log, so that a process about to exit leaves none behind.
+    pub(crate) async fn flush_events(&self, within: Duration) {
+        let flushed = async {
+            while self.events.capacity() < self.events.max_capacity() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        if tokio::time::timeout(within, flushed).await.is_err() {
+            tracing::warn!("some events did not reach the event log before the shutdown");
+        }
+    }
+
     /// Asks every process to stop job `id`'s node (this one's is stopped by the caller).
     pub(crate) fn cancel(&self, id: &str) {
         let coordinator = self.coordinator.clone();
@@ -179,29 +192,38 @@ impl Jobs {
     }
 
     /// The worker loop of a shared store: claim, run, release; wait for a wake-up (or
-    /// poll) when nothing is queued.
+    /// poll) when nothing is queued. It ends when the service drains.
     pub(super) async fn work_shared(self: Arc<Self>) {
         use futures::FutureExt;
         let Some(shared) = &self.shared else { return };
-        loop {
+        while !self.shutdown.is_draining() {
             // Registered before the claim, so a wake-up sent while claiming is not missed.
             let woken = shared.work.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            match shared.coordinator.claim().await {
+            let idle = match shared.coordinator.claim().await {
                 Ok(Some((_tenant, id))) => {
-                    if let Err(panic) = std::panic::AssertUnwindSafe(self.run(id.clone())).catch_unwind().await {
-                        self.fail_after_panic(&id, panic).await;
+                    // A job claimed as the drain began is released unstarted, still queued.
+                    if !self.shutdown.is_draining() {
+                        let run = std::panic::AssertUnwindSafe(self.run(id.clone())).catch_unwind();
+                        if let Err(panic) = run.await {
+                            self.fail_after_panic(&id, panic).await;
+                        }
                     }
                     release(shared.coordinator.as_ref(), &id).await;
+                    continue;
                 }
-                Ok(None) => {
+                Ok(None) => futures::future::Either::Left(async {
                     let _ = tokio::time::timeout(POLL, woken).await;
-                }
+                }),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot claim a job");
-                    tokio::time::sleep(POLL).await;
+                    futures::future::Either::Right(tokio::time::sleep(POLL))
                 }
+            };
+            tokio::select! {
+                () = idle => {}
+                () = self.shutdown.draining() => return,
             }
         }
     }
@@ -232,7 +254,7 @@ async fn with_retries<F: Future<Output = Result<(), StoreError>>>(
 
 /// Releases this process's claim on job `id`, retried: a claim left behind holds a queued
 /// job until its lease lapses.
-async fn release(coordinator: &dyn Coordinator, id: &str) {
+pub(super) async fn release(coordinator: &dyn Coordinator, id: &str) {
     if let Err(e) = with_retries("releasing a claim", || coordinator.release(id)).await {
         tracing::warn!(job = %id, error = %e, "cannot release a job's claim; its lease will lapse");
     }

@@ -54,6 +54,12 @@ impl JobStatus {
         Self::ALL.into_iter().find(|v| v.as_str() == s)
     }
 
+    /// Parses a status read from the database: one this version does not know (written by a
+    /// newer one, or by hand) is an error that names it.
+    pub fn from_stored(s: &str) -> Result<Self, super::StoreError> {
+        Self::parse(s).ok_or_else(|| super::StoreError::Backend(format!("unknown job status {s:?} in the database")))
+    }
+
     /// Whether no further transition can happen.
     pub fn is_terminal(self) -> bool {
         matches!(

@@ -590,6 +590,13 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
 /// and only a few readers need it ([`Store::job_workflow`] reads it).
 const JOB_COLUMNS: &str = "id, seq, tenant, status, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs, node_times";
 
+/// A status read from column `column`; one this version does not know is an error that names
+/// it, never a guess.
+fn stored_status(column: usize, text: &str) -> rusqlite::Result<JobStatus> {
+    JobStatus::from_stored(text)
+        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, Box::new(e)))
+}
+
 fn job_from_row(row: &Row) -> rusqlite::Result<JobRecord> {
     let status: String = row.get(3)?;
     let labels: String = row.get(4)?;
@@ -597,7 +604,7 @@ fn job_from_row(row: &Row) -> rusqlite::Result<JobRecord> {
         id: row.get(0)?,
         seq: row.get(1)?,
         tenant: row.get(2)?,
-        status: JobStatus::parse(&status).unwrap_or(JobStatus::Failed),
+        status: stored_status(3, &status)?,
         workflow: serde_json::Value::Null,
         labels: serde_json::from_str(&labels).unwrap_or_default(),
         created_at: parse_time(row.get(5)?).unwrap_or_default(),
@@ -960,10 +967,7 @@ impl Store for SqliteStore {
             let mut stmt = c.prepare_cached("SELECT id, status FROM jobs WHERE expires_at < ?1")?;
             let rows = stmt.query_map(params![time_text(now)], |r| {
                 let s: String = r.get(1)?;
-                Ok((
-                    r.get::<_, String>(0)?,
-                    JobStatus::parse(&s).unwrap_or(JobStatus::Failed),
-                ))
+                Ok((r.get::<_, String>(0)?, stored_status(1, &s)?))
             })?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
@@ -984,11 +988,10 @@ impl Store for SqliteStore {
     async fn count_by_status(&self) -> Result<Vec<(JobStatus, i64)>, StoreError> {
         self.read(|c| {
             let mut stmt = c.prepare_cached("SELECT status, COUNT(*) FROM jobs GROUP BY status")?;
-            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-            Ok(rows
-                .filter_map(|r| r.ok())
-                .filter_map(|(s, n)| JobStatus::parse(&s).map(|s| (s, n)))
-                .collect())
+            let rows = stmt.query_map([], |r| {
+                Ok((stored_status(0, &r.get::<_, String>(0)?)?, r.get::<_, i64>(1)?))
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
         .await
     }

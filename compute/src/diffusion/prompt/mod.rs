@@ -13,6 +13,7 @@ use candle_core::Tensor;
 pub use chunks::{tokenize, Token, Weighted};
 pub use embedding::{write_random_embedding, Embedding, EmbeddingLookup};
 
+use crate::interrupt::Interrupt;
 use crate::models::ClipText;
 use crate::tokenizer::{BOS, CONTEXT_LENGTH, EOS};
 use crate::ComputeError;
@@ -26,13 +27,35 @@ pub fn encode_prompt(
     text: &str,
     lookup: Option<&dyn EmbeddingLookup>,
 ) -> Result<Tensor, ComputeError> {
+    encode_prompt_interruptible(clip, layers, text, lookup, Interrupt::NEVER)
+}
+
+/// [`encode_prompt`], asking `stop` before every CLIP layer (then
+/// [`ComputeError::Interrupted`]).
+pub fn encode_prompt_interruptible(
+    clip: &ClipText,
+    layers: usize,
+    text: &str,
+    lookup: Option<&dyn EmbeddingLookup>,
+    stop: Interrupt<'_>,
+) -> Result<Tensor, ComputeError> {
     let chunks = tokenize(text, lookup)?;
-    encode_chunks(clip, layers, &chunks)
+    encode_chunks_interruptible(clip, layers, &chunks, stop)
 }
 
 /// ComfyUI's `encode_token_weights` on tokenized chunks.
 pub fn encode_chunks(clip: &ClipText, layers: usize, chunks: &[Vec<Weighted>]) -> Result<Tensor, ComputeError> {
-    let failed = |e: candle_core::Error| ComputeError::Failed(format!("text encoding: {e}"));
+    encode_chunks_interruptible(clip, layers, chunks, Interrupt::NEVER)
+}
+
+/// [`encode_chunks`], asking `stop` before every CLIP layer.
+pub fn encode_chunks_interruptible(
+    clip: &ClipText,
+    layers: usize,
+    chunks: &[Vec<Weighted>],
+    stop: Interrupt<'_>,
+) -> Result<Tensor, ComputeError> {
+    let failed = |e: candle_core::Error| stop.explain("text encoding", e);
     let width = clip.width();
     for (token, _) in chunks.iter().flatten() {
         if let Token::Vector(embedding, _) = token {
@@ -58,7 +81,7 @@ pub fn encode_chunks(clip: &ClipText, layers: usize, chunks: &[Vec<Weighted>]) -
     let tokens = inputs.first().map_or(0, Vec::len);
     let embeds = input_embeddings(clip, &inputs).map_err(failed)?;
     let device = embeds.device().clone();
-    let encoded = crate::on_workers(|| clip.forward_embeddings(&embeds, layers)).map_err(failed)?;
+    let encoded = crate::on_workers(|| clip.forward_embeddings_interruptible(&embeds, layers, stop)).map_err(failed)?;
     let mut values: Vec<f32> = encoded.flatten_all().and_then(|t| t.to_vec1()).map_err(failed)?;
     let per_chunk = tokens * width;
     if weighted {

@@ -49,6 +49,17 @@ fn decode_bounded(bytes: &[u8], what: &str) -> Result<image::DynamicImage, ApiEr
     })
 }
 
+/// 413 for a stored file over [`MAX_CONVERT_ALLOC`]: a conversion reads it whole.
+fn refuse_over_conversion_size(asset: &crate::jobs::AssetRecord, what: &str) -> Result<(), ApiError> {
+    if asset.size_bytes.max(0) as u64 > MAX_CONVERT_ALLOC {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "{what} is over {} MiB: files that large are served only as stored",
+            MAX_CONVERT_ALLOC >> 20
+        )));
+    }
+    Ok(())
+}
+
 /// What `/view` sends instead of the stored file: ComfyUI's `preview=FORMAT;QUALITY` (a JPEG,
 /// or a lossless WebP) or `channel=rgb|a` (a PNG of the colours, or of the alpha alone).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -168,12 +179,7 @@ async fn view(
         .await?
         .ok_or(ApiError::NotFound("file".into()))?;
     if let Some(conversion) = conversion {
-        if asset.size_bytes.max(0) as u64 > MAX_CONVERT_ALLOC {
-            return Err(ApiError::PayloadTooLarge(format!(
-                "files over {} MiB are served only as stored",
-                MAX_CONVERT_ALLOC >> 20
-            )));
-        }
+        refuse_over_conversion_size(&asset, "the file")?;
         let _turn = CONVERSIONS
             .acquire()
             .await
@@ -357,12 +363,14 @@ async fn compose_mask(state: &AppState, tenant: &str, original_ref: &str, mask: 
     let asset = find_file(state, tenant, &file)
         .await?
         .ok_or(ApiError::NotFound("the original image".into()))?;
-    let original = state.assets.read_all(&asset).await?;
-    let mask = mask.to_vec();
+    // As `/view` does: the size is checked, and the turn taken, before a byte is read.
+    refuse_over_conversion_size(&asset, "the original image")?;
     let _turn = CONVERSIONS
         .acquire()
         .await
         .map_err(|e| ApiError::upstream("waiting to compose a mask", e))?;
+    let original = state.assets.read_all(&asset).await?;
+    let mask = mask.to_vec();
     tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ApiError> {
         let bad = |m: String| ApiError::bad_request("invalid_image", m);
         let mut image = decode_bounded(&original, "the original image")?.to_rgba8();

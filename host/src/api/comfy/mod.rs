@@ -23,6 +23,7 @@ use super::error::ApiError;
 use super::{respond, AppState};
 
 pub use frontend::frontend_routes;
+pub use userdata::{user_path_is_allowed, SettingsLocks};
 
 mod files;
 mod frontend;
@@ -63,18 +64,17 @@ fn with_caller(state: &Arc<AppState>) -> BoxedFilter<(Arc<AppState>, Caller)> {
 /// A JSON body of at most the configured size, parsed; ComfyUI's routes answer 400 to a
 /// body that is not JSON.
 fn json_body(state: &Arc<AppState>) -> BoxedFilter<(Json,)> {
-    warp::body::content_length_limit(state.config.max_json_bytes)
-        .and(warp::body::bytes())
-        .and_then(|body: bytes::Bytes| async move {
-            if body.iter().all(u8::is_ascii_whitespace) {
+    super::body::budgeted_body(state)
+        .and_then(|body: super::body::BudgetedBody| async move {
+            if body.bytes.iter().all(u8::is_ascii_whitespace) {
                 return Ok(Json::Object(Default::default()));
             }
-            super::parse_json(body).await.map_err(|e| {
-                warp::reject::custom(ApiError::bad_request(
-                    "invalid_json",
-                    format!("the body is not valid JSON: {e}"),
-                ))
-            })
+            // The value outlives the charge by the handler's run; the charge covered its
+            // making, which is where the memory went.
+            body.parse()
+                .await
+                .map(|(value, _charge)| value)
+                .map_err(warp::reject::custom)
         })
         .boxed()
 }

@@ -161,14 +161,21 @@ fn decode(segment: &str) -> String {
 /// refused when it could read as a path outside the tenant's names.
 fn user_path(segment: &str) -> Result<String, ApiError> {
     let path = decode(segment);
-    names::check(&path, "the path", true).map_err(|m| ApiError::bad_request("invalid_path", m))?;
-    if path.split('/').any(str::is_empty) || path.contains('\\') {
-        return Err(ApiError::bad_request(
-            "invalid_path",
-            "the path has an empty part or a backslash",
-        ));
-    }
+    allowed_path(&path).map_err(|m| ApiError::bad_request("invalid_path", m))?;
     Ok(path)
+}
+
+fn allowed_path(path: &str) -> Result<(), String> {
+    names::check(path, "the path", true)?;
+    if path.split('/').any(str::is_empty) || path.contains('\\') {
+        return Err("the path has an empty part or a backslash".into());
+    }
+    Ok(())
+}
+
+/// Whether `path` is a user-data path the rules accept (what every stored one must be).
+pub fn user_path_is_allowed(path: &str) -> bool {
+    allowed_path(path).is_ok()
 }
 
 fn flag(query: &Query, name: &str, default: bool) -> bool {
@@ -364,12 +371,52 @@ async fn read_settings(state: &AppState, caller: &Caller) -> Result<Map<String, 
         .unwrap_or_default())
 }
 
+/// One lock per tenant for the read-modify-write of its settings file, so that concurrent
+/// writes of different settings all land. A tenant's lock is dropped once nobody holds it.
+#[derive(Debug, Default)]
+pub struct SettingsLocks(std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl SettingsLocks {
+    /// Holds `tenant`'s lock until the guard drops.
+    async fn lock(&self, tenant: &str) -> SettingsGuard<'_> {
+        let lock = {
+            let mut locks = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            locks.entry(tenant.to_string()).or_default().clone()
+        };
+        SettingsGuard {
+            _held: lock.clone().lock_owned().await,
+            lock,
+            locks: self,
+            tenant: tenant.to_string(),
+        }
+    }
+}
+
+/// A tenant's settings lock, held.
+struct SettingsGuard<'a> {
+    _held: tokio::sync::OwnedMutexGuard<()>,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    locks: &'a SettingsLocks,
+    tenant: String,
+}
+
+impl Drop for SettingsGuard<'_> {
+    fn drop(&mut self) {
+        let mut locks = self.locks.0.lock().unwrap_or_else(|e| e.into_inner());
+        // The map's, this guard's and the held guard's references: nobody else waits.
+        if Arc::strong_count(&self.lock) <= 3 {
+            locks.remove(&self.tenant);
+        }
+    }
+}
+
 async fn write_settings(
     state: Arc<AppState>,
     caller: Caller,
     id: Option<String>,
     body: Json,
 ) -> Result<warp::reply::Response, ApiError> {
+    let _settings = state.settings_locks.lock(&caller.tenant).await;
     let mut current = read_settings(&state, &caller).await?;
     match id {
         Some(id) => {

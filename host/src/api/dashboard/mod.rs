@@ -56,7 +56,8 @@ async fn viewer(state: &AppState, headers: &HeaderMap) -> Option<SessionInfo> {
     let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
     if authorization.is_none() {
         if let Some(session) = session::from_headers(headers).and_then(|id| state.sessions.get(id)) {
-            return Some(session);
+            // A page or the live feed, fetched by another origin's script, shows nothing.
+            return auth::cookie_allowed(state, &warp::http::Method::GET, headers).then_some(session);
         }
     }
     auth::authenticate(state, authorization)

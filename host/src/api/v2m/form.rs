@@ -29,11 +29,63 @@ pub(crate) struct Form {
 }
 
 fn multipart_error(e: multer::Error, max: u64) -> DetailError {
+    if is_size_exceeded(&e) {
+        return too_large(max);
+    }
+    DetailError::InvalidRequest(format!("the multipart body is malformed: {e}"))
+}
+
+/// Whether `e` is a size limit, also when multer wraps it as a failed read (it does with
+/// every error of the body stream, and a chunked body has no length to check first).
+fn is_size_exceeded(e: &multer::Error) -> bool {
     match e {
-        multer::Error::StreamSizeExceeded { .. } | multer::Error::FieldSizeExceeded { .. } => too_large(max),
-        e => DetailError::InvalidRequest(format!("the multipart body is malformed: {e}")),
+        multer::Error::StreamSizeExceeded { .. } | multer::Error::FieldSizeExceeded { .. } => true,
+        multer::Error::StreamReadFailed(inner) => {
+            inner.is::<BodyTooLarge>() || inner.downcast_ref::<multer::Error>().is_some_and(is_size_exceeded)
+        }
+        _ => false,
     }
 }
+
+/// The body passed `limit` bytes.
+#[derive(Debug, thiserror::Error)]
+#[error("the body is larger than {0} bytes")]
+struct BodyTooLarge(u64);
+
+/// `body`, ending with [`BodyTooLarge`] once it passes `limit` bytes. Before that error it
+/// reads and discards up to `drain` more bytes, so that a client still sending its upload
+/// gets the 413 rather than a connection closed under it (many clients do not read an answer
+/// before their request is sent).
+fn bounded<S>(body: S, limit: u64, drain: u64) -> impl Stream<Item = Result<Bytes, BoxError>> + Send + 'static
+where
+    S: Stream<Item = Result<Bytes, warp::Error>> + Send + 'static,
+{
+    let state = (Box::pin(body), 0u64, false);
+    futures::stream::unfold(state, move |(mut body, mut total, ended)| async move {
+        if ended {
+            return None;
+        }
+        match body.next().await? {
+            Err(e) => Some((Err(BoxError::from(e)), (body, total, true))),
+            Ok(chunk) => {
+                total = total.saturating_add(chunk.len() as u64);
+                if total <= limit {
+                    return Some((Ok(chunk), (body, total, false)));
+                }
+                let mut drained = 0u64;
+                while drained < drain {
+                    match body.next().await {
+                        Some(Ok(chunk)) => drained = drained.saturating_add(chunk.len() as u64),
+                        _ => break,
+                    }
+                }
+                Some((Err(BoxError::from(BodyTooLarge(limit))), (body, total, true)))
+            }
+        }
+    })
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// 413 for a video over `max` bytes.
 pub(super) fn too_large(max: u64) -> DetailError {
@@ -105,9 +157,8 @@ where
     let boundary = content_type
         .and_then(|ct| multer::parse_boundary(ct).ok())
         .ok_or_else(|| DetailError::InvalidRequest("the body must be multipart/form-data".into()))?;
-    let constraints = multer::Constraints::new()
-        .size_limit(multer::SizeLimit::new().whole_stream(max.saturating_add(MULTIPART_SLACK)));
-    let mut multipart = multer::Multipart::with_constraints(body, boundary, constraints);
+    let body = bounded(body, max.saturating_add(MULTIPART_SLACK), max);
+    let mut multipart = multer::Multipart::new(body, boundary);
     let mut form = Form::default();
     let mut temp_slot = Some(temp);
     while let Some(field) = multipart.next_field().await.map_err(|e| multipart_error(e, max))? {

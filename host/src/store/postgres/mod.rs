@@ -182,14 +182,14 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
 /// and only a few readers need it ([`Store::job_workflow`] reads it).
 const JOB_COLUMNS: &str = "id, seq, tenant, status, labels, created_at, updated_at, started_at, completed_at, expires_at, progress, error, logs, node_times";
 
-fn job_from_row(row: &Row) -> JobRecord {
+fn job_from_row(row: &Row) -> Result<JobRecord, StoreError> {
     let status: String = row.get(3);
     let labels: String = row.get(4);
-    JobRecord {
+    Ok(JobRecord {
         id: row.get(0),
         seq: row.get(1),
         tenant: row.get(2),
-        status: JobStatus::parse(&status).unwrap_or(JobStatus::Failed),
+        status: JobStatus::from_stored(&status)?,
         workflow: serde_json::Value::Null,
         labels: serde_json::from_str(&labels).unwrap_or_default(),
         created_at: row.get(5),
@@ -201,7 +201,7 @@ fn job_from_row(row: &Row) -> JobRecord {
         error: json_col(row.get(11)),
         logs: json_col(row.get(12)),
         node_times: json_col(row.get(13)).unwrap_or_default(),
-    }
+    })
 }
 
 /// A job's stored workflow text, parsed (`Null` if it somehow is not JSON).
@@ -412,12 +412,16 @@ impl Store for PgStore {
 
     async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError> {
         let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 AND tenant = $2");
-        Ok(self.row(&sql, &[&id, &tenant]).await?.as_ref().map(job_from_row))
+        self.row(&sql, &[&id, &tenant])
+            .await?
+            .as_ref()
+            .map(job_from_row)
+            .transpose()
     }
 
     async fn job_by_id(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
         let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1");
-        Ok(self.row(&sql, &[&id]).await?.as_ref().map(job_from_row))
+        self.row(&sql, &[&id]).await?.as_ref().map(job_from_row).transpose()
     }
 
     async fn list_jobs(
@@ -449,7 +453,12 @@ impl Store for PgStore {
         }
         args.push(&limit_plus);
         sql.push_str(&format!(" ORDER BY seq DESC LIMIT ${}", args.len()));
-        let mut jobs: Vec<JobRecord> = self.rows(&sql, &args).await?.iter().map(job_from_row).collect();
+        let mut jobs: Vec<JobRecord> = self
+            .rows(&sql, &args)
+            .await?
+            .iter()
+            .map(job_from_row)
+            .collect::<Result<_, _>>()?;
         let next = if jobs.len() > limit {
             jobs.truncate(limit);
             jobs.last().map(|j| j.seq)
@@ -476,7 +485,13 @@ impl Store for PgStore {
         let tx = conn.transaction().await?;
         tx.batch_execute(RELAXED).await?;
         let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 FOR UPDATE");
-        let Some(job) = tx.query_opt(&sql, &[&id]).await?.as_ref().map(job_from_row) else {
+        let Some(job) = tx
+            .query_opt(&sql, &[&id])
+            .await?
+            .as_ref()
+            .map(job_from_row)
+            .transpose()?
+        else {
             return Ok(None);
         };
         let Some(&(_, to)) = moves.iter().find(|(from, _)| *from == job.status) else {
@@ -544,7 +559,7 @@ impl Store for PgStore {
     async fn jobs_with_status(&self, statuses: &[JobStatus]) -> Result<Vec<JobRecord>, StoreError> {
         let names: Vec<&str> = statuses.iter().map(|s| s.as_str()).collect();
         let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE status = ANY($1) ORDER BY seq");
-        Ok(self.rows(&sql, &[&names]).await?.iter().map(job_from_row).collect())
+        self.rows(&sql, &[&names]).await?.iter().map(job_from_row).collect()
     }
 
     async fn tenant_jobs_with_status(
@@ -557,12 +572,11 @@ impl Store for PgStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let sql =
             format!("SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = $1 AND status = ANY($2) ORDER BY seq LIMIT $3");
-        Ok(self
-            .rows(&sql, &[&tenant, &names, &limit])
+        self.rows(&sql, &[&tenant, &names, &limit])
             .await?
             .iter()
             .map(job_from_row)
-            .collect())
+            .collect()
     }
 
     async fn count_tenant_jobs(&self, tenant: &str, statuses: &[JobStatus]) -> Result<i64, StoreError> {
@@ -583,9 +597,9 @@ impl Store for PgStore {
             .iter()
             .map(|r| {
                 let status: String = r.get(1);
-                (r.get(0), JobStatus::parse(&status).unwrap_or(JobStatus::Failed))
+                Ok((r.get(0), JobStatus::from_stored(&status)?))
             })
-            .collect())
+            .collect::<Result<_, StoreError>>()?)
     }
 
     async fn delete_job(&self, id: &str) -> Result<(), StoreError> {
@@ -598,12 +612,11 @@ impl Store for PgStore {
     }
 
     async fn count_by_status(&self) -> Result<Vec<(JobStatus, i64)>, StoreError> {
-        Ok(self
-            .rows("SELECT status, COUNT(*) FROM jobs GROUP BY status", &[])
+        self.rows("SELECT status, COUNT(*) FROM jobs GROUP BY status", &[])
             .await?
             .iter()
-            .filter_map(|r| JobStatus::parse(r.get(0)).map(|s| (s, r.get(1))))
-            .collect())
+            .map(|r| Ok((JobStatus::from_stored(r.get(0))?, r.get(1))))
+            .collect()
     }
 
     async fn insert_asset(&self, asset: AssetRecord, content: Option<bytes::Bytes>) -> Result<(), StoreError> {
@@ -819,9 +832,9 @@ impl Store for PgStore {
             conn.query_opt(&job_stmt, &job_args),
             conn.query(&outputs_stmt, &outputs_args)
         )?;
-        Ok(job
-            .as_ref()
-            .map(|row| (job_from_row(row), outputs.iter().map(asset_from_row).collect())))
+        job.as_ref()
+            .map(|row| Ok((job_from_row(row)?, outputs.iter().map(asset_from_row).collect())))
+            .transpose()
     }
 
     async fn outputs_of_jobs(&self, job_ids: &[String]) -> Result<HashMap<String, Vec<AssetRecord>>, StoreError> {

@@ -28,7 +28,7 @@ use weft_compute::diffusion::{
     self as sd, Autoencoder, Conditioning, DiffusionModel, Lora, ModelError, SampleFailure, SampleSettings,
     StandaloneVae, TextEncoder,
 };
-use weft_compute::models::{ModelCache, Sd1Models};
+use weft_compute::models::{ModelCache, Sd1Models, Sd1Unet, Sd1Vae};
 use weft_compute::sampling::{SamplerKind, Scheduler, StepControl};
 use weft_compute::values::{LatentBatch, Opaque};
 use weft_compute::{device, ComputeError};
@@ -256,15 +256,34 @@ impl CallState {
     fn interruption(&self) -> Option<Interrupt> {
         self.deadline.check().err()
     }
+
+    /// The question compute's forward passes ask between their blocks: whether this call
+    /// must stop (its job was canceled or its deadline passed).
+    fn stop_question(&self) -> impl Fn() -> bool + Sync + 'static {
+        let deadline = self.deadline.clone();
+        move || deadline.check().is_err()
+    }
+
+    /// A compute result as a host function's: an interrupted computation traps the call
+    /// with the deadline's reason (`node_timeout` or the cancel), other failures are node
+    /// errors.
+    fn computed<T>(&self, result: Result<T, ComputeError>) -> wasmtime::Result<Result<T, NodeError>> {
+        match result {
+            Ok(value) => Ok(Ok(value)),
+            Err(ComputeError::Interrupted) => Err(self.interruption().unwrap_or(Interrupt::Canceled).into()),
+            Err(e) => Ok(Err(compute_error(e))),
+        }
+    }
 }
 
 impl CallState {
     /// Charges a VAE encode of `image`: its cropped copy, the working activations and the
     /// latent (with a noise mask at pixel resolution, for inpainting).
-    fn charge_encode(&self, image: &weft_compute::image::ImageBatch) -> Result<Charge, MemoryLimit> {
+    fn charge_encode(&self, vae: &Autoencoder, image: &weft_compute::image::ImageBatch) -> Result<Charge, MemoryLimit> {
         let (b, w, h) = (image.batch, image.width, image.height);
         let pixels = tensor_bytes(&[u64::from(b), u64::from(h), u64::from(w)]);
-        let bytes = pixels * 3 + vae_working_bytes(b, w, h) + pixels / 16 + pixels;
+        let working = Sd1Vae::encode_working_bytes(vae.config(), b as usize, (h as usize, w as usize));
+        let bytes = pixels * 3 + working + pixels / 16 + pixels;
         self.charge(bytes, || format!("encoding {b} image(s) of {w}x{h}"))
     }
 }
@@ -274,10 +293,19 @@ fn tensor_bytes(shape: &[u64]) -> u64 {
     shape.iter().product::<u64>() * 4
 }
 
-/// Working memory of a VAE pass over `batch` images of `width` x `height` pixels: two
-/// activations of the full-resolution blocks (128 channels), live at once at its peak.
-fn vae_working_bytes(batch: u32, width: u32, height: u32) -> u64 {
-    2 * tensor_bytes(&[u64::from(batch), 128, u64::from(height), u64::from(width)])
+/// Working memory of one UNet call of a sampling run on `latent` ([`Sd1Unet::working_bytes`]):
+/// every latent of the batch once per conditioning entry (positive and, with guidance,
+/// negative ones run in one batch), under the longest context.
+fn unet_working_bytes(model: &DiffusionModel, shape: [u32; 4], conds: &[&Conditioning]) -> u64 {
+    let [b, _, h, w] = shape.map(|d| d as usize);
+    let entries: usize = conds.iter().map(|c| c.0.len()).sum();
+    let tokens = conds
+        .iter()
+        .flat_map(|c| c.0.iter())
+        .map(|e| e.context.dim(1).unwrap_or(0))
+        .max()
+        .unwrap_or(0);
+    Sd1Unet::working_bytes(&model.checkpoint.config, b * entries.max(1), (h, w), tokens)
 }
 
 impl Host for CallState {
@@ -351,7 +379,9 @@ impl Host for CallState {
         self.hostcalls.charge(text.len())?;
         let encoder = attempt!(self.payload::<TextEncoder>(&clip, "CLIP")?);
         let embeddings = Embeddings(self.diffusion.library.models_dir.as_ref());
-        let context = attempt!(encoder.encode(&text, Some(&embeddings)).map_err(compute_error));
+        let stop = self.stop_question();
+        let encoded = encoder.encode(&text, Some(&embeddings), weft_compute::interrupt::Interrupt::new(&stop));
+        let context = attempt!(self.computed(encoded)?);
         Ok(Ok(self.push_conditioning(Conditioning::from_context(context))?))
     }
 
@@ -516,6 +546,7 @@ impl Host for CallState {
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
         let model = attempt!(self.payload::<DiffusionModel>(&model, "MODEL")?);
         let positive = attempt!(self.payload::<Conditioning>(&positive, "CONDITIONING")?);
+        let guided = (options.cfg - 1.0).abs() > 1e-9;
         let negative = attempt!(self.payload::<Conditioning>(&negative, "CONDITIONING")?);
         let latent = self.latent(&latent)?;
         let sampler: SamplerKind = attempt!(options
@@ -544,14 +575,16 @@ impl Host for CallState {
         if let Some(stop) = self.interruption() {
             return Err(stop.into());
         }
-        // The result, and the sampler's working copies of the latent (noise, denoised,
-        // the two guidance halves).
-        let working = 4 * latent.data.len() as u64 * 4;
+        // The result, the sampler's working copies of the latent (noise, denoised, the two
+        // guidance halves) and the UNet's working memory, before any of it is allocated.
+        let conds: &[&Conditioning] = if guided { &[&positive, &negative] } else { &[&positive] };
+        let working = 4 * latent.data.len() as u64 * 4 + unet_working_bytes(&model, latent.shape, conds);
         let charge = self.charge_latent(latent.shape, working, "sampling")?;
         let mut stopped_by = None;
+        let stop = self.stop_question();
         let result = {
             let state = &*self;
-            sd::ksample(&model, &positive, &negative, &latent, &settings, &mut |step| {
+            let on_step = &mut |step: &weft_compute::sampling::StepInfo<'_>| {
                 let progress = &state.diffusion.progress;
                 progress.report(step.step as u32 + 1, step.total as u32, None);
                 if let Some(png) = preview_png(step.denoised) {
@@ -564,11 +597,14 @@ impl Host for CallState {
                         StepControl::Stop
                     }
                 }
-            })
+            };
+            let stop = weft_compute::interrupt::Interrupt::new(&stop);
+            sd::ksample(&model, &positive, &negative, &latent, &settings, on_step, stop)
         };
         match result {
             Ok(out) => Ok(Ok(self.push_latent(out, charge)?)),
             Err(SampleFailure::Stopped(_)) => Err(stopped_by.unwrap_or(Interrupt::Canceled).into()),
+            Err(SampleFailure::Interrupted) => Err(self.interruption().unwrap_or(Interrupt::Canceled).into()),
             Err(SampleFailure::Compute(e)) => Ok(Err(compute_error(e))),
         }
     }
@@ -584,11 +620,14 @@ impl Host for CallState {
         let [b, _, h, w] = latent.shape;
         let (width, height) = (w.saturating_mul(cell), h.saturating_mul(cell));
         let image_bytes = tensor_bytes(&[u64::from(b), u64::from(height), u64::from(width), 3]);
-        let mut charge = self.charge(image_bytes + vae_working_bytes(b, width, height), || {
+        let working = Sd1Vae::decode_working_bytes(models.config(), b as usize, (h as usize, w as usize));
+        let mut charge = self.charge(image_bytes + working, || {
             format!("decoding {b} latent(s) into {width}x{height} images")
         })?;
         self.deadline.check()?;
-        let image = attempt!(sd::vae::decode(&models, &latent).map_err(compute_error));
+        let stop = self.stop_question();
+        let decoded = sd::vae::decode(&models, &latent, weft_compute::interrupt::Interrupt::new(&stop));
+        let image = attempt!(self.computed(decoded)?);
         self.deadline.check()?;
         charge.shrink_to(image.data.len() as u64 * 4);
         Ok(Ok(self.table.push(ImageRes(Arc::new(Held::new(image, charge))))?))
@@ -601,8 +640,11 @@ impl Host for CallState {
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
         let models = attempt!(self.payload::<Autoencoder>(&vae, "VAE")?);
         let image = self.table.get(&pixels)?.0.clone();
-        let charge = self.charge_encode(&image)?;
-        let latent = attempt!(sd::vae::encode(&models, &image).map_err(compute_error));
+        let charge = self.charge_encode(&models, &image)?;
+        self.deadline.check()?;
+        let stop = self.stop_question();
+        let encoded = sd::vae::encode(&models, &image, weft_compute::interrupt::Interrupt::new(&stop));
+        let latent = attempt!(self.computed(encoded)?);
         self.deadline.check()?;
         Ok(Ok(self.push_latent(latent, charge)?))
     }
@@ -617,8 +659,12 @@ impl Host for CallState {
         let models = attempt!(self.payload::<Autoencoder>(&vae, "VAE")?);
         let image = self.table.get(&pixels)?.0.clone();
         let mask = self.table.get(&mask)?.0.clone();
-        let charge = self.charge_encode(&image)?;
-        let latent = attempt!(sd::vae::encode_for_inpaint(&models, &image, &mask, grow_mask_by).map_err(compute_error));
+        let charge = self.charge_encode(&models, &image)?;
+        self.deadline.check()?;
+        let stop = self.stop_question();
+        let stop = weft_compute::interrupt::Interrupt::new(&stop);
+        let latent =
+            attempt!(self.computed(sd::vae::encode_for_inpaint(&models, &image, &mask, grow_mask_by, stop))?);
         self.deadline.check()?;
         Ok(Ok(self.push_latent(latent, charge)?))
     }
