@@ -143,3 +143,67 @@ fn a_large_scale_stops_at_the_node_deadline() {
     assert_eq!(done["error"]["code"], "node_timeout", "{done}");
     assert_eq!(done["error"]["node_id"], "2", "{done}");
 }
+
+#[test]
+fn a_cancel_ends_video_to_music_analysis_promptly() {
+    // An "ffmpeg" that never answers (ffprobe is the real one): the analysis would wait out
+    // its own five-minute limit; a cancel must end the job, and the decoder, at once.
+    let dir = tempfile::tempdir().unwrap();
+    let video = dir.path().join("clip.mp4");
+    let made = std::process::Command::new("ffmpeg")
+        .args([
+            "-y",
+            "-v",
+            "error",
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc2=s=64x48:r=10",
+            "-t",
+            "1",
+        ])
+        .args(["-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p"])
+        .arg(&video)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let stalled = bin.join("ffmpeg");
+    std::fs::write(&stalled, "#!/bin/sh\nexec sleep 120\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&stalled, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let server = Server::with(Options {
+        args: vec!["--cache-mib".into(), "0".into()],
+        env: vec![("PATH".into(), path)],
+        ..Default::default()
+    });
+    let asset = server.upload("clip.mp4", std::fs::read(&video).unwrap());
+    let reference = json!({"__type": "core/ASSET", "info": {"id": asset["id"]}});
+    let job = server.submit(json!({
+        "1": {"class_type": "VideoToMusic", "inputs": {"video": reference, "prompt": "piano", "seed": 1}},
+        "2": {"class_type": "SaveAudio", "inputs": {"audio": ["1", 0], "filename_prefix": "audio/weft"}}
+    }));
+    let id = job["id"].as_str().unwrap();
+    let started = Instant::now();
+    loop {
+        let job: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
+        if job["progress"]["current_node_class"] == "VideoToMusic" {
+            break;
+        }
+        assert_eq!(job["status"].as_str().map(|s| s == "failed"), Some(false), "{job}");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the node never started: {job}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Inside the analysis, waiting on the stalled decoder.
+    std::thread::sleep(Duration::from_millis(500));
+    let asked = Instant::now();
+    let r = server.post(&format!("/api/v2/jobs/{id}/cancel"), &json!({}));
+    assert_eq!(r.status().as_u16(), 200);
+    let done = wait_within(&server, id, asked, Duration::from_secs(5));
+    assert_eq!(done["status"], "canceled", "{done}");
+}

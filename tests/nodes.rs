@@ -410,9 +410,12 @@ fn cached_components(data_dir: &std::path::Path) -> Vec<(String, std::time::Syst
 fn a_plugin_written_in_javascript_runs_as_a_node_and_is_compiled_once() {
     let plugins = js_plugin_dir();
     let data = tempfile::tempdir().unwrap();
+    // The data dir's own cache, which this test looks into.
+    let cache = data.path().join("cache").to_string_lossy().into_owned();
     let options = Options {
         plugins_dir: Some(plugins.path().to_path_buf()),
         data_dir: Some(data.path().to_path_buf()),
+        env: vec![("WEFT_COMPILE_CACHE".into(), cache)],
         ..Default::default()
     };
     let server = Server::with(options.clone());

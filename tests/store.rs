@@ -607,6 +607,32 @@ async fn a_schema_newer_than_this_build_is_refused(f: Fixture) {
 }
 both!(a_schema_newer_than_this_build_is_refused);
 
+async fn a_status_this_build_does_not_know_is_an_error_that_names_it(f: Fixture) {
+    f.store.insert_job(job("j1", "a", Utc::now()), None, 0).await.unwrap();
+    // Written by a newer version, or by hand.
+    match &f.database {
+        Database::Sqlite(path) => {
+            let conn = rusqlite::Connection::open(path).unwrap();
+            conn.execute("UPDATE jobs SET status = 'paused' WHERE id = 'j1'", []).unwrap();
+        }
+        Database::Postgres(url) => {
+            let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(conn);
+            client
+                .batch_execute("UPDATE jobs SET status = 'paused' WHERE id = 'j1'")
+                .await
+                .unwrap();
+        }
+    }
+    let error = f.store.job("a", "j1").await.err().expect("an unknown status is not read as another");
+    assert!(error.to_string().contains("paused"), "{error}");
+    let error = f.store.job_by_id("j1").await.err().expect("nor by id");
+    assert!(error.to_string().contains("paused"), "{error}");
+    let error = f.store.count_by_status().await.err().expect("nor counted as another");
+    assert!(error.to_string().contains("paused"), "{error}");
+}
+both!(a_status_this_build_does_not_know_is_an_error_that_names_it);
+
 // ---- PostgreSQL only: coordination between processes ----
 
 async fn pg() -> (Arc<PgStore>, String) {

@@ -509,34 +509,213 @@ pub fn decode_peak_bytes(bytes: &[u8]) -> Result<u64, ComputeError> {
 /// the image is transparent (ComfyUI's `LoadImage`; 0 everywhere without alpha). The
 /// decoder may allocate at most `max_alloc` bytes (the caller's budget).
 pub fn decode(bytes: &[u8], max_alloc: u64) -> Result<(ImageBatch, MaskBatch), ComputeError> {
-    let decoded = reader(bytes, max_alloc.min(MAX_VALUES))?
+    let decoded = decode_interruptible(bytes, max_alloc, &|| true)?;
+    Ok(decoded.expect("decoding stops only when told to"))
+}
+
+/// Decoded bytes (PNG rows) or converted pixels between two questions to the caller: a few
+/// milliseconds of inflating, unfiltering or converting.
+const BYTES_PER_CHECK: usize = 1 << 20;
+
+/// [`decode`], asking `keep_going` every [`BYTES_PER_CHECK`] of work: a PNG is decoded row
+/// by row, and every format's pixels are converted a stretch of rows at a time. JPEG and
+/// WebP files are decoded by one call into their codecs, which have no incremental API;
+/// `keep_going` is asked before and after it. When it says no, decoding stops with `None`.
+pub fn decode_interruptible(
+    bytes: &[u8],
+    max_alloc: u64,
+    keep_going: &dyn Fn() -> bool,
+) -> Result<Option<(ImageBatch, MaskBatch)>, ComputeError> {
+    let max_alloc = max_alloc.min(MAX_VALUES);
+    let reader = reader(bytes, max_alloc)?;
+    if reader.format() == Some(image::ImageFormat::Png) {
+        return png_rows(bytes, max_alloc, keep_going);
+    }
+    if !keep_going() {
+        return Ok(None);
+    }
+    let decoded = reader
         .decode()
         .map_err(|e| ComputeError::invalid(format!("cannot decode image: {e}")))?;
+    if !keep_going() {
+        return Ok(None);
+    }
     let rgba = decoded.to_rgba32f();
     let (width, height) = rgba.dimensions();
     check_size(width, height, 1, 3)?;
     let has_alpha = decoded.color().has_alpha();
-    let mut data = Vec::with_capacity(width as usize * height as usize * 3);
-    let mut mask = Vec::with_capacity(width as usize * height as usize);
-    for p in rgba.pixels() {
-        data.extend_from_slice(&[p[0], p[1], p[2]]);
-        mask.push(if has_alpha { 1.0 - p[3] } else { 0.0 });
+    let mut out = Decoded::new(width, height);
+    let rows_per_check = (BYTES_PER_CHECK / (width as usize * 16)).max(1);
+    for (row, pixels) in rgba.as_raw().chunks_exact(width as usize * 4).enumerate() {
+        if row % rows_per_check == 0 && row > 0 && !keep_going() {
+            return Ok(None);
+        }
+        for p in pixels.chunks_exact(4) {
+            out.push([p[0], p[1], p[2]], if has_alpha { 1.0 - p[3] } else { 0.0 });
+        }
     }
-    Ok((
-        ImageBatch {
+    Ok(Some(out.finish()))
+}
+
+/// The image and mask [`decode`] returns, filled pixel by pixel.
+struct Decoded {
+    width: u32,
+    height: u32,
+    data: Vec<f32>,
+    mask: Vec<f32>,
+}
+
+impl Decoded {
+    fn new(width: u32, height: u32) -> Self {
+        let pixels = width as usize * height as usize;
+        Decoded {
             width,
             height,
-            batch: 1,
-            channels: 3,
-            data,
-        },
-        MaskBatch {
-            width,
-            height,
-            batch: 1,
-            data: mask,
-        },
-    ))
+            data: Vec::with_capacity(pixels * 3),
+            mask: Vec::with_capacity(pixels),
+        }
+    }
+
+    fn push(&mut self, rgb: [f32; 3], mask: f32) {
+        self.data.extend_from_slice(&rgb);
+        self.mask.push(mask);
+    }
+
+    fn finish(self) -> (ImageBatch, MaskBatch) {
+        let (width, height) = (self.width, self.height);
+        (
+            ImageBatch {
+                width,
+                height,
+                batch: 1,
+                channels: 3,
+                data: self.data,
+            },
+            MaskBatch {
+                width,
+                height,
+                batch: 1,
+                data: self.mask,
+            },
+        )
+    }
+}
+
+/// A PNG file decoded as the `image` crate decodes it (the `png` crate expanding palettes,
+/// low bit depths and transparency chunks; 16-bit samples kept; the decoded frame within
+/// `max_alloc` bytes) and converted as its `to_rgba32f` does (`v / MAX` clamped, grey
+/// copied to red, green and blue), to the same bits, but row by row: `keep_going` is asked
+/// every [`BYTES_PER_CHECK`] of decoded rows. Interlaced files are decoded pass row by pass
+/// row into the whole frame, then converted.
+fn png_rows(
+    bytes: &[u8],
+    max_alloc: u64,
+    keep_going: &dyn Fn() -> bool,
+) -> Result<Option<(ImageBatch, MaskBatch)>, ComputeError> {
+    let failed = |e: png::DecodingError| ComputeError::invalid(format!("cannot decode image: {e}"));
+    let limit = usize::try_from(max_alloc).unwrap_or(usize::MAX);
+    let mut decoder = png::Decoder::new_with_limits(Cursor::new(bytes), png::Limits { bytes: limit });
+    decoder.set_transformations(png::Transformations::EXPAND);
+    let mut reader = decoder.read_info().map_err(failed)?;
+    let (width, height) = (reader.info().width, reader.info().height);
+    check_size(width, height, 1, 3)?;
+    let (color, depth) = reader.output_color_type();
+    let samples = color.samples();
+    let wide = match depth {
+        png::BitDepth::Eight => false,
+        png::BitDepth::Sixteen => true,
+        other => {
+            return Err(ComputeError::invalid(format!(
+                "cannot decode image: {other:?} bit samples of {color:?} after expansion"
+            )))
+        }
+    };
+    if color == png::ColorType::Indexed {
+        return Err(ComputeError::invalid("cannot decode image: an unexpanded palette"));
+    }
+    let frame = reader
+        .output_buffer_size()
+        .ok_or_else(|| failed(png::DecodingError::LimitsExceeded))?;
+    if frame as u64 > max_alloc {
+        return Err(ComputeError::invalid(format!(
+            "cannot decode image: its {width}x{height} pixels need {frame} bytes, over the limit of {max_alloc}"
+        )));
+    }
+    let line = reader
+        .output_line_size(width)
+        .ok_or_else(|| failed(png::DecodingError::LimitsExceeded))?;
+    let has_alpha = matches!(color, png::ColorType::GrayscaleAlpha | png::ColorType::Rgba);
+    // Each row goes through the `image` crate's own conversion (as a one-row image), so that
+    // grey and 16-bit samples come out as its `to_rgba32f` makes them.
+    let convert = |row: &[u8], out: &mut Decoded| -> Result<(), ComputeError> {
+        use image::DynamicImage as I;
+        let bad = || ComputeError::invalid("cannot decode image: a row of the wrong length");
+        let row = if wide {
+            let values: Vec<u16> = row.chunks_exact(2).map(|b| u16::from_be_bytes([b[0], b[1]])).collect();
+            match samples {
+                1 => ImageBuffer::from_raw(width, 1, values).map(I::ImageLuma16),
+                2 => ImageBuffer::from_raw(width, 1, values).map(I::ImageLumaA16),
+                3 => ImageBuffer::from_raw(width, 1, values).map(I::ImageRgb16),
+                _ => ImageBuffer::from_raw(width, 1, values).map(I::ImageRgba16),
+            }
+        } else {
+            let values = row.to_vec();
+            match samples {
+                1 => ImageBuffer::from_raw(width, 1, values).map(I::ImageLuma8),
+                2 => ImageBuffer::from_raw(width, 1, values).map(I::ImageLumaA8),
+                3 => ImageBuffer::from_raw(width, 1, values).map(I::ImageRgb8),
+                _ => ImageBuffer::from_raw(width, 1, values).map(I::ImageRgba8),
+            }
+        }
+        .ok_or_else(bad)?;
+        for p in row.to_rgba32f().pixels() {
+            out.push([p[0], p[1], p[2]], if has_alpha { 1.0 - p[3] } else { 0.0 });
+        }
+        Ok(())
+    };
+    debug_assert_eq!(has_alpha, matches!(samples, 2 | 4));
+    let rows_per_check = (BYTES_PER_CHECK / line.max(1)).max(1);
+    let mut out = Decoded::new(width, height);
+    if reader.info().interlaced {
+        let mut whole = vec![0u8; frame];
+        let bits_per_pixel = (samples * if wide { 16 } else { 8 }) as u8;
+        let mut rows = 0;
+        while let Some(row) = reader.next_interlaced_row().map_err(failed)? {
+            let png::InterlaceInfo::Adam7(pass) = row.interlace() else {
+                return Err(ComputeError::invalid(
+                    "cannot decode image: a plain row in an interlaced file",
+                ));
+            };
+            png::expand_interlaced_row(&mut whole, line, row.data(), pass, bits_per_pixel);
+            rows += 1;
+            if rows % rows_per_check == 0 && !keep_going() {
+                return Ok(None);
+            }
+        }
+        for (y, row) in whole.chunks_exact(line).enumerate() {
+            if y % rows_per_check == 0 && y > 0 && !keep_going() {
+                return Ok(None);
+            }
+            convert(row, &mut out)?;
+        }
+    } else {
+        let mut row = vec![0u8; line];
+        for y in 0..height as usize {
+            if y % rows_per_check == 0 && y > 0 && !keep_going() {
+                return Ok(None);
+            }
+            if reader.read_row(&mut row).map_err(failed)?.is_none() {
+                return Err(ComputeError::invalid("cannot decode image: the image data ended early"));
+            }
+            convert(&row, &mut out)?;
+        }
+        // Past the last row, as the whole-frame decode does: the rest of the image data
+        // is read and checked.
+        if reader.read_row(&mut row).map_err(failed)?.is_some() {
+            return Err(ComputeError::invalid("cannot decode image: more rows than its height"));
+        }
+    }
+    Ok(Some(out.finish()))
 }
 
 #[cfg(test)]
@@ -604,5 +783,170 @@ mod tests {
         assert_eq!(asked.get(), 3, "stopped at the first no");
         // 8x4 to 4x2: the result, and the pass of 8 source columns by 2 target rows (RGBA).
         assert_eq!(scale_peak_bytes(&img, 4, 0, false), 4 * 2 * 12 + 8 * 2 * 16);
+    }
+
+    /// The `image` crate's decode, which [`decode`] replaced for PNG files: its results.
+    fn image_crate_decode(bytes: &[u8]) -> (Vec<f32>, Vec<f32>) {
+        let decoded = image::load_from_memory(bytes).unwrap();
+        let has_alpha = decoded.color().has_alpha();
+        let rgba = decoded.to_rgba32f();
+        let data = rgba.pixels().flat_map(|p| [p[0], p[1], p[2]]).collect();
+        let mask = rgba
+            .pixels()
+            .map(|p| if has_alpha { 1.0 - p[3] } else { 0.0 })
+            .collect();
+        (data, mask)
+    }
+
+    fn png_file(
+        width: u32,
+        height: u32,
+        color: png::ColorType,
+        depth: png::BitDepth,
+        extra: &[u8],
+        data: &[u8],
+    ) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut encoder = png::Encoder::new(&mut out, width, height);
+        encoder.set_color(color);
+        encoder.set_depth(depth);
+        if color == png::ColorType::Indexed {
+            encoder.set_palette((0..=255u8).flat_map(|i| [i, 255 - i, i / 2]).collect::<Vec<_>>());
+        }
+        if !extra.is_empty() {
+            encoder.set_trns(extra.to_vec());
+        }
+        encoder.write_header().unwrap().write_image_data(data).unwrap();
+        out
+    }
+
+    /// An Adam7-interlaced 8-bit RGB PNG of `pixels`, written by hand (stored deflate blocks).
+    fn interlaced_rgb8(width: u32, height: u32, pixels: &[u8]) -> Vec<u8> {
+        fn crc(bytes: &[u8]) -> u32 {
+            let mut c = !0u32;
+            for &b in bytes {
+                c ^= u32::from(b);
+                for _ in 0..8 {
+                    c = if c & 1 == 1 { 0xedb8_8320 ^ (c >> 1) } else { c >> 1 };
+                }
+            }
+            !c
+        }
+        fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
+            out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+            let start = out.len();
+            out.extend_from_slice(kind);
+            out.extend_from_slice(data);
+            let sum = crc(&out[start..]);
+            out.extend_from_slice(&sum.to_be_bytes());
+        }
+        let (w, h) = (width as usize, height as usize);
+        let mut raw = Vec::new();
+        for (x0, y0, dx, dy) in [
+            (0, 0, 8, 8),
+            (4, 0, 8, 8),
+            (0, 4, 4, 8),
+            (2, 0, 4, 4),
+            (0, 2, 2, 4),
+            (1, 0, 2, 2),
+            (0, 1, 1, 2),
+        ] {
+            if x0 >= w || y0 >= h {
+                continue;
+            }
+            for y in (y0..h).step_by(dy) {
+                raw.push(0);
+                for x in (x0..w).step_by(dx) {
+                    raw.extend_from_slice(&pixels[(y * w + x) * 3..][..3]);
+                }
+            }
+        }
+        let mut zlib = vec![0x78, 0x01];
+        let blocks: Vec<&[u8]> = raw.chunks(0xffff).collect();
+        for (i, block) in blocks.iter().enumerate() {
+            zlib.push(u8::from(i + 1 == blocks.len()));
+            zlib.extend_from_slice(&(block.len() as u16).to_le_bytes());
+            zlib.extend_from_slice(&(!(block.len() as u16)).to_le_bytes());
+            zlib.extend_from_slice(block);
+        }
+        let (mut a, mut b) = (1u32, 0u32);
+        for &byte in &raw {
+            a = (a + u32::from(byte)) % 65521;
+            b = (b + a) % 65521;
+        }
+        zlib.extend_from_slice(&((b << 16) | a).to_be_bytes());
+        let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+        let mut header = Vec::new();
+        header.extend_from_slice(&width.to_be_bytes());
+        header.extend_from_slice(&height.to_be_bytes());
+        header.extend_from_slice(&[8, 2, 0, 0, 1]);
+        chunk(&mut out, b"IHDR", &header);
+        chunk(&mut out, b"IDAT", &zlib);
+        chunk(&mut out, b"IEND", &[]);
+        out
+    }
+
+    /// PNG files of every colour type and depth, with transparency chunks and interlaced,
+    /// decode row by row to the bits the `image` crate's decode gives.
+    #[test]
+    fn png_rows_decode_to_the_image_crates_bits() {
+        use png::{BitDepth as D, ColorType as C};
+        let (w, h) = (13u32, 11u32);
+        let bytes = |n: usize| (0..n).map(|i| (i * 73 % 251) as u8).collect::<Vec<u8>>();
+        let px = (w * h) as usize;
+        let files = [
+            png_file(w, h, C::Grayscale, D::Eight, &[], &bytes(px)),
+            png_file(w, h, C::Grayscale, D::Sixteen, &[], &bytes(px * 2)),
+            png_file(
+                w,
+                h,
+                C::Grayscale,
+                D::One,
+                &[],
+                &bytes(px.div_ceil(8) + h as usize)[..(w as usize).div_ceil(8) * h as usize],
+            ),
+            png_file(w, h, C::GrayscaleAlpha, D::Eight, &[], &bytes(px * 2)),
+            png_file(w, h, C::GrayscaleAlpha, D::Sixteen, &[], &bytes(px * 4)),
+            png_file(w, h, C::Rgb, D::Eight, &[], &bytes(px * 3)),
+            png_file(w, h, C::Rgb, D::Eight, &[0, 146, 0, 219, 0, 36], &bytes(px * 3)),
+            png_file(w, h, C::Rgb, D::Sixteen, &[], &bytes(px * 6)),
+            png_file(w, h, C::Rgba, D::Eight, &[], &bytes(px * 4)),
+            png_file(w, h, C::Rgba, D::Sixteen, &[], &bytes(px * 8)),
+            png_file(w, h, C::Indexed, D::Eight, &[], &bytes(px)),
+            png_file(w, h, C::Indexed, D::Eight, &[7, 200, 0], &bytes(px)),
+            interlaced_rgb8(w, h, &bytes(px * 3)),
+            interlaced_rgb8(1, 1, &[9, 8, 7]),
+        ];
+        for (i, file) in files.iter().enumerate() {
+            let (image, mask) = decode(file, 1 << 20).unwrap();
+            let (data, want_mask) = image_crate_decode(file);
+            let same =
+                |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same(&image.data, &data), "file {i}: pixels differ");
+            assert!(same(&mask.data, &want_mask), "file {i}: masks differ");
+        }
+        // A truncated file fails as one, and a decode told to stop stops.
+        let file = &files[5];
+        assert!(decode(&file[..file.len() - 20], 1 << 20).is_err());
+        assert!(matches!(
+            decode_interruptible(file, 1 << 20, &|| false),
+            Ok(None) | Ok(Some(_))
+        ));
+        let big = png_file(512, 4096, C::Rgb, D::Eight, &[], &bytes(512 * 4096 * 3));
+        assert!(decode_interruptible(&big, 1 << 30, &|| false).unwrap().is_none());
+        let interlaced = interlaced_rgb8(1024, 1024, &bytes(1024 * 1024 * 3));
+        assert!(decode_interruptible(&interlaced, 1 << 30, &|| false).unwrap().is_none());
+        let jpeg = {
+            let mut out = std::io::Cursor::new(Vec::new());
+            image::RgbImage::from_raw(64, 64, bytes(64 * 64 * 3))
+                .unwrap()
+                .write_to(&mut out, image::ImageFormat::Jpeg)
+                .unwrap();
+            out.into_inner()
+        };
+        assert!(decode_interruptible(&jpeg, 1 << 30, &|| false).unwrap().is_none());
+        assert!(decode(&jpeg, 1 << 30).is_ok());
+        // The decoded frame must fit the allocation limit, as the `image` crate's must.
+        assert!(decode(&big, 1 << 20).is_err());
     }
 }

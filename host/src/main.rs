@@ -201,6 +201,11 @@ struct ServeArgs {
     /// Extra plugins: every *.wasm in this directory, with its optional <name>.toml manifest.
     #[arg(long, env = "WEFT_PLUGINS_DIR")]
     plugins_dir: Option<PathBuf>,
+    /// Directory of the plugins' compiled machine code, loaded at the next start instead of
+    /// compiling again (default: `cache` in --data-dir). Servers on one machine may share
+    /// one; its files are run as native code, so it must be writable by the operator only.
+    #[arg(long, env = "WEFT_COMPILE_CACHE")]
+    compile_cache: Option<PathBuf>,
     /// Reload a plugin of --plugins-dir when its file changes; jobs already running keep
     /// the version they started with.
     #[arg(long, env = "WEFT_WATCH")]
@@ -553,7 +558,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
         },
         runtime: RuntimeConfig {
             limits,
-            cache_dir: None,
+            cache_dir: args.compile_cache,
             plugins_dir: args.plugins_dir,
             grants: grants(&args.grants)?,
             capabilities: CapabilityConfig {

@@ -211,7 +211,9 @@ async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<Star
         None
     };
 
-    config.runtime.cache_dir = Some(config.data_dir.join("cache"));
+    if config.runtime.cache_dir.is_none() {
+        config.runtime.cache_dir = Some(config.data_dir.join("cache"));
+    }
     config.runtime.concurrent_calls = config.jobs.workers as u32;
     config.runtime.capabilities.music = crate::runtime::MusicConfig(v2m_engine.clone());
     let runtime_config = config.runtime.clone();

@@ -134,6 +134,7 @@ impl Server {
             }
         }
         cmd.args(&options.args)
+            .env("WEFT_COMPILE_CACHE", compile_cache())
             .envs(options.env.iter().cloned())
             .stdout(Stdio::piped());
         match &options.log_file {
@@ -422,4 +423,10 @@ pub(crate) fn session_cookie(server: &Server, key: &str) -> String {
         assert!(set.contains(attribute), "cookie lacks {attribute}: {set}");
     }
     set.split(';').next().unwrap().to_string()
+}
+
+/// The compiled-code cache every test server shares (`--compile-cache`), so that a server
+/// with a fresh data dir does not compile the built-in plugins again: seconds of CPU each.
+pub(crate) fn compile_cache() -> PathBuf {
+    root().join("target/test-compile-cache")
 }

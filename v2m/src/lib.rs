@@ -266,8 +266,10 @@ impl Engine {
 impl Engine {
     /// The whole pipeline for one stream, without an async runtime: probe (with the
     /// duration limit), analyse, compose and render `path` into interleaved stereo `f32`
-    /// samples at [`SAMPLE_RATE`]. Blocks; `canceled` is polled between chunks and stops
-    /// the render with `Ok(None)`.
+    /// samples at [`SAMPLE_RATE`]. Blocks; `canceled` is polled every [`CANCEL_POLL`]
+    /// while the video is probed and analysed (a cancel kills ffprobe and ffmpeg) and
+    /// between chunks of the render (half a second of audio each), and stops the work with
+    /// `Ok(None)`.
     pub fn generate_blocking(
         &self,
         path: &Path,
@@ -275,21 +277,9 @@ impl Engine {
         seed: u64,
         canceled: &dyn Fn() -> bool,
     ) -> Result<Option<Vec<f32>>, V2mError> {
-        // ffmpeg runs under tokio's process support: use a runtime of our own, on a thread
-        // of our own, since the caller may or may not be inside one.
-        let (engine, owned) = (self.clone(), path.to_path_buf());
-        let analysis = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| V2mError::GenerationFailed(format!("runtime: {e}")))?;
-            runtime.block_on(async {
-                let info = engine.probe(&owned).await?;
-                engine.analyze_probed(&owned, info).await
-            })
-        })
-        .join()
-        .map_err(|_| V2mError::GenerationFailed("the analysis panicked".into()))??;
+        let Some(analysis) = self.analyze_blocking(path, canceled)? else {
+            return Ok(None);
+        };
         let prompts: Vec<&str> = prompt.into_iter().filter(|p| !p.trim().is_empty()).collect();
         let track = plan(&analysis, &prompts, 1, seed).remove(0);
         let mut samples = Vec::with_capacity(track.total_frames as usize * usize::from(CHANNELS));
@@ -307,7 +297,58 @@ impl Engine {
         }
         Ok(Some(samples))
     }
+
+    /// Probes and analyses `path` on a thread of its own, with a runtime of its own
+    /// (ffmpeg runs under tokio's process support, and the caller may or may not be inside
+    /// a runtime), asking `canceled` every [`CANCEL_POLL`] meanwhile. Once it says so, the
+    /// analysis is dropped (which kills its ffprobe and ffmpeg) and this returns `Ok(None)`.
+    fn analyze_blocking(&self, path: &Path, canceled: &dyn Fn() -> bool) -> Result<Option<Analysis>, V2mError> {
+        let (engine, owned) = (self.clone(), path.to_path_buf());
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let (done, finished) = std::sync::mpsc::channel();
+        let stopped = stop.clone();
+        let analysis = std::thread::spawn(move || {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| V2mError::GenerationFailed(format!("runtime: {e}")))
+                .and_then(|runtime| {
+                    runtime.block_on(async {
+                        let work = async {
+                            let info = engine.probe(&owned).await?;
+                            engine.analyze_probed(&owned, info).await
+                        };
+                        tokio::select! {
+                            result = work => result.map(Some),
+                            () = stopped.notified() => Ok(None),
+                        }
+                    })
+                });
+            let _ = done.send(result);
+        });
+        let result = loop {
+            if canceled() {
+                // A permit stored for the `notified` to come, if it is not waiting yet.
+                stop.notify_one();
+                let _ = analysis.join();
+                return Ok(None);
+            }
+            match finished.recv_timeout(CANCEL_POLL) {
+                Ok(result) => break result,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    break Err(V2mError::GenerationFailed("the analysis panicked".into()))
+                }
+            }
+        };
+        let _ = analysis.join();
+        result
+    }
 }
+
+/// How often [`Engine::generate_blocking`] asks its caller whether to stop while the video
+/// is analysed.
+pub const CANCEL_POLL: Duration = Duration::from_millis(20);
 
 /// Probes a video's duration with `ffprobe` from `PATH`.
 pub async fn probe_duration(path: &Path) -> Result<f64, V2mError> {
@@ -345,6 +386,45 @@ mod tests {
                 .to_string()
         };
         (get("format_name"), get("duration").parse().unwrap(), text)
+    }
+
+    /// A cancel during the analysis ends `generate_blocking` promptly, with `Ok(None)`, and
+    /// kills the decoder: here an "ffmpeg" that never answers.
+    #[test]
+    fn a_cancel_stops_the_analysis_and_kills_its_decoder() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = temp_dir("cancel-analysis");
+        let video = make_video(&dir, 1.0, 0.5);
+        let stalled = dir.join("stalled-ffmpeg");
+        let pid_file = dir.join("ffmpeg.pid");
+        std::fs::write(
+            &stalled,
+            format!("#!/bin/sh\necho $$ > {}\nexec sleep 60\n", pid_file.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&stalled, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut cfg = V2mConfig::default();
+        cfg.analysis.ffmpeg = stalled;
+        let engine = Engine::new(cfg).unwrap();
+        let asked = std::time::Instant::now();
+        let cancel_at = asked + Duration::from_millis(500);
+        let canceled = || std::time::Instant::now() >= cancel_at;
+        let result = engine.generate_blocking(&video, Some("piano"), 1, &canceled).unwrap();
+        assert!(result.is_none(), "canceled");
+        assert!(asked.elapsed() < Duration::from_secs(5), "took {:?}", asked.elapsed());
+        let pid = std::fs::read_to_string(&pid_file).unwrap();
+        let pid = pid.trim();
+        // Killed (gone, or a zombie at worst) within moments, not sleeping on.
+        let stat = format!("/proc/{pid}/stat");
+        let running = || {
+            let state = std::fs::read_to_string(&stat).unwrap_or_default();
+            state.split_whitespace().nth(2).is_some_and(|s| s != "Z" && s != "X")
+        };
+        let killed = std::time::Instant::now();
+        while running() {
+            assert!(killed.elapsed() < Duration::from_secs(2), "the decoder still runs");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     #[tokio::test]

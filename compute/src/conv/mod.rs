@@ -111,6 +111,19 @@ impl Conv2d {
         residual: Option<&Tensor>,
         stop: Interrupt<'_>,
     ) -> Result<Tensor> {
+        self.forward_in_pieces(x, shift, residual, stop, MACS_PER_CHECK)
+    }
+
+    /// [`forward_interruptible`](Self::forward_interruptible) with pieces of about
+    /// `macs_per_check` multiply-adds.
+    fn forward_in_pieces(
+        &self,
+        x: &Tensor,
+        shift: Option<&Tensor>,
+        residual: Option<&Tensor>,
+        stop: Interrupt<'_>,
+        macs_per_check: usize,
+    ) -> Result<Tensor> {
         if !(x.device().is_cpu() && x.dtype() == DType::F32) {
             let cfg = Conv2dConfig {
                 padding: self.padding,
@@ -163,7 +176,7 @@ impl Conv2d {
                 pad,
             };
             // Output rows per piece of the product, each with its own column rows.
-            let rows = (MACS_PER_CHECK / (wo * k * cout).max(1)).clamp(1, ho);
+            let rows = (macs_per_check / (wo * k * cout).max(1)).clamp(1, ho);
             let out = with_buffer(&PIXEL_MAJOR, |(pixels, products)| {
                 products.resize(products.len().max(b * p * cout), 0.0);
                 let products = &mut products[..b * p * cout];
@@ -181,7 +194,7 @@ impl Conv2d {
                             matmul(y, cout, cols, View::rows(taps_major, k, cout), 1.0, false, true);
                         }
                     }
-                    Ok(())
+                    Ok::<_, candle_core::Error>(())
                 })?;
                 start.output_from_pixel_major(products)
             })?;
@@ -189,7 +202,7 @@ impl Conv2d {
         }
         let mut out = start.output()?;
         // Output positions per piece of the product: a multiple of 64, for whole vectors.
-        let piece = (MACS_PER_CHECK / (cout * k).max(1)).max(1).next_multiple_of(64).min(p);
+        let piece = (macs_per_check / (cout * k).max(1)).max(1).next_multiple_of(64).min(p);
         with_buffer(&COLUMNS, |columns| {
             if !one_by_one {
                 // Every element is overwritten by `fill_columns`; only growth is zeroed.
@@ -224,7 +237,7 @@ impl Conv2d {
                     matmul(&mut y[first..], p, View::rows(weight, cout, k), rhs, 1.0, true, true);
                 }
             }
-            Ok(())
+            Ok::<_, candle_core::Error>(())
         })?;
         Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device())
     }
@@ -640,6 +653,87 @@ mod tests {
         // Only 1x1 convolutions project tokens; the token count must form the image.
         assert!(random_conv(5, 5, 3, 1, 1).forward_to_tokens(&x).is_err());
         assert!(conv.forward_from_tokens(&tokens, (4, 4), &residual).is_err());
+    }
+
+    /// The product cut into pieces (of output rows pixel-major, of output positions
+    /// channel-major, for 1x1 convolutions too) gives the same bits as in one piece.
+    #[test]
+    fn pieces_of_the_product_give_the_same_bits() {
+        let dev = Device::Cpu;
+        // (input shape, cout, kernel, stride, padding): pixel-major, a 1x1 convolution and
+        // channel-major with a column matrix (too few output channels for pixel-major).
+        for (shape, cout, kernel, stride, padding) in [
+            ((2, 5, 96, 97), 18, 3, 2, 1),
+            ((1, 4, 64, 64), 32, 3, 1, 0),
+            ((2, 24, 50, 47), 20, 1, 1, 0),
+            ((1, 6, 40, 41), 7, 3, 2, 1),
+        ] {
+            let conv = random_conv(shape.1, cout, kernel, stride, padding);
+            let x = Tensor::randn(0f32, 1.0, shape, &dev).unwrap();
+            let whole = conv
+                .forward_in_pieces(&x, None, None, Interrupt::NEVER, usize::MAX)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            for macs in [1, 5_000, 300_000] {
+                let pieces = conv
+                    .forward_in_pieces(&x, None, None, Interrupt::NEVER, macs)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap();
+                let same = whole.iter().zip(&pieces).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{shape:?} -> {cout} k{kernel} s{stride}: pieces of {macs} differ");
+            }
+        }
+    }
+
+    /// An interrupt that fires once it has been asked `checks` times.
+    fn after(checks: usize) -> impl Fn() -> bool + Sync {
+        let asked = std::sync::atomic::AtomicUsize::new(0);
+        move || asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= checks
+    }
+
+    /// A convolution stops part way, between Winograd passes or pieces of its product, once
+    /// its interrupt fires, on every path; it runs to the end when it does not.
+    #[test]
+    fn an_interrupt_stops_a_convolution_part_way() {
+        let dev = Device::Cpu;
+        for (shape, cout, kernel, stride, padding) in [
+            ((1, 4, 64, 64), 8, 3, 1, 1),   // Winograd
+            ((1, 4, 64, 64), 32, 3, 1, 0),  // pixel-major
+            ((1, 24, 50, 47), 20, 1, 1, 0), // 1x1
+            ((1, 6, 40, 41), 7, 3, 2, 1),   // channel-major
+        ] {
+            let conv = random_conv(shape.1, cout, kernel, stride, padding);
+            let x = Tensor::randn(0f32, 1.0, shape, &dev).unwrap();
+            for checks in [0, 1, 2] {
+                let stop = after(checks);
+                let stopped = if kernel == 3 && stride == 1 && padding == 1 {
+                    // Passes of a row of tiles each: one per check.
+                    let (x, weight) = (x.flatten_all().unwrap(), conv.weight.flatten_all().unwrap());
+                    let (x, weight) = (x.to_vec1::<f32>().unwrap(), weight.to_vec1::<f32>().unwrap());
+                    let mut out = vec![0f32; cout * 64 * 64];
+                    winograd::accumulate_within(&x, &weight, (1, 4, 64, 64), &mut out, 1, Interrupt::new(&stop))
+                        .is_err()
+                } else {
+                    conv.forward_in_pieces(&x, None, None, Interrupt::new(&stop), 1)
+                        .is_err()
+                };
+                assert!(stopped, "{shape:?} k{kernel} ran on after {checks} checks");
+            }
+            let stop = after(usize::MAX);
+            assert!(conv
+                .forward_interruptible(&x, None, None, Interrupt::new(&stop))
+                .is_ok());
+            let fired = || true;
+            assert!(conv
+                .forward_interruptible(&x, None, None, Interrupt::new(&fired))
+                .is_err());
+        }
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub(super) fn accumulate(
 
 /// [`accumulate`] with at most `max_buffered` floats of transformed inputs per pass (at
 /// least a row of tiles).
-fn accumulate_within(
+pub(super) fn accumulate_within(
     x: &[f32],
     weight: &[f32],
     (b, cin, h, w): (usize, usize, usize, usize),
@@ -346,7 +346,15 @@ mod tests {
         let per_row = POINTS * 3 * cout.max(cin);
         for rows in [1, 3] {
             let mut parts = vec![0.5f32; b * cout * h * w];
-            accumulate_within(&x, &weight, (b, cin, h, w), &mut parts, rows * per_row, Interrupt::NEVER).unwrap();
+            accumulate_within(
+                &x,
+                &weight,
+                (b, cin, h, w),
+                &mut parts,
+                rows * per_row,
+                Interrupt::NEVER,
+            )
+            .unwrap();
             for (got, want) in parts.iter().zip(&whole) {
                 assert!((got - want).abs() <= 1e-5, "{rows} rows per pass: {got} vs {want}");
             }

@@ -211,22 +211,24 @@ impl Encoder {
 
     fn forward(&self, x: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
         stop.check()?;
-        let mut h = self.conv_in.forward_fused(x, None, None)?;
+        let mut h = self.conv_in.forward_interruptible(x, None, None, stop)?;
         for (resnets, downsample) in &self.down {
             for resnet in resnets {
                 stop.check()?;
-                h = resnet.forward(&h)?;
+                h = resnet.forward(&h, stop)?;
             }
             if let Some(conv) = downsample {
                 stop.check()?;
                 // One zero row and column after the plane, then a 3x3 stride-2 convolution
                 // without padding (the original LDM downsampling).
-                h = conv.forward_fused(&h.pad_with_zeros(2, 0, 1)?.pad_with_zeros(3, 0, 1)?, None, None)?;
+                let padded = h.pad_with_zeros(2, 0, 1)?.pad_with_zeros(3, 0, 1)?;
+                h = conv.forward_interruptible(&padded, None, None, stop)?;
             }
         }
         let h = self.mid.forward(&h, stop)?;
         stop.check()?;
-        self.conv_out.forward_fused(&self.norm_out.forward(&h)?, None, None)
+        self.conv_out
+            .forward_interruptible(&self.norm_out.forward(&h)?, None, None, stop)
     }
 }
 
@@ -270,20 +272,24 @@ impl Decoder {
     }
 
     fn forward(&self, z: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
-        let mut h = self.mid.forward(&self.conv_in.forward_fused(z, None, None)?, stop)?;
+        let mut h = self
+            .mid
+            .forward(&self.conv_in.forward_interruptible(z, None, None, stop)?, stop)?;
         for (resnets, upsample) in &self.up {
             for resnet in resnets {
                 stop.check()?;
-                h = resnet.forward(&h)?;
+                h = resnet.forward(&h, stop)?;
             }
             if let Some(conv) = upsample {
                 stop.check()?;
                 let (_, _, height, width) = h.dims4()?;
-                h = conv.forward_fused(&h.upsample_nearest2d(2 * height, 2 * width)?, None, None)?;
+                let upsampled = h.upsample_nearest2d(2 * height, 2 * width)?;
+                h = conv.forward_interruptible(&upsampled, None, None, stop)?;
             }
         }
         stop.check()?;
-        self.conv_out.forward_fused(&self.norm_out.forward(&h)?, None, None)
+        self.conv_out
+            .forward_interruptible(&self.norm_out.forward(&h)?, None, None, stop)
     }
 }
 
@@ -312,14 +318,17 @@ impl ResBlock {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.conv1.forward_fused(&self.norm1.forward(x)?, None, None)?;
+    /// The block on `x`, asking `stop` inside each convolution.
+    fn forward(&self, x: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
+        let h = self
+            .conv1
+            .forward_interruptible(&self.norm1.forward(x)?, None, None, stop)?;
         let residual = match &self.shortcut {
-            Some(conv) => conv.forward_fused(x, None, None)?,
+            Some(conv) => conv.forward_interruptible(x, None, None, stop)?,
             None => x.clone(),
         };
         self.conv2
-            .forward_fused(&self.norm2.forward(&h)?, None, Some(&residual))
+            .forward_interruptible(&self.norm2.forward(&h)?, None, Some(&residual), stop)
     }
 }
 
@@ -341,11 +350,11 @@ impl MidBlock {
 
     fn forward(&self, x: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
         stop.check()?;
-        let h = self.resnet_1.forward(x)?;
+        let h = self.resnet_1.forward(x, stop)?;
         stop.check()?;
         let h = self.attention.forward(&h, stop)?;
         stop.check()?;
-        self.resnet_2.forward(&h)
+        self.resnet_2.forward(&h, stop)
     }
 }
 

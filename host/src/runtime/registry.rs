@@ -129,7 +129,8 @@ pub fn read_source(path: &Path) -> Result<PluginSource, String> {
 
 /// Compiles `source`, through the precompiled-code cache in `cache_dir` when given. The
 /// cache key is the blake3 of the component plus the engine's compatibility hash, and only
-/// files this server wrote (atomically, in its own data dir) are ever deserialized.
+/// files a server wrote (atomically, in its data dir or the operator's `--compile-cache`)
+/// are ever deserialized.
 pub(super) fn compile(engine: &Engine, source: &PluginSource, cache_dir: Option<&Path>) -> anyhow::Result<Component> {
     let bytes = &source.bytes[..];
     let Some(cache_dir) = cache_dir else {
@@ -141,7 +142,7 @@ pub(super) fn compile(engine: &Engine, source: &PluginSource, cache_dir: Option<
     let key = format!("{}-{:016x}.cwasm", source.hash, compat.finish());
     let path = cache_dir.join(key);
     if path.exists() {
-        // SAFETY: the file is in this server's own cache directory, was written by
+        // SAFETY: the file is in the operator's cache directory, was written by
         // `Engine::precompile_component` below and renamed into place atomically, and its
         // name binds it to these exact component bytes and this engine's configuration.
         match unsafe { Component::deserialize_file(engine, &path) } {

@@ -151,8 +151,11 @@ impl Host for CallState {
             format!("decoding a {} KiB image file", bytes.len().div_ceil(1024))
         })?;
         self.deadline.check()?;
-        match compute::image::decode(&bytes, peak) {
-            Ok((image, mask)) => {
+        let deadline = self.deadline.clone();
+        let keep_going = || deadline.check().is_ok();
+        match compute::image::decode_interruptible(&bytes, peak, &keep_going) {
+            Ok(None) => Err(self.deadline.check().err().unwrap_or(Interrupt::Canceled).into()),
+            Ok(Some((image, mask))) => {
                 let mask_charge = charge.split(mask.data.len() as u64 * 4);
                 let image = self.push_image(image, charge)?;
                 let mask = self.table.push(MaskRes(Arc::new(Held::new(mask, mask_charge))))?;
