@@ -18,10 +18,27 @@ fn failed(e: anyhow::Error) -> ComputeError {
 
 /// Decodes `latent` into images; `stop` is asked between the decoder's blocks (then
 /// [`ComputeError::Interrupted`]).
+///
+/// The latents are decoded one at a time (each image is independent of the others), so the
+/// working memory is one image's whatever the batch ([`crate::models::Sd1Vae::decode_working_bytes`]
+/// with a batch of 1).
 pub fn decode(vae: &Autoencoder, latent: &LatentBatch, stop: Interrupt<'_>) -> Result<ImageBatch, ComputeError> {
-    let shape = latent.shape.iter().map(|&d| d as usize).collect();
-    let t = Tensor::try_new(shape, latent.data.clone()).map_err(failed)?;
-    vae.decode(&t, stop).map_err(|e| stop.explain("VAE decode", e))
+    let [batch, channels, height, width] = latent.shape.map(|d| d as usize);
+    let per_latent = channels * height * width;
+    let mut images: Option<ImageBatch> = None;
+    for index in 0..batch {
+        let data = latent.data[index * per_latent..(index + 1) * per_latent].to_vec();
+        let t = Tensor::try_new(vec![1, channels, height, width], data).map_err(failed)?;
+        let image = vae.decode(&t, stop).map_err(|e| stop.explain("VAE decode", e))?;
+        match &mut images {
+            None => images = Some(image),
+            Some(all) => {
+                all.data.extend_from_slice(&image.data);
+                all.batch += image.batch;
+            }
+        }
+    }
+    images.ok_or_else(|| ComputeError::invalid("VAE decoding needs at least one latent"))
 }
 
 /// `pixels` cut to whole latent cells, centred, keeping only RGB.
@@ -59,10 +76,27 @@ fn crop_to_cells(pixels: &ImageBatch) -> Result<ImageBatch, ComputeError> {
     })
 }
 
+/// Encodes `pixels` one image at a time, as [`decode`] decodes: one image's working memory
+/// whatever the batch.
 fn encode_cropped(vae: &Autoencoder, pixels: &ImageBatch, stop: Interrupt<'_>) -> Result<LatentBatch, ComputeError> {
-    let t = vae.encode(pixels, stop).map_err(|e| stop.explain("VAE encode", e))?;
-    let shape = [t.shape[0], t.shape[1], t.shape[2], t.shape[3]].map(|d| d as u32);
-    Ok(plain(shape, t.data))
+    let per_image = (pixels.width * pixels.height * pixels.channels) as usize;
+    let mut shape = [0u32; 4];
+    let mut data = Vec::new();
+    for index in 0..pixels.batch as usize {
+        let one = ImageBatch {
+            batch: 1,
+            data: pixels.data[index * per_image..(index + 1) * per_image].to_vec(),
+            ..*pixels
+        };
+        let t = vae.encode(&one, stop).map_err(|e| stop.explain("VAE encode", e))?;
+        shape = [t.shape[0], t.shape[1], t.shape[2], t.shape[3]].map(|d| d as u32);
+        shape[0] = index as u32 + 1;
+        data.extend_from_slice(&t.data);
+    }
+    if data.is_empty() {
+        return Err(ComputeError::invalid("VAE encoding needs at least one image"));
+    }
+    Ok(plain(shape, data))
 }
 
 /// `VAEEncode`: `pixels` (cut to whole latent cells) encoded into latents; `stop` is asked
@@ -182,5 +216,29 @@ mod tests {
         assert!(noise_mask.data.iter().all(|&v| v == 1.0));
         let decoded = decode(&m, &latent, Interrupt::NEVER).unwrap();
         assert_eq!((decoded.width, decoded.height), (16, 16));
+    }
+
+    #[test]
+    fn a_batch_coded_one_image_at_a_time_equals_the_batch_coded_at_once() {
+        let (_dir, m) = tiny_test_models(4).unwrap();
+        let m = Autoencoder::Checkpoint(std::sync::Arc::new(m));
+        let (w, h) = (16usize, 24usize);
+        let pixels = ImageBatch {
+            width: w as u32,
+            height: h as u32,
+            batch: 3,
+            channels: 3,
+            data: (0..3 * w * h * 3).map(|i| ((i * 37) % 101) as f32 / 100.0).collect(),
+        };
+        let latent = encode(&m, &pixels, Interrupt::NEVER).unwrap();
+        assert_eq!(latent.shape[0], 3);
+        let at_once = m.encode(&pixels, Interrupt::NEVER).unwrap();
+        assert_eq!(latent.data, at_once.data, "encode");
+        let decoded = decode(&m, &latent, Interrupt::NEVER).unwrap();
+        assert_eq!(decoded.batch, 3);
+        let shape = latent.shape.iter().map(|&d| d as usize).collect();
+        let tensor = Tensor::try_new(shape, latent.data.clone()).unwrap();
+        let at_once = m.decode(&tensor, Interrupt::NEVER).unwrap();
+        assert_eq!(decoded.data, at_once.data, "decode");
     }
 }

@@ -282,7 +282,8 @@ impl CallState {
     fn charge_encode(&self, vae: &Autoencoder, image: &weft_compute::image::ImageBatch) -> Result<Charge, MemoryLimit> {
         let (b, w, h) = (image.batch, image.width, image.height);
         let pixels = tensor_bytes(&[u64::from(b), u64::from(h), u64::from(w)]);
-        let working = Sd1Vae::encode_working_bytes(vae.config(), b as usize, (h as usize, w as usize));
+        // The images are encoded one at a time.
+        let working = Sd1Vae::encode_working_bytes(vae.config(), 1, (h as usize, w as usize));
         let bytes = pixels * 3 + working + pixels / 16 + pixels;
         self.charge(bytes, || format!("encoding {b} image(s) of {w}x{h}"))
     }
@@ -620,7 +621,8 @@ impl Host for CallState {
         let [b, _, h, w] = latent.shape;
         let (width, height) = (w.saturating_mul(cell), h.saturating_mul(cell));
         let image_bytes = tensor_bytes(&[u64::from(b), u64::from(height), u64::from(width), 3]);
-        let working = Sd1Vae::decode_working_bytes(models.config(), b as usize, (h as usize, w as usize));
+        // The latents are decoded one at a time.
+        let working = Sd1Vae::decode_working_bytes(models.config(), 1, (h as usize, w as usize));
         let mut charge = self.charge(image_bytes + working, || {
             format!("decoding {b} latent(s) into {width}x{height} images")
         })?;
