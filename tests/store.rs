@@ -613,7 +613,8 @@ async fn a_status_this_build_does_not_know_is_an_error_that_names_it(f: Fixture)
     match &f.database {
         Database::Sqlite(path) => {
             let conn = rusqlite::Connection::open(path).unwrap();
-            conn.execute("UPDATE jobs SET status = 'paused' WHERE id = 'j1'", []).unwrap();
+            conn.execute("UPDATE jobs SET status = 'paused' WHERE id = 'j1'", [])
+                .unwrap();
         }
         Database::Postgres(url) => {
             let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
@@ -624,11 +625,15 @@ async fn a_status_this_build_does_not_know_is_an_error_that_names_it(f: Fixture)
                 .unwrap();
         }
     }
-    let error = f.store.job("a", "j1").await.err().expect("an unknown status is not read as another");
+    let error = f
+        .store
+        .job("a", "j1")
+        .await
+        .expect_err("an unknown status is not read as another");
     assert!(error.to_string().contains("paused"), "{error}");
-    let error = f.store.job_by_id("j1").await.err().expect("nor by id");
+    let error = f.store.job_by_id("j1").await.expect_err("nor by id");
     assert!(error.to_string().contains("paused"), "{error}");
-    let error = f.store.count_by_status().await.err().expect("nor counted as another");
+    let error = f.store.count_by_status().await.expect_err("nor counted as another");
     assert!(error.to_string().contains("paused"), "{error}");
 }
 both!(a_status_this_build_does_not_know_is_an_error_that_names_it);
