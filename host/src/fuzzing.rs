@@ -530,32 +530,49 @@ pub fn comfy_request(data: &[u8]) {
     });
 }
 
-/// Opens `/ws` at `path`, sends `frame` as a client's text frame and as a binary one, and
-/// reads what the server sends first.
+/// Opens `/ws` at `path`, sends `frame` as a client's text frame and as a binary one, reads
+/// what the server sends first, then closes the socket and waits for the server to close
+/// its side (warp's test client panics if it is dropped while the server still sends).
 async fn websocket_frames(routes: &warp::filters::BoxedFilter<(warp::reply::Response,)>, path: &str, frame: &[u8]) {
     let Ok(mut socket) = warp::test::ws().path(path).handshake(routes.clone()).await else {
         return;
     };
     socket.send_text(String::from_utf8_lossy(frame)).await;
     socket.send(warp::ws::Message::binary(frame.to_vec())).await;
-    let _ = tokio::time::timeout(std::time::Duration::from_millis(50), socket.recv()).await;
+    socket.send(warp::ws::Message::close()).await;
+    let wait = std::time::Duration::from_secs(2);
+    loop {
+        match tokio::time::timeout(wait, socket.recv()).await {
+            Ok(Ok(_)) => continue,
+            Ok(Err(_)) => return,
+            Err(_) => {
+                // The server did not close within the wait: keep the client, so that what it
+                // still sends has somewhere to go.
+                std::mem::forget(socket);
+                return;
+            }
+        }
+    }
 }
 
 /// The scan that bounds a JSON body before it is parsed: it never panics, and for any text
 /// that parses, it counts what the parse holds (keys, values and the widest object), so the
 /// bounds and the memory estimate are those of the real value. Duplicate keys are the one
-/// difference: a parse keeps one of them, the scan counts each.
+/// difference: a parse keeps one of them (and its value), the scan counts each, so it never
+/// counts less.
 pub fn json_body(data: &[u8]) {
     let scanned = crate::api::body::Shape::scan(data);
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
         return;
     };
     let parsed = crate::api::body::Shape::of(&value);
-    assert_eq!(
-        scanned.values,
-        parsed.values,
-        "values of {:?}",
-        String::from_utf8_lossy(data)
+    let text = || String::from_utf8_lossy(data).into_owned();
+    assert!(
+        scanned.keys >= parsed.keys && scanned.widest_object >= parsed.widest_object && scanned.values >= parsed.values,
+        "scanned {scanned:?}, parsed {parsed:?}: {}",
+        text()
     );
-    assert!(scanned.keys >= parsed.keys && scanned.widest_object >= parsed.widest_object);
+    if scanned.keys == parsed.keys {
+        assert_eq!(scanned, parsed, "{}", text());
+    }
 }
