@@ -103,19 +103,7 @@ fn a_cancel_ends_a_running_sampler_step_on_a_large_latent() {
     // and the first step is never reached before the cancel.
     let job = server.submit(sampling_graph(4096, 4096, 1));
     let id = job["id"].as_str().unwrap();
-    let started = Instant::now();
-    loop {
-        let job: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
-        if job["progress"]["current_node_class"] == "KSampler" {
-            break;
-        }
-        assert_eq!(job["status"].as_str().map(|s| s == "failed"), Some(false), "{job}");
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "sampling never started: {job}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_node(&server, id, "KSampler", Duration::from_secs(60));
     // Well inside the step's forward pass.
     std::thread::sleep(Duration::from_millis(1500));
     let asked = Instant::now();
@@ -186,19 +174,7 @@ fn a_cancel_ends_video_to_music_analysis_promptly() {
         "2": {"class_type": "SaveAudio", "inputs": {"audio": ["1", 0], "filename_prefix": "audio/weft"}}
     }));
     let id = job["id"].as_str().unwrap();
-    let started = Instant::now();
-    loop {
-        let job: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
-        if job["progress"]["current_node_class"] == "VideoToMusic" {
-            break;
-        }
-        assert_eq!(job["status"].as_str().map(|s| s == "failed"), Some(false), "{job}");
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the node never started: {job}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_node(&server, id, "VideoToMusic", Duration::from_secs(30));
     // Inside the analysis, waiting on the stalled decoder.
     std::thread::sleep(Duration::from_millis(500));
     let asked = Instant::now();
@@ -206,4 +182,18 @@ fn a_cancel_ends_video_to_music_analysis_promptly() {
     assert_eq!(r.status().as_u16(), 200);
     let done = wait_within(&server, id, asked, Duration::from_secs(5));
     assert_eq!(done["status"], "canceled", "{done}");
+}
+
+/// Waits until job `id` runs a node of `class` (at most `within`; it must not fail first).
+fn wait_for_node(server: &Server, id: &str, class: &str, within: Duration) {
+    let started = Instant::now();
+    loop {
+        let job: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
+        if job["progress"]["current_node_class"] == class {
+            return;
+        }
+        assert_eq!(job["status"].as_str().map(|s| s == "failed"), Some(false), "{job}");
+        assert!(started.elapsed() < within, "{class} never started: {job}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

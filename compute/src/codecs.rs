@@ -2,6 +2,7 @@
 //! workflow) and latent batches as safetensors (as ComfyUI's `SaveLatent` writes them).
 
 use super::image::ImageBatch;
+use super::interrupt::Interrupt;
 use super::values::LatentBatch;
 use super::ComputeError;
 
@@ -9,6 +10,27 @@ use super::ComputeError;
 /// (ComfyUI stores `prompt` and `workflow` there). Values are quantised as ComfyUI's
 /// `SaveImage` does: `255 · v` in float32, clamped to 0..=255 and truncated.
 pub fn encode_png(image: &ImageBatch, index: u32, text: &[(String, String)]) -> Result<Vec<u8>, ComputeError> {
+    encode_png_interruptible(image, index, text, Interrupt::NEVER)
+}
+
+/// Rows of pixel bytes an interruptible PNG encode converts and compresses between two
+/// looks at its interrupt: about 1 MiB of them.
+const PNG_STRIP_BYTES: usize = 1 << 20;
+
+/// Images up to this many pixel bytes are encoded in one call (tens of milliseconds);
+/// larger ones strip by strip.
+const PNG_ONE_CALL_BYTES: usize = 16 << 20;
+
+/// [`encode_png`], asking `stop` every [`PNG_STRIP_BYTES`] of rows (a few milliseconds of
+/// work) of an image over [`PNG_ONE_CALL_BYTES`]; once it fires,
+/// [`ComputeError::Interrupted`]. The pixels are the same either way (a strip-by-strip file
+/// may split its compressed data differently).
+pub fn encode_png_interruptible(
+    image: &ImageBatch,
+    index: u32,
+    text: &[(String, String)],
+    stop: Interrupt<'_>,
+) -> Result<Vec<u8>, ComputeError> {
     if index >= image.batch {
         return Err(ComputeError::invalid(format!(
             "no image {index} in a batch of {}",
@@ -17,11 +39,9 @@ pub fn encode_png(image: &ImageBatch, index: u32, text: &[(String, String)]) -> 
     }
     let len = image.frame_len();
     let start = index as usize * len;
-    let bytes: Vec<u8> = image.data[start..start + len]
-        .iter()
-        .map(|v| (v * 255.0).clamp(0.0, 255.0) as u8)
-        .collect();
-    let mut out = Vec::with_capacity(bytes.len() / 2 + 1024);
+    let pixels = &image.data[start..start + len];
+    let failed = |e: &dyn std::fmt::Display| ComputeError::Failed(format!("png: {e}"));
+    let mut out = Vec::with_capacity(len / 2 + 1024);
     {
         let mut encoder = png::Encoder::new(&mut out, image.width, image.height);
         encoder.set_color(png::ColorType::Rgb);
@@ -30,14 +50,28 @@ pub fn encode_png(image: &ImageBatch, index: u32, text: &[(String, String)]) -> 
         for (key, value) in text {
             encoder
                 .add_text_chunk(key.clone(), value.clone())
-                .map_err(|e| ComputeError::Failed(format!("png text chunk: {e}")))?;
+                .map_err(|e| failed(&e))?;
         }
-        let mut writer = encoder
-            .write_header()
-            .map_err(|e| ComputeError::Failed(e.to_string()))?;
-        writer
-            .write_image_data(&bytes)
-            .map_err(|e| ComputeError::Failed(e.to_string()))?;
+        let mut writer = encoder.write_header().map_err(|e| failed(&e))?;
+        if len <= PNG_ONE_CALL_BYTES {
+            let bytes: Vec<u8> = pixels.iter().map(|v| (v * 255.0).clamp(0.0, 255.0) as u8).collect();
+            writer.write_image_data(&bytes).map_err(|e| failed(&e))?;
+            drop(writer);
+            return Ok(out);
+        }
+        let mut stream = writer.stream_writer().map_err(|e| failed(&e))?;
+        let row = (image.width as usize * 3).max(1);
+        let strip = (PNG_STRIP_BYTES / row).max(1) * row;
+        let mut bytes = Vec::with_capacity(strip.min(pixels.len()));
+        for rows in pixels.chunks(strip) {
+            if stop.requested() {
+                return Err(ComputeError::Interrupted);
+            }
+            bytes.clear();
+            bytes.extend(rows.iter().map(|v| (v * 255.0).clamp(0.0, 255.0) as u8));
+            std::io::Write::write_all(&mut stream, &bytes).map_err(|e| failed(&e))?;
+        }
+        stream.finish().map_err(|e| failed(&e))?;
     }
     Ok(out)
 }
@@ -69,6 +103,38 @@ pub fn encode_latent(latent: &LatentBatch) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::image::{decode, decode_peak_bytes, empty};
+
+    #[test]
+    fn a_large_png_encoded_strip_by_strip_has_the_same_pixels_and_stops_when_told() {
+        let (w, h) = (2400u32, 2400u32);
+        let image = ImageBatch {
+            width: w,
+            height: h,
+            batch: 1,
+            channels: 3,
+            data: (0..(w * h * 3) as usize)
+                .map(|i| ((i * 7919) % 256) as f32 / 255.0)
+                .collect(),
+        };
+        assert!(
+            image.frame_len() > PNG_ONE_CALL_BYTES,
+            "the test image takes the strip path"
+        );
+        let png = encode_png(&image, 0, &[]).unwrap();
+        let (back, _) = decode(&png, decode_peak_bytes(&png).unwrap()).unwrap();
+        assert_eq!(
+            back.data,
+            image
+                .data
+                .iter()
+                .map(|v| ((v * 255.0) as u8) as f32 / 255.0)
+                .collect::<Vec<_>>()
+        );
+        let asked = std::sync::atomic::AtomicUsize::new(0);
+        let stop = || asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= 2;
+        let stopped = encode_png_interruptible(&image, 0, &[], Interrupt::new(&stop));
+        assert!(matches!(stopped, Err(ComputeError::Interrupted)), "{stopped:?}");
+    }
 
     #[test]
     fn png_round_trips_through_decode() {

@@ -221,7 +221,7 @@ fn wit_values_from(u: &mut Unstructured) -> arbitrary::Result<()> {
         let mut job = JobFiles::default();
         for file in &output.files {
             for index in 0..file.data.files().min(4) {
-                if let Ok(f) = outputs::encode(file, index, &mut job, "{}") {
+                if let Ok(f) = outputs::encode(file, index, &mut job, "{}", weft_compute::interrupt::Interrupt::NEVER) {
                     assert!(
                         !f.name.starts_with('/') && f.name.split('/').all(|s| !s.is_empty() && s != "." && s != ".."),
                         "output name {:?} escapes its folder",

@@ -20,6 +20,16 @@ use crate::runtime::{AssetReader, AssetRef, CallContext, CancelToken, OutputFile
 use crate::store::blobs::LocalFile;
 use crate::store::{AssetRecord, JobError, JobLogs, JobRecord, JobStatus, JobUpdate, NodeTime, Progress};
 
+/// The failure code `Jobs::store_output` gives when its [`Until`] came first; the
+/// commit loop turns it into the deadline's or the stop's outcome.
+const ENCODE_INTERRUPTED: &str = "interrupted";
+
+/// When an output's encode must stop: at the node's deadline, or once `stop` is canceled.
+struct Until {
+    deadline: Instant,
+    stop: CancelToken,
+}
+
 /// Snapshots reach the event stream at most this often.
 const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 /// Node step events (ComfyUI's per-step `progress`) are published at most this often,
@@ -1068,11 +1078,23 @@ impl Jobs {
                             let message = "the node ran past its time limit while its outputs were committed".into();
                             return (Err(node_error("node_timeout", message)), None, None, Vec::new());
                         }
+                        let until = Until {
+                            deadline: began + budget,
+                            stop: stop.clone(),
+                        };
                         let stored = self
-                            .store_output(file.clone(), index, job_files, workflow_text.clone(), &committed)
+                            .store_output(file.clone(), index, job_files, workflow_text.clone(), &committed, until)
                             .await;
                         let (cached, returned) = match stored {
                             Ok(done) => done,
+                            Err((ENCODE_INTERRUPTED, _)) if began.elapsed() >= budget => {
+                                let message = "the node ran past its time limit while its outputs were encoded".into();
+                                return (Err(node_error("node_timeout", message)), None, None, Vec::new());
+                            }
+                            Err((ENCODE_INTERRUPTED, _)) => {
+                                let message = "the job was stopped while its outputs were encoded".into();
+                                return (Err(node_error("canceled", message)), None, None, Vec::new());
+                            }
                             Err((code, message)) => return (Err(node_error(code, message)), None, None, Vec::new()),
                         };
                         job_files = returned;
@@ -1117,9 +1139,10 @@ impl Jobs {
         admit(self.config.max_outputs, self.config.max_output_bytes, committed, size)
     }
 
-    /// Encodes file `index` of `file`, checks it against the job's output bounds and writes
-    /// its blob, on a blocking thread. Returns the stored file and `job_files` back, or the
-    /// failure's code and message.
+    /// Encodes file `index` of `file` (a large image stops at `until`), checks it against the
+    /// job's output bounds and writes its blob, on a blocking thread. Returns the stored file
+    /// and `job_files` back, or the failure's code and message ([`ENCODE_INTERRUPTED`] when
+    /// `until` came first).
     async fn store_output(
         &self,
         file: Arc<OutputFile>,
@@ -1127,6 +1150,7 @@ impl Jobs {
         mut job_files: JobFiles,
         workflow_text: Arc<str>,
         committed: &Committed,
+        until: Until,
     ) -> Result<(CachedFile, JobFiles), (&'static str, String)> {
         let (max_outputs, max_bytes) = (self.config.max_outputs, self.config.max_output_bytes);
         let inline_max = self.config.inline_output_bytes;
@@ -1137,8 +1161,12 @@ impl Jobs {
         // The workflow counts too: a PNG carries it in a text chunk.
         let small = file.data.source_len() + workflow_text.len() <= INLINE_ENCODE_BYTES;
         let encode = move || {
-            let e = outputs::encode(&file, index, &mut job_files, &workflow_text)
-                .map_err(|m| ("output_encoding_failed", m))?;
+            let ask = move || until.stop.is_canceled() || Instant::now() >= until.deadline;
+            let stop = weft_compute::interrupt::Interrupt::new(&ask);
+            let e = outputs::encode(&file, index, &mut job_files, &workflow_text, stop).map_err(|e| match e {
+                outputs::EncodeError::Interrupted => (ENCODE_INTERRUPTED, String::new()),
+                outputs::EncodeError::Failed(m) => ("output_encoding_failed", m),
+            })?;
             admit(max_outputs, max_bytes, &committed, e.bytes.len() as u64).map_err(|m| ("job_output_limit", m))?;
             // A small file goes inline, into its asset's row: hashed here, never a blob.
             let inline = (e.bytes.len() <= inline_max).then(|| blake3::hash(&e.bytes).to_hex().to_string());

@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 
 use weft_compute::codecs;
+use weft_compute::interrupt::Interrupt;
 use weft_compute::values::AudioClip;
+use weft_compute::ComputeError;
 
 use crate::runtime::{FileData, OutputFile, OutputKind};
 
@@ -74,16 +76,26 @@ fn clean_prefix(prefix: &str) -> String {
     }
 }
 
+/// Why an output was not encoded.
+#[derive(Debug)]
+pub(crate) enum EncodeError {
+    /// Its `stop` fired: the job was canceled or the node's time ran out.
+    Interrupted,
+    /// It cannot be encoded, for this reason.
+    Failed(String),
+}
+
 /// Encodes file `index` of `file` (the images of a PNG batch are its files, one each; see
 /// [`FileData::files`](crate::runtime::FileData::files)), so that a batch is encoded, checked
 /// against the job's bounds and stored one file at a time. `workflow` goes into PNG text
-/// chunks within the job's embedding bounds.
+/// chunks within the job's embedding bounds. A large image's encode asks `stop` as it goes.
 pub(crate) fn encode(
     file: &OutputFile,
     index: usize,
     job: &mut JobFiles,
     workflow: &str,
-) -> Result<EncodedFile, String> {
+    stop: Interrupt<'_>,
+) -> Result<EncodedFile, EncodeError> {
     Ok(match &file.data {
         FileData::Bytes(bytes) => {
             let extension = if is_plain_extension(&file.extension) {
@@ -107,20 +119,23 @@ pub(crate) fn encode(
             let index = u32::try_from(index)
                 .ok()
                 .filter(|&i| i < image.batch)
-                .ok_or_else(|| format!("image {index} of a batch of {}", image.batch))?;
+                .ok_or_else(|| EncodeError::Failed(format!("image {index} of a batch of {}", image.batch)))?;
             let text = job.png_text(workflow);
             EncodedFile {
                 name: job.name(&file.filename_prefix, "png"),
                 kind: OutputKind::Image,
                 content_type: "image/png".into(),
-                bytes: codecs::encode_png(image, index, &text).map_err(|e| e.to_string())?,
+                bytes: codecs::encode_png_interruptible(image, index, &text, stop).map_err(|e| match e {
+                    ComputeError::Interrupted => EncodeError::Interrupted,
+                    e => EncodeError::Failed(e.to_string()),
+                })?,
             }
         }
         FileData::Wav(audio) => EncodedFile {
             name: job.name(&file.filename_prefix, "wav"),
             kind: OutputKind::Audio,
             content_type: "audio/wav".into(),
-            bytes: wav(audio)?,
+            bytes: wav(audio).map_err(EncodeError::Failed)?,
         },
         FileData::Latent(latent) => EncodedFile {
             name: job.name(&file.filename_prefix, "latent"),
