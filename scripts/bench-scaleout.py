@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Scale-out figures for weft on PostgreSQL (README, "Running several processes").
+"""Scale-out figures for weft on PostgreSQL (docs/benchmarks.md, "Scale-out on PostgreSQL").
 
 Starts its own throw-away PostgreSQL cluster (fsync and synchronous_commit on, the
 defaults: every 201 is durable) and real `weft` processes sharing one database and one blob

@@ -58,7 +58,7 @@ def graph(size, steps):
 
 def checkpoint(weft):
     cache = os.environ.get("WEFT_CACHE_DIR") or os.path.expanduser("~/.cache/weft")
-    shared = os.path.join(cache, "sd15-random-s0.safetensors")
+    shared = os.path.join(cache, "sd15-random-s0-aa64b29d75cc.safetensors")  # named by its sha256
     if not os.path.exists(shared):
         os.makedirs(cache, exist_ok=True)
         subprocess.run([weft, "models", "sd15-random", "--seed", "0", "--out", shared], check=True)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs what weft needs on a fresh Debian machine: the wasm32-wasip2 Rust target (to
-# build the plugins), ffmpeg and a General MIDI SoundFont (video-to-music), PostgreSQL's
-# server binaries (the tests start throw-away clusters; no server is left running), and
-# Chromium with its WebDriver (the browser tests), and comfy-api-simplified from PyPI in a
-# venv under target/ (the ComfyUI protocol tests). Options add:
+# Installs what weft needs on a fresh Debian machine. With no option, what serving needs and
+# no more: the wasm32-wasip2 Rust target (to build the plugins), ffmpeg and a General MIDI
+# SoundFont (video-to-music). Options add:
+#   --with-tests   what only the tests use: PostgreSQL's server binaries (the tests start
+#                  throw-away clusters; no server is left running), Chromium with its
+#                  WebDriver (the browser tests), and comfy-api-simplified from PyPI in a venv
+#                  under target/ (the ComfyUI protocol tests);
 #   --with-python  componentize-py (the Python example plugin), and moto's S3 server in a
 #                  venv under target/ (the S3 blob store tests);
 #   --with-js      Node.js, npm and the pinned componentize-js/jco of scripts/js-toolchain
@@ -12,11 +14,13 @@
 # Safe to run again: it skips what is there.
 set -euo pipefail
 
+with_tests=false
 with_python=false
 with_js=false
 with_fuzz=false
 for arg in "$@"; do
   case "$arg" in
+    --with-tests) with_tests=true ;;
     --with-python) with_python=true ;;
     --with-js) with_js=true ;;
     --with-fuzz) with_fuzz=true ;;
@@ -35,10 +39,14 @@ if $with_js; then
   command -v npm >/dev/null 2>&1 || missing+=(npm)
 fi
 [ -f /usr/share/sounds/sf2/TimGM6mb.sf2 ] || missing+=(timgm6mb-soundfont)
-[ -x /usr/bin/chromium ] || missing+=(chromium)
-[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
-ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
-python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+if $with_tests; then
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
+  [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+fi
+if $with_tests || $with_python; then
+  python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -70,4 +78,6 @@ if $with_fuzz && ! cargo fuzz --version 2>/dev/null | grep -q "0\.13\.1"; then
 fi
 
 # comfy-api-simplified, the PyPI ComfyUI client the protocol tests run (in target/).
-"$(dirname "$0")/comfy-client.sh" >/dev/null
+if $with_tests; then
+  "$(dirname "$0")/comfy-client.sh" >/dev/null
+fi

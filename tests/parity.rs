@@ -37,10 +37,11 @@ fn cache_dir() -> PathBuf {
 /// symlink leaving the folder would be refused), writing the checkpoint first if missing.
 fn models_dir() -> PathBuf {
     let cache = cache_dir();
-    let cached = cache.join(CHECKPOINT);
+    // Kept under a name with its content hash, the name `weft-compute`'s tests use too.
+    let cached = cache.join(format!("sd15-random-s0-{}.safetensors", &CHECKPOINT_SHA256[..12]));
     if !cached.is_file() {
         std::fs::create_dir_all(&cache).unwrap();
-        let tmp = cache.join(format!(".{CHECKPOINT}.{}.tmp", std::process::id()));
+        let tmp = cached.with_extension(format!("{}.tmp", std::process::id()));
         let out = Command::new(weft_bin())
             .args(["models", "sd15-random", "--seed", "0", "--out"])
             .arg(&tmp)

@@ -27,8 +27,10 @@ use sha2::{Digest, Sha256};
 pub const RECIPE: &str = "sd15-random-v1";
 /// SHA-256 of the seed-0 checkpoint.
 pub const SEED0_SHA256: &str = "aa64b29d75cc3581c40496e21560f885b40078d8af1910f2f2282424b1636fe9";
-/// The file name under which [`cached_seed0`] keeps the seed-0 checkpoint.
-pub const SEED0_FILE: &str = "sd15-random-s0.safetensors";
+/// The file name under which [`cached_seed0`] keeps the seed-0 checkpoint: it names the
+/// content's hash, so a generator that writes other bytes gets a cache entry of its own
+/// rather than a stale one.
+pub const SEED0_FILE: &str = "sd15-random-s0-aa64b29d75cc.safetensors";
 
 const LAYOUT: &str = include_str!("../../assets/sd15-random/layout.tsv");
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -264,6 +266,11 @@ pub fn cached_seed0(dir: &Path) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cached_file_is_named_by_its_content_hash() {
+        assert!(SEED0_FILE.contains(&SEED0_SHA256[..12]));
+    }
 
     #[test]
     fn float16_rounding_is_single_and_to_even() {
