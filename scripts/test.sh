@@ -4,7 +4,7 @@
 # and JavaScript examples) first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh --with-python --with-js
+./scripts/setup.sh --with-tests --with-python --with-js
 ./scripts/build-wasm.sh all
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"

@@ -6,7 +6,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{plugins_with, single, wait_running, Options, Server};
+use support::{assert_failed_at_node, plugins_with, single, wait_running, Options, Server};
 
 /// A server with the host-hog plugin, a 64 MiB job memory budget and no node cache (so
 /// that only the job holds its values), plus `extra` flags.
@@ -23,12 +23,6 @@ fn server(extra: &[&str]) -> (Server, tempfile::TempDir) {
         ..Default::default()
     });
     (server, plugins)
-}
-
-fn assert_failed_with(job: &Value, code: &str, node_id: &str) {
-    assert_eq!(job["status"], "failed", "{job}");
-    assert_eq!(job["error"]["code"], code, "{job}");
-    assert_eq!(job["error"]["node_id"], node_id, "{job}");
 }
 
 /// After a hostile job the server must still run an ordinary one.
@@ -51,7 +45,7 @@ fn peak_rss_kib(pid: u32) -> u64 {
 fn a_guest_keeping_host_images_hits_the_job_memory_limit() {
     let (server, _p) = server(&[]);
     let job = server.run(single("HostileImageHoard", json!({"width": 1024, "height": 1024})));
-    assert_failed_with(&job, "node_memory_limit", "1");
+    assert_failed_at_node(&job, "node_memory_limit", "1");
     let message = job["error"]["message"].as_str().unwrap();
     assert!(message.contains("1024x1024 image"), "says what: {job}");
     assert!(message.contains("--job-memory-mib"), "says which budget: {job}");
@@ -62,7 +56,7 @@ fn a_guest_keeping_host_images_hits_the_job_memory_limit() {
 fn a_65535_square_image_is_a_memory_limit_error_not_an_allocation() {
     let (server, _p) = server(&[]);
     let job = server.run(single("HostileImageHoard", json!({"width": 65535, "height": 65535})));
-    assert_failed_with(&job, "node_memory_limit", "1");
+    assert_failed_at_node(&job, "node_memory_limit", "1");
     assert!(peak_rss_kib(server.pid()) < 2 << 20, "nothing near 50 GB was touched");
     assert_host_alive(&server);
 }
@@ -72,7 +66,7 @@ fn the_server_budget_bounds_every_job_together() {
     // Each job may hold 64 MiB, but the server only 32 MiB for all of them.
     let (server, _p) = server(&["--host-memory-mib", "32"]);
     let job = server.run(single("HostileImageHoard", json!({"width": 1024, "height": 1024})));
-    assert_failed_with(&job, "node_memory_limit", "1");
+    assert_failed_at_node(&job, "node_memory_limit", "1");
     assert!(
         job["error"]["message"].as_str().unwrap().contains("--host-memory-mib"),
         "{job}"
@@ -88,17 +82,17 @@ fn built_in_nodes_asking_for_huge_values_get_the_memory_limit() {
         "2": {"class_type": "ImageScale", "inputs": {"image": ["1", 0], "upscale_method": "lanczos", "width": 16384, "height": 16384, "crop": "disabled"}},
         "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "huge"}}
     }));
-    assert_failed_with(&scale, "node_memory_limit", "2");
+    assert_failed_at_node(&scale, "node_memory_limit", "2");
     let latent = server.run(single(
         "EmptyLatentImage",
         json!({"width": 1024, "height": 1024, "batch_size": 4096}),
     ));
-    assert_failed_with(&latent, "node_memory_limit", "1");
+    assert_failed_at_node(&latent, "node_memory_limit", "1");
     let batch = server.run(json!({
         "1": {"class_type": "EmptyImage", "inputs": {"width": 2048, "height": 2048, "batch_size": 64, "color": 0}},
         "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "huge"}}
     }));
-    assert_failed_with(&batch, "node_memory_limit", "1");
+    assert_failed_at_node(&batch, "node_memory_limit", "1");
     assert!(peak_rss_kib(server.pid()) < 2 << 20, "none of it was allocated");
     assert_host_alive(&server);
 }
@@ -118,10 +112,10 @@ fn an_image_declaring_huge_dimensions_is_refused_before_it_is_decoded() {
         "1": {"class_type": "LoadImage", "inputs": {"image": reference}},
         "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "bomb"}}
     }));
-    assert_failed_with(&job, "node_memory_limit", "1");
+    assert_failed_at_node(&job, "node_memory_limit", "1");
     assert!(job["error"]["message"].as_str().unwrap().contains("decoding"), "{job}");
     let mask = server.run(single("LoadImageMask", json!({"image": reference, "channel": "red"})));
-    assert_failed_with(&mask, "node_memory_limit", "1");
+    assert_failed_at_node(&mask, "node_memory_limit", "1");
     assert!(peak_rss_kib(server.pid()) < 2 << 20, "the pixels were never decoded");
     assert_host_alive(&server);
 }
@@ -152,7 +146,7 @@ fn a_value_is_freed_once_its_last_reader_has_run() {
         "6": {"class_type": "SaveImage", "inputs": {"images": ["5", 0], "filename_prefix": "chain"}},
         "7": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "first"}}
     }));
-    assert_failed_with(&job, "node_memory_limit", "5");
+    assert_failed_at_node(&job, "node_memory_limit", "5");
 }
 
 #[test]
@@ -160,7 +154,7 @@ fn a_guest_sleeping_in_wasi_ends_at_its_time_limit() {
     let (server, _p) = server(&["--node-timeout-ms", "1000"]);
     // Without the limit this sleeps an hour, far past the harness's wait for the job.
     let job = server.run(single("HostileSleep", json!({"seconds": 3600.0})));
-    assert_failed_with(&job, "node_timeout", "1");
+    assert_failed_at_node(&job, "node_timeout", "1");
     assert_host_alive(&server);
 }
 
@@ -185,7 +179,7 @@ fn guests_sleeping_past_their_limit_free_their_workers_for_other_jobs() {
     assert_host_alive(&server);
     for sleeper in sleepers {
         let done = server.wait(sleeper["id"].as_str().unwrap());
-        assert_failed_with(&done, "node_timeout", "1");
+        assert_failed_at_node(&done, "node_timeout", "1");
     }
 }
 
@@ -208,7 +202,7 @@ fn the_output_commit_stops_at_the_node_time_limit() {
         "1": {"class_type": "EmptyImage", "inputs": {"width": 32, "height": 32, "batch_size": 4096, "color": 0}},
         "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "many"}}
     }));
-    assert_failed_with(&job, "node_timeout", "2");
+    assert_failed_at_node(&job, "node_timeout", "2");
     let committed = job["outputs"].as_array().map_or(0, Vec::len);
     assert!(committed < 4096, "the commit stopped early: {committed} files");
     assert_host_alive(&server);
@@ -227,6 +221,6 @@ fn a_result_over_the_host_copy_budget_is_output_too_large() {
     });
     // 150 MiB: over wasmtime's own 128 MiB copy budget as well as the 64 MiB default cap.
     let job = server.run(single("HostileHugeOutput", json!({"mib": 150})));
-    assert_failed_with(&job, "node_output_too_large", "1");
+    assert_failed_at_node(&job, "node_output_too_large", "1");
     assert_host_alive(&server);
 }

@@ -5,7 +5,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{plugins_with, single, wait_running, Options, Server};
+use support::{assert_single_failed_in_class, plugins_with, single, wait_running, Options, Server};
 
 /// A server with the hostile plugins loaded, a short node time limit and a small memory cap.
 fn hostile_server(extra: &[&str]) -> (Server, tempfile::TempDir) {
@@ -41,14 +41,6 @@ fn hostile_server(extra: &[&str]) -> (Server, tempfile::TempDir) {
     (server, plugins)
 }
 
-fn assert_failed_with(job: &Value, code: &str, class: &str) {
-    assert_eq!(job["status"], "failed", "{job}");
-    assert_eq!(job["error"]["code"], code, "{job}");
-    assert_eq!(job["error"]["node_id"], "1", "{job}");
-    assert_eq!(job["error"]["class_type"], class, "{job}");
-    assert!(!job["error"]["message"].as_str().unwrap_or("").is_empty(), "{job}");
-}
-
 /// After a hostile job the server must still run an ordinary one.
 fn assert_host_alive(server: &Server) {
     let job = server.run(json!({
@@ -62,7 +54,7 @@ fn assert_host_alive(server: &Server) {
 fn an_infinite_loop_is_stopped_at_the_node_time_limit() {
     let (server, _p) = hostile_server(&[]);
     let job = server.run(single("HostileLoop", json!({})));
-    assert_failed_with(&job, "node_timeout", "HostileLoop");
+    assert_single_failed_in_class(&job, "node_timeout", "HostileLoop");
     assert!(
         job["error"]["traceback"].as_str().is_some_and(|t| !t.is_empty()),
         "a trap carries its wasm backtrace: {job}"
@@ -74,7 +66,7 @@ fn an_infinite_loop_is_stopped_at_the_node_time_limit() {
 fn a_memory_bomb_hits_the_memory_limit() {
     let (server, _p) = hostile_server(&[]);
     let job = server.run(single("HostileMemoryBomb", json!({"chunk_mib": 16, "graceful": false})));
-    assert_failed_with(&job, "node_memory_limit", "HostileMemoryBomb");
+    assert_single_failed_in_class(&job, "node_memory_limit", "HostileMemoryBomb");
     assert_host_alive(&server);
 }
 
@@ -99,7 +91,7 @@ fn a_stdout_flood_keeps_the_log_bounded_and_keeps_the_tail() {
 fn deep_recursion_is_a_stack_overflow() {
     let (server, _p) = hostile_server(&[]);
     let job = server.run(single("HostileRecursion", json!({})));
-    assert_failed_with(&job, "node_stack_overflow", "HostileRecursion");
+    assert_single_failed_in_class(&job, "node_stack_overflow", "HostileRecursion");
     assert_host_alive(&server);
 }
 
@@ -124,7 +116,7 @@ fn files_sockets_and_environment_are_denied() {
 fn a_guest_panic_is_a_clean_node_error() {
     let (server, _p) = hostile_server(&[]);
     let job = server.run(single("HostilePanic", json!({})));
-    assert_failed_with(&job, "node_panic", "HostilePanic");
+    assert_single_failed_in_class(&job, "node_panic", "HostilePanic");
     assert!(
         job["error"]["message"].as_str().unwrap().contains("hostile panic"),
         "{job}"
@@ -155,10 +147,10 @@ fn an_absurdly_large_output_is_refused() {
         "60000",
     ]);
     let job = server.run(single("HostileHugeOutput", json!({"mib": 32})));
-    assert_failed_with(&job, "node_output_too_large", "HostileHugeOutput");
+    assert_single_failed_in_class(&job, "node_output_too_large", "HostileHugeOutput");
     let job =
         server.run(json!({"1": {"class_type": "HostileHugeFile", "inputs": {"mib": 32, "filename_prefix": "x"}}}));
-    assert_failed_with(&job, "node_output_too_large", "HostileHugeFile");
+    assert_single_failed_in_class(&job, "node_output_too_large", "HostileHugeFile");
     assert_eq!(job["outputs"], json!([]), "nothing was committed: {job}");
     assert_host_alive(&server);
 }

@@ -18,7 +18,8 @@ use weft_compute::values::{AudioClip, LatentBatch};
 
 use crate::jobs::assets::Assets;
 use crate::jobs::outputs::{self, JobFiles};
-use crate::runtime::worlds::v0_2::{self, wit};
+use crate::runtime::worlds::v0_2::{wit, V0_2};
+use crate::runtime::worlds::{lift_result, lower};
 use crate::runtime::{Catalog, Held, JobMemory, NodeDef, Runtime, RuntimeConfig, Value};
 use crate::store::blobs::LocalBlobs;
 
@@ -205,7 +206,11 @@ fn wit_values_from(u: &mut Unstructured) -> arbitrary::Result<()> {
     let mut given = Vec::new();
     for _ in 0..u.int_in_range(0..=4)? {
         let value = host_value(u)?;
-        given.push(v0_2::lower(&mut table, value).expect("a fresh table takes a handle"));
+        given.push(
+            lower::<V0_2>(&mut table, value)
+                .expect("a fresh table takes a handle")
+                .expect("0.2.0 carries every value"),
+        );
     }
     let mut reps: Vec<u32> = given.iter().filter_map(rep_of).collect();
     reps.push(u32::arbitrary(u)?);
@@ -217,7 +222,7 @@ fn wit_values_from(u: &mut Unstructured) -> arbitrary::Result<()> {
             .map(|_| guest_file(u, &reps))
             .collect::<arbitrary::Result<_>>()?,
     };
-    if let Ok(Ok(output)) = v0_2::lift_result(&mut table, result, RETURNED_LIMIT) {
+    if let Ok(Ok(output)) = lift_result::<V0_2>(&mut table, result, RETURNED_LIMIT) {
         let mut job = JobFiles::default();
         for file in &output.files {
             for index in 0..file.data.files().min(4) {

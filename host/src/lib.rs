@@ -6,6 +6,7 @@
 //! the video-to-music engine (`weft-v2m`) are crates below all of them.
 
 pub mod api;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod graph;
 pub mod jobs;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use weft::api::v2m::V2mSettings;
 use weft::api::{ApiConfig, AuthMode, Surface};
 use weft::jobs::JobsConfig;
 use weft::runtime::{
@@ -54,7 +55,7 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// Time a plugin may take to describe itself, in milliseconds.
-        #[arg(long, env = "WEFT_PLUGIN_LOAD_TIMEOUT_MS", default_value_t = 10_000)]
+        #[arg(long, env = "WEFT_PLUGIN_LOAD_TIMEOUT_MS", default_value_t = RuntimeConfig::DEFAULT_PLUGIN_LOAD_TIMEOUT_MS)]
         plugin_load_timeout_ms: u64,
     },
     /// Manages API keys (for `--auth keys`).
@@ -110,7 +111,7 @@ enum DbCommand {
 #[derive(Args)]
 struct StoreArgs {
     /// Data directory of the server.
-    #[arg(long, env = "WEFT_DATA_DIR", default_value = "./data")]
+    #[arg(long, env = "WEFT_DATA_DIR", default_value = ServeConfig::DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
     /// The store: a path or sqlite://PATH (the embedded store, one process; default
     /// DATA_DIR/weft.db), or postgres://USER@HOST/DB (PostgreSQL, shared by many processes).
@@ -168,10 +169,10 @@ struct ServeArgs {
     #[arg(long, env = "WEFT_CONFIG")]
     config: Option<PathBuf>,
     /// Address to listen on.
-    #[arg(long, env = "WEFT_ADDR", default_value = "127.0.0.1:8188")]
+    #[arg(long, env = "WEFT_ADDR", default_value_t = ServeConfig::DEFAULT_ADDR)]
     addr: SocketAddr,
     /// Data directory (database, blobs, caches).
-    #[arg(long, env = "WEFT_DATA_DIR", default_value = "./data")]
+    #[arg(long, env = "WEFT_DATA_DIR", default_value = ServeConfig::DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
     /// The store: a path or sqlite://PATH (the embedded store, one process; default
     /// DATA_DIR/weft.db), or postgres://USER@HOST/DB (PostgreSQL, shared by many processes).
@@ -184,14 +185,14 @@ struct ServeArgs {
     blob_dir: Option<String>,
     /// api serves HTTP only, worker runs jobs only (with /healthz and /metrics on
     /// --operator-addr), all does both. api and worker need a shared (postgres://) database.
-    #[arg(long, env = "WEFT_ROLE", value_enum, default_value = "all")]
+    #[arg(long, env = "WEFT_ROLE", value_enum, default_value_t = Role::default())]
     role: Role,
     /// Where a worker-only process serves /healthz and /metrics (default: --addr).
     #[arg(long, env = "WEFT_OPERATOR_ADDR")]
     operator_addr: Option<SocketAddr>,
     /// Seconds a claim on a job lasts unless its process renews it (PostgreSQL); a dead
     /// process's jobs are rescued this long after it stopped.
-    #[arg(long, env = "WEFT_LEASE_SECS", default_value_t = 30)]
+    #[arg(long, env = "WEFT_LEASE_SECS", default_value_t = ServeConfig::DEFAULT_LEASE_SECS)]
     lease_secs: u64,
     /// Seconds the running jobs may go on after SIGTERM or Ctrl-C (no new job is taken);
     /// those still running then are interrupted and queued again, for another process or
@@ -211,17 +212,17 @@ struct ServeArgs {
     #[arg(long, env = "WEFT_WATCH")]
     watch: bool,
     /// Jobs that run at once. More than the cores: a job waits on storage as well as computing.
-    #[arg(long, env = "WEFT_WORKERS", default_value_t = 4)]
+    #[arg(long, env = "WEFT_WORKERS", default_value_t = JobsConfig::DEFAULT_WORKERS)]
     workers: usize,
     /// Jobs that may wait; beyond it submissions get 429 queue_full.
-    #[arg(long, env = "WEFT_QUEUE_DEPTH", default_value_t = 10_000)]
+    #[arg(long, env = "WEFT_QUEUE_DEPTH", default_value_t = JobsConfig::DEFAULT_QUEUE_DEPTH)]
     queue_depth: usize,
     /// Jobs one tenant may have waiting; beyond it its submissions get 429 queue_full.
     /// Default: half of --queue-depth under `--auth keys` (many tenants), all of it otherwise.
     #[arg(long, env = "WEFT_TENANT_QUEUE_DEPTH")]
     tenant_queue_depth: Option<usize>,
     /// Which surface to present.
-    #[arg(long, env = "WEFT_SURFACE", value_enum, default_value = "self-hosted")]
+    #[arg(long, env = "WEFT_SURFACE", value_enum, default_value_t = Surface::default())]
     surface: Surface,
     /// Authentication: none, token (with --token) or keys (see `weft keys create`). Unset:
     /// token when --token is given, none otherwise.
@@ -238,7 +239,7 @@ struct ServeArgs {
     #[arg(long, env = "WEFT_ALLOW_UNAUTHENTICATED")]
     allow_unauthenticated: bool,
     /// Prefix the API is mounted under, e.g. /deployment/<id>.
-    #[arg(long, env = "WEFT_MOUNT_PREFIX", default_value = "")]
+    #[arg(long, env = "WEFT_MOUNT_PREFIX", default_value_t)]
     mount_prefix: String,
     /// Operator token for POST /api/v2/admin/drain.
     #[arg(long, env = "WEFT_ADMIN_TOKEN")]
@@ -248,30 +249,30 @@ struct ServeArgs {
     #[arg(long, env = "WEFT_COMFYUI_FRONTEND")]
     comfyui_frontend: Option<PathBuf>,
     /// Job retention in seconds (expires_at = created_at + this).
-    #[arg(long, env = "WEFT_RETENTION_SECS", default_value_t = 7 * 24 * 3600)]
+    #[arg(long, env = "WEFT_RETENTION_SECS", default_value_t = JobsConfig::DEFAULT_RETENTION_SECS)]
     retention_secs: u64,
     /// Seconds an expired job stays readable before it is removed.
-    #[arg(long, env = "WEFT_EXPIRED_GRACE_SECS", default_value_t = 3600)]
+    #[arg(long, env = "WEFT_EXPIRED_GRACE_SECS", default_value_t = JobsConfig::DEFAULT_EXPIRED_GRACE_SECS)]
     expired_grace_secs: u64,
     /// Seconds between retention sweeps.
-    #[arg(long, env = "WEFT_SWEEP_INTERVAL_SECS", default_value_t = 30)]
+    #[arg(long, env = "WEFT_SWEEP_INTERVAL_SECS", default_value_t = ServeConfig::DEFAULT_SWEEP_INTERVAL_SECS)]
     sweep_interval_secs: u64,
     /// Credits a job costs on the cloud and serverless surfaces.
-    #[arg(long, env = "WEFT_JOB_COST", default_value_t = 1)]
+    #[arg(long, env = "WEFT_JOB_COST", default_value_t = JobsConfig::DEFAULT_PAID_JOB_COST)]
     job_cost: i64,
     /// Credits a new tenant starts with.
-    #[arg(long, env = "WEFT_INITIAL_CREDITS", default_value_t = 0)]
+    #[arg(long, env = "WEFT_INITIAL_CREDITS", default_value_t)]
     initial_credits: i64,
     /// Memory that request bodies being read and parsed may hold at once, in MiB: a JSON
     /// body's length while it arrives, then an estimate of its parse. Beyond it a request
     /// gets 429 `server_busy` with `Retry-After`; one that could never fit gets 413.
-    #[arg(long, env = "WEFT_JSON_PARSE_BUDGET_MIB", default_value_t = 512)]
+    #[arg(long, env = "WEFT_JSON_PARSE_BUDGET_MIB", default_value_t = ApiConfig::DEFAULT_JSON_PARSE_BUDGET_MIB)]
     json_parse_budget_mib: u64,
     /// Largest asset upload in bytes.
-    #[arg(long, env = "WEFT_MAX_UPLOAD_BYTES", default_value_t = 300_000_000)]
+    #[arg(long, env = "WEFT_MAX_UPLOAD_BYTES", default_value_t = ApiConfig::DEFAULT_MAX_UPLOAD_BYTES)]
     max_upload_bytes: u64,
     /// Most event streams open at once.
-    #[arg(long, env = "WEFT_MAX_STREAMS", default_value_t = 20_000)]
+    #[arg(long, env = "WEFT_MAX_STREAMS", default_value_t = ApiConfig::DEFAULT_MAX_STREAMS)]
     max_streams: usize,
     /// Most event streams one tenant may have open. Default: half of --max-streams under
     /// `--auth keys` (many tenants), all of them otherwise.
@@ -288,45 +289,45 @@ struct ServeArgs {
     allowed_origins: Vec<String>,
     /// Time a plugin may take to describe itself at start-up, in milliseconds; a plugin
     /// that takes longer is refused and the others serve.
-    #[arg(long, env = "WEFT_PLUGIN_LOAD_TIMEOUT_MS", default_value_t = 10_000)]
+    #[arg(long, env = "WEFT_PLUGIN_LOAD_TIMEOUT_MS", default_value_t = RuntimeConfig::DEFAULT_PLUGIN_LOAD_TIMEOUT_MS)]
     plugin_load_timeout_ms: u64,
     /// Wall time per node call, in milliseconds.
-    #[arg(long, env = "WEFT_NODE_TIMEOUT_MS", default_value_t = 600_000)]
+    #[arg(long, env = "WEFT_NODE_TIMEOUT_MS", default_value_t = Limits::DEFAULT_NODE_TIMEOUT_MS)]
     node_timeout_ms: u64,
     /// Linear memory per instance, in MiB.
-    #[arg(long, env = "WEFT_NODE_MEMORY_MIB", default_value_t = 256)]
+    #[arg(long, env = "WEFT_NODE_MEMORY_MIB", default_value_t = Limits::DEFAULT_MEMORY_MIB)]
     node_memory_mib: usize,
     /// Host memory one job's values (images, latents, masks, audio) may hold, in MiB.
-    #[arg(long, env = "WEFT_JOB_MEMORY_MIB", default_value_t = 4096)]
+    #[arg(long, env = "WEFT_JOB_MEMORY_MIB", default_value_t = Limits::DEFAULT_JOB_MEMORY_MIB)]
     job_memory_mib: u64,
     /// Host memory all jobs' values together may hold, in MiB (default: three quarters of
     /// the machine's memory).
     #[arg(long, env = "WEFT_HOST_MEMORY_MIB")]
     host_memory_mib: Option<u64>,
     /// Bytes one node call may pass through host calls and its result, in MiB.
-    #[arg(long, env = "WEFT_HOSTCALL_MIB", default_value_t = 64)]
+    #[arg(long, env = "WEFT_HOSTCALL_MIB", default_value_t = Limits::DEFAULT_HOSTCALL_MIB)]
     hostcall_mib: usize,
     /// Per-job log tail, in KiB.
-    #[arg(long, env = "WEFT_LOG_KIB", default_value_t = 64)]
+    #[arg(long, env = "WEFT_LOG_KIB", default_value_t = Limits::DEFAULT_LOG_KIB)]
     log_kib: usize,
     /// Most outputs (files: images, audio, text, ...) one job may commit.
-    #[arg(long, env = "WEFT_MAX_JOB_OUTPUTS", default_value_t = 1_000)]
+    #[arg(long, env = "WEFT_MAX_JOB_OUTPUTS", default_value_t = JobsConfig::DEFAULT_MAX_OUTPUTS)]
     max_job_outputs: usize,
     /// Most bytes one job's outputs may hold in all, encoded, in MiB.
-    #[arg(long, env = "WEFT_MAX_JOB_OUTPUT_MIB", default_value_t = 2048)]
+    #[arg(long, env = "WEFT_MAX_JOB_OUTPUT_MIB", default_value_t = JobsConfig::DEFAULT_MAX_OUTPUT_MIB)]
     max_job_output_mib: u64,
     /// Largest output file kept in the database with its asset record, in KiB (it then needs
     /// no blob file and no separate sync); larger outputs are blobs. 0: every output a blob;
     /// at most 16384 (16 MiB).
-    #[arg(long, env = "WEFT_INLINE_OUTPUT_KIB", default_value_t = 64)]
+    #[arg(long, env = "WEFT_INLINE_OUTPUT_KIB", default_value_t = JobsConfig::DEFAULT_INLINE_OUTPUT_KIB)]
     inline_output_kib: usize,
     /// Node result cache, in MiB. It keeps small results, and large ones whose node took a
     /// millisecond or more: a faster node runs again rather than hold its result.
-    #[arg(long, env = "WEFT_CACHE_MIB", default_value_t = 512)]
+    #[arg(long, env = "WEFT_CACHE_MIB", default_value_t = JobsConfig::DEFAULT_CACHE_MIB)]
     cache_mib: usize,
     /// Seconds a cached node result may go unused before it is dropped and its memory handed
     /// back to the OS; 0 keeps results until the cache's size evicts them.
-    #[arg(long, env = "WEFT_CACHE_IDLE_SECS", default_value_t = 30)]
+    #[arg(long, env = "WEFT_CACHE_IDLE_SECS", default_value_t = JobsConfig::DEFAULT_CACHE_IDLE_SECS)]
     cache_idle_secs: u64,
     /// Grants a plugin a capability its manifest asks for: PLUGIN=env:NAME, PLUGIN=dir:/path
     /// or PLUGIN=network. Repeatable.
@@ -337,7 +338,7 @@ struct ServeArgs {
     #[arg(long, env = "WEFT_MODELS_DIR")]
     models_dir: Option<PathBuf>,
     /// Loaded model weights kept for later jobs, in MiB (shared by all jobs and tenants).
-    #[arg(long, env = "WEFT_MODEL_CACHE_MIB", default_value_t = 8192)]
+    #[arg(long, env = "WEFT_MODEL_CACHE_MIB", default_value_t = DiffusionConfig::DEFAULT_MODEL_CACHE_MIB)]
     model_cache_mib: u64,
     /// General MIDI SoundFont (.sf2) for video-to-music.
     #[arg(long, env = "WEFT_V2M_SOUNDFONT", default_value = weft_v2m::DEFAULT_SOUNDFONT)]
@@ -363,7 +364,7 @@ struct ServeArgs {
     v2m_url_ca_file: Option<PathBuf>,
     /// Longest a video-to-music URL download may take in all, in seconds; a server that
     /// trickles its bytes is cut off then.
-    #[arg(long, env = "WEFT_V2M_URL_TIMEOUT_SECS", default_value_t = 300)]
+    #[arg(long, env = "WEFT_V2M_URL_TIMEOUT_SECS", default_value_t = V2mSettings::default().url_timeout.as_secs())]
     v2m_url_timeout_secs: u64,
 }
 
@@ -411,6 +412,7 @@ fn args_with_config_file() -> anyhow::Result<Vec<String>> {
     Ok(injected)
 }
 
+/// The limits node calls run under, from `weft serve`'s flags.
 fn limits(args: &ServeArgs) -> Limits {
     Limits {
         node_timeout: Duration::from_millis(args.node_timeout_ms),
@@ -479,6 +481,7 @@ fn origin(flag: &str, value: &str) -> anyhow::Result<String> {
     Ok(url.as_str().trim_end_matches('/').to_string())
 }
 
+/// The settings `weft serve` runs with, from its flags.
 fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
     let auth = auth_mode(args.auth.as_deref(), args.token.as_deref())?;
     if auth == AuthMode::None && !args.addr.ip().is_loopback() && !args.allow_unauthenticated {
@@ -490,92 +493,128 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
     if !args.mount_prefix.is_empty() && !args.mount_prefix.starts_with('/') {
         anyhow::bail!("--mount-prefix must start with /");
     }
-    let paid = args.surface != Surface::SelfHosted;
-    // Only `--auth keys` has more than one tenant to share between.
-    let share = |cap: usize| if auth == AuthMode::Keys { cap / 2 } else { cap };
-    let tenant_max_streams = args.tenant_max_streams.unwrap_or(share(args.max_streams)).max(1);
-    let tenant_queue_depth = args.tenant_queue_depth.unwrap_or(share(args.queue_depth)).max(1);
-    let limits = limits(&args);
     let database = Database::parse(args.database.as_deref(), &args.data_dir);
     if args.role != Role::All && !matches!(database, Database::Postgres(_)) {
         anyhow::bail!("--role api and --role worker need a shared database: pass --database postgres://...");
     }
+    // In this order, so that of several wrong flags the same one is reported as before.
+    let blob_dir = match &args.blob_dir {
+        Some(text) => BlobLocation::parse(text)?,
+        None => ServeConfig::default_blob_dir(&args.data_dir),
+    };
+    let jobs = jobs_config(&args, &auth);
+    let api = api_config(&args, auth)?;
+    let runtime = runtime_config(&args)?;
     Ok(ServeConfig {
         addr: args.addr,
-        blob_dir: match &args.blob_dir {
-            Some(text) => BlobLocation::parse(text)?,
-            None => BlobLocation::Dir(args.data_dir.join("blobs")),
-        },
+        blob_dir,
         database,
         role: args.role,
         operator_addr: args.operator_addr,
         lease: Duration::from_secs(args.lease_secs.max(1)),
         shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
-        data_dir: args.data_dir,
-        api: ApiConfig {
-            auth,
-            surface: args.surface,
-            public_demo: args.public_demo,
-            mount_prefix: args.mount_prefix,
-            max_upload_bytes: args.max_upload_bytes,
-            max_json_bytes: 32 << 20,
-            json_parse_budget_bytes: args.json_parse_budget_mib << 20,
-            max_streams: args.max_streams,
-            tenant_max_streams,
-            public_url: public_url(args.public_url.as_deref())?,
-            allowed_origins: args
-                .allowed_origins
-                .iter()
-                .map(|o| origin("--allowed-origin", o))
-                .collect::<anyhow::Result<_>>()?,
-            admin_token: args.admin_token,
-            comfyui_frontend: args.comfyui_frontend,
-            v2m: weft::api::v2m::V2mSettings {
-                soundfont: args.v2m_soundfont,
-                max_upload_bytes: args.v2m_max_upload_bytes,
-                max_duration_secs: args.v2m_max_duration_secs,
-                max_copies: args.v2m_max_copies.max(1),
-                allow_url_hosts: args.v2m_allow_url_hosts,
-                allow_private_urls: args.v2m_allow_private_urls,
-                url_ca_file: args.v2m_url_ca_file,
-                url_timeout: std::time::Duration::from_secs(args.v2m_url_timeout_secs.max(1)),
-            },
-        },
-        jobs: JobsConfig {
-            workers: args.workers.max(1),
-            queue_depth: args.queue_depth.max(1),
-            tenant_queue_depth,
-            retention: Duration::from_secs(args.retention_secs),
-            expired_grace: Duration::from_secs(args.expired_grace_secs),
-            cache_bytes: args.cache_mib << 20,
-            cache_idle: Duration::from_secs(args.cache_idle_secs),
-            capture_logs: args.surface == Surface::Serverless,
-            job_cost: if paid { args.job_cost.max(0) } else { 0 },
-            log_bytes: limits.log_bytes,
-            max_outputs: args.max_job_outputs.max(1),
-            max_output_bytes: args.max_job_output_mib.max(1) << 20,
-            inline_output_bytes: args.inline_output_kib.min(16 << 10) << 10,
-        },
-        runtime: RuntimeConfig {
-            limits,
-            cache_dir: args.compile_cache,
-            plugins_dir: args.plugins_dir,
-            grants: grants(&args.grants)?,
-            capabilities: CapabilityConfig {
-                diffusion: Arc::new(ModelLibrary::new(&DiffusionConfig {
-                    models_dir: args.models_dir,
-                    model_cache_bytes: args.model_cache_mib << 20,
-                })),
-                ..Default::default()
-            },
-            concurrent_calls: 0,
-            plugin_load_timeout: Duration::from_millis(args.plugin_load_timeout_ms.max(1)),
-        },
         sweep_interval: Duration::from_secs(args.sweep_interval_secs.max(1)),
         watch_plugins: args.watch,
         initial_credits: args.initial_credits,
-        link_ttl: Duration::from_secs(3600),
+        link_ttl: ServeConfig::LINK_TTL,
+        data_dir: args.data_dir,
+        api,
+        jobs,
+        runtime,
     })
+}
+
+/// The share of a server-wide cap one tenant may take: half of it under `--auth keys`,
+/// the only mode with more than one tenant to share between, all of it otherwise.
+fn tenant_share(auth: &AuthMode, cap: usize) -> usize {
+    if *auth == AuthMode::Keys {
+        cap / 2
+    } else {
+        cap
+    }
+}
+
+/// The HTTP surface's settings from `weft serve`'s flags.
+fn api_config(args: &ServeArgs, auth: AuthMode) -> anyhow::Result<ApiConfig> {
+    let tenant_max_streams = args
+        .tenant_max_streams
+        .unwrap_or(tenant_share(&auth, args.max_streams))
+        .max(1);
+    Ok(ApiConfig {
+        surface: args.surface,
+        public_demo: args.public_demo,
+        mount_prefix: args.mount_prefix.clone(),
+        max_upload_bytes: args.max_upload_bytes,
+        max_json_bytes: ApiConfig::MAX_JSON_BYTES,
+        json_parse_budget_bytes: args.json_parse_budget_mib << 20,
+        max_streams: args.max_streams,
+        tenant_max_streams,
+        public_url: public_url(args.public_url.as_deref())?,
+        allowed_origins: args
+            .allowed_origins
+            .iter()
+            .map(|o| origin("--allowed-origin", o))
+            .collect::<anyhow::Result<_>>()?,
+        admin_token: args.admin_token.clone(),
+        comfyui_frontend: args.comfyui_frontend.clone(),
+        v2m: V2mSettings {
+            soundfont: args.v2m_soundfont.clone(),
+            max_upload_bytes: args.v2m_max_upload_bytes,
+            max_duration_secs: args.v2m_max_duration_secs,
+            max_copies: args.v2m_max_copies.max(1),
+            allow_url_hosts: args.v2m_allow_url_hosts.clone(),
+            allow_private_urls: args.v2m_allow_private_urls,
+            url_ca_file: args.v2m_url_ca_file.clone(),
+            url_timeout: Duration::from_secs(args.v2m_url_timeout_secs.max(1)),
+        },
+        auth,
+    })
+}
+
+/// The job service's settings from `weft serve`'s flags.
+fn jobs_config(args: &ServeArgs, auth: &AuthMode) -> JobsConfig {
+    let paid = args.surface != Surface::SelfHosted;
+    JobsConfig {
+        workers: args.workers.max(1),
+        queue_depth: args.queue_depth.max(1),
+        tenant_queue_depth: args
+            .tenant_queue_depth
+            .unwrap_or(tenant_share(auth, args.queue_depth))
+            .max(1),
+        retention: Duration::from_secs(args.retention_secs),
+        expired_grace: Duration::from_secs(args.expired_grace_secs),
+        cache_bytes: args.cache_mib << 20,
+        cache_idle: Duration::from_secs(args.cache_idle_secs),
+        capture_logs: args.surface == Surface::Serverless,
+        job_cost: if paid { args.job_cost.max(0) } else { 0 },
+        max_outputs: args.max_job_outputs.max(1),
+        max_output_bytes: args.max_job_output_mib.max(1) << 20,
+        inline_output_bytes: args.inline_output_kib.min(JobsConfig::MAX_INLINE_OUTPUT_KIB) << 10,
+    }
+}
+
+/// The plugin runtime's settings from `weft serve`'s flags.
+fn runtime_config(args: &ServeArgs) -> anyhow::Result<RuntimeConfig> {
+    Ok(RuntimeConfig {
+        limits: limits(args),
+        cache_dir: args.compile_cache.clone(),
+        plugins_dir: args.plugins_dir.clone(),
+        grants: grants(&args.grants)?,
+        capabilities: capabilities(DiffusionConfig {
+            models_dir: args.models_dir.clone(),
+            model_cache_bytes: args.model_cache_mib << 20,
+        }),
+        concurrent_calls: 0,
+        plugin_load_timeout: Duration::from_millis(args.plugin_load_timeout_ms.max(1)),
+    })
+}
+
+/// The host capabilities' configuration, with the models library `diffusion` describes.
+fn capabilities(diffusion: DiffusionConfig) -> CapabilityConfig {
+    CapabilityConfig {
+        diffusion: Arc::new(ModelLibrary::new(&diffusion)),
+        ..Default::default()
+    }
 }
 
 /// The settings `weft run` without `--server` starts its in-process server with: `weft
@@ -608,13 +647,10 @@ fn print_nodes(
     let runtime = Runtime::load(RuntimeConfig {
         plugins_dir,
         plugin_load_timeout,
-        capabilities: CapabilityConfig {
-            diffusion: Arc::new(ModelLibrary::new(&DiffusionConfig {
-                models_dir,
-                ..Default::default()
-            })),
+        capabilities: capabilities(DiffusionConfig {
+            models_dir,
             ..Default::default()
-        },
+        }),
         ..RuntimeConfig::default()
     })?;
     let catalog = runtime.catalog();
@@ -746,5 +782,36 @@ fn main() -> anyhow::Result<()> {
             println!("{balance}");
             Ok(())
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, FromArgMatches};
+
+    use super::*;
+
+    /// `weft serve`'s flags as `args` give them, with every `WEFT_*` variable ignored.
+    fn serve_args_without_env(args: &[&str]) -> ServeArgs {
+        let command = Cli::command().mut_subcommand("serve", |serve| serve.mut_args(|arg| arg.env(None::<&str>)));
+        let cli = Cli::from_arg_matches(&command.try_get_matches_from(args).unwrap()).unwrap();
+        match cli.command {
+            Command::Serve(args) => *args,
+            _ => unreachable!("parsed `weft serve`"),
+        }
+    }
+
+    #[test]
+    fn serve_without_flags_runs_with_the_default_configuration() {
+        let config = serve_config(serve_args_without_env(&["weft", "serve"])).unwrap();
+        let default = ServeConfig::default();
+        assert_eq!(config.jobs, default.jobs);
+        assert_eq!(config.runtime.limits, default.runtime.limits);
+        assert_eq!(
+            config.runtime.capabilities.diffusion.config(),
+            default.runtime.capabilities.diffusion.config()
+        );
+        // Every field, down to the last: the configurations print all of theirs.
+        assert_eq!(format!("{config:#?}"), format!("{default:#?}"));
     }
 }

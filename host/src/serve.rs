@@ -1,6 +1,6 @@
 //! Assembling and running the server: store, blobs, API, plugins, workers, maintenance.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,17 +18,20 @@ use crate::store::blobs::BlobLocation;
 use crate::store::{Coordinator, Database, Store};
 
 /// What a process does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Role {
     /// Serves the HTTP API only; other processes run the jobs.
     Api,
     /// Runs jobs only; `/healthz` and `/metrics` stay on the operator address.
     Worker,
-    /// Both.
+    /// Both (the default).
+    #[default]
     All,
 }
 
-/// Everything `weft serve` needs.
+/// Everything `weft serve` needs. Its flags default to the `DEFAULT_*` constants of this
+/// and the configurations inside it (in the flags' units), and [`Default`] is what the
+/// flags give when none is passed.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     /// Address to listen on.
@@ -65,9 +68,49 @@ pub struct ServeConfig {
 }
 
 impl ServeConfig {
+    /// The default of [`addr`](Self::addr) (`--addr`): loopback, ComfyUI's port.
+    pub const DEFAULT_ADDR: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8188));
+    /// The default of [`data_dir`](Self::data_dir) (`--data-dir`).
+    pub const DEFAULT_DATA_DIR: &'static str = "./data";
+    /// The default of [`lease`](Self::lease), in seconds (`--lease-secs`).
+    pub const DEFAULT_LEASE_SECS: u64 = 30;
     /// The default of [`shutdown_grace`](Self::shutdown_grace), in seconds
     /// (`--shutdown-grace-secs`).
     pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
+    /// The default of [`sweep_interval`](Self::sweep_interval), in seconds
+    /// (`--sweep-interval-secs`).
+    pub const DEFAULT_SWEEP_INTERVAL_SECS: u64 = 30;
+    /// [`link_ttl`](Self::link_ttl): an hour (no flag).
+    pub const LINK_TTL: Duration = Duration::from_secs(3600);
+
+    /// The blobs' place when `--blob-dir` is not given: `blobs` in `data_dir`.
+    pub fn default_blob_dir(data_dir: &Path) -> BlobLocation {
+        BlobLocation::Dir(data_dir.join("blobs"))
+    }
+}
+
+/// What `weft serve` without flags or `WEFT_*` variables runs with.
+impl Default for ServeConfig {
+    fn default() -> Self {
+        let data_dir = PathBuf::from(Self::DEFAULT_DATA_DIR);
+        Self {
+            addr: Self::DEFAULT_ADDR,
+            database: Database::parse(None, &data_dir),
+            blob_dir: Self::default_blob_dir(&data_dir),
+            data_dir,
+            role: Role::default(),
+            operator_addr: None,
+            lease: Duration::from_secs(Self::DEFAULT_LEASE_SECS),
+            api: ApiConfig::default(),
+            jobs: JobsConfig::default(),
+            runtime: RuntimeConfig::default(),
+            watch_plugins: false,
+            sweep_interval: Duration::from_secs(Self::DEFAULT_SWEEP_INTERVAL_SECS),
+            link_ttl: Self::LINK_TTL,
+            initial_credits: 0,
+            shutdown_grace: Duration::from_secs(Self::DEFAULT_SHUTDOWN_GRACE_SECS),
+        }
+    }
 }
 
 /// How long open connections (event streams) may hold the HTTP server once the jobs have

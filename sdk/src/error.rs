@@ -1,9 +1,10 @@
 //! Constructors and conversions for [`NodeError`].
 
-use crate::NodeError;
+use crate::{NodeError, NodeErrorCode};
 
 impl NodeError {
-    /// An error with a snake_case `code` (for example `invalid_regex`) and a message.
+    /// An error with a snake_case `code` (for example `invalid_regex`, or a
+    /// [`NodeErrorCode`]) and a message.
     pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
         NodeError {
             code: code.into(),
@@ -13,12 +14,17 @@ impl NodeError {
 
     /// An `invalid_input` error: an input was missing, of the wrong type or out of range.
     pub fn invalid_input(message: impl Into<String>) -> Self {
-        Self::new("invalid_input", message)
+        Self::new(NodeErrorCode::InvalidInput, message)
     }
 
     /// A `canceled` error, for a node that stops because its job was canceled.
     pub fn canceled() -> Self {
-        Self::new("canceled", "the job was canceled")
+        Self::new(NodeErrorCode::Canceled, "the job was canceled")
+    }
+
+    /// The error's code as the shared [`NodeErrorCode`]: a named one, or `Other`.
+    pub fn error_code(&self) -> NodeErrorCode {
+        NodeErrorCode::parse(&self.code)
     }
 }
 

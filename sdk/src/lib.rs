@@ -68,6 +68,9 @@ pub use context::Context;
 pub use input::{Input, InputType, InputValues, Spec};
 pub use node::{describe, execute, Node, NodeEntry};
 pub use output::{IntoOutputs, OutputType};
+/// The codes a node fails with, shared with the host: [`NodeError::new`] takes one (or any
+/// other snake_case code) and [`NodeError::error_code`] gives it back.
+pub use weft_types::NodeErrorCode;
 
 /// Everything a plugin usually needs, for `use weft_sdk::prelude::*`.
 pub mod prelude {

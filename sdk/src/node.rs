@@ -50,7 +50,7 @@ pub fn describe(nodes: &[NodeEntry]) -> Vec<NodeDef> {
 pub fn execute(nodes: &[NodeEntry], class_type: &str, inputs: Vec<NamedValue>) -> Result<NodeResult, NodeError> {
     let Some(entry) = nodes.iter().find(|n| (n.class_type)() == class_type) else {
         return Err(NodeError::new(
-            "unknown_class",
+            crate::NodeErrorCode::UnknownClass,
             format!("this plugin has no node class `{class_type}`"),
         ));
     };

@@ -34,7 +34,7 @@ impl Browser {
         for tool in [CHROMIUM, CHROMEDRIVER] {
             assert!(
                 Path::new(tool).exists(),
-                "{tool} is missing: run scripts/setup.sh (it installs chromium and chromium-driver)"
+                "{tool} is missing: run scripts/setup.sh --with-tests (it installs chromium and chromium-driver)"
             );
         }
         let port = free_port();

@@ -390,6 +390,21 @@ pub(crate) fn single(class: &str, inputs: Value) -> Value {
     })
 }
 
+/// Asserts that `job` failed with error `code`, blamed on node `node_id`.
+pub(crate) fn assert_failed_at_node(job: &Value, code: &str, node_id: &str) {
+    assert_eq!(job["status"], "failed", "{job}");
+    assert_eq!(job["error"]["code"], code, "{job}");
+    assert_eq!(job["error"]["node_id"], node_id, "{job}");
+}
+
+/// Asserts that `job`, a [`single`] workflow, failed with error `code` in its node `1`, of
+/// class `class`, with a message.
+pub(crate) fn assert_single_failed_in_class(job: &Value, code: &str, class: &str) {
+    assert_failed_at_node(job, code, "1");
+    assert_eq!(job["error"]["class_type"], class, "{job}");
+    assert!(!job["error"]["message"].as_str().unwrap_or("").is_empty(), "{job}");
+}
+
 /// A workflow that counts for `seconds` (`SlowCounter` from the counter test plugin, see
 /// [`slow_server`]) and previews the count.
 pub(crate) fn slow_workflow(seconds: f64) -> Value {

@@ -23,7 +23,7 @@ fn bin_dir() -> PathBuf {
     versions.sort();
     versions
         .pop()
-        .expect("PostgreSQL is not installed: run scripts/setup.sh (or set WEFT_TEST_DATABASE_URL)")
+        .expect("PostgreSQL is not installed: run scripts/setup.sh --with-tests (or set WEFT_TEST_DATABASE_URL)")
 }
 
 fn is_root() -> bool {

@@ -1,12 +1,19 @@
 //! The ComfyUI type names of weft's node inputs and outputs, in one table shared by the
 //! server (catalogue, workflow validation, value types) and the node SDK (the types a node's
-//! Rust signature maps to). Dependency-free, so it builds for the host and for wasm guests.
+//! Rust signature maps to), and the codes a node fails with ([`NodeErrorCode`]).
+//! Dependency-free (`alloc` only), so it builds for the host and for wasm guests.
 //!
 //! A name is what `describe()` reports and `/object_info` shows, and what a workflow link
 //! is checked against: an output of one type may feed an input of the same type.
 
 #![no_std]
 #![forbid(unsafe_code)]
+
+extern crate alloc;
+
+mod error_code;
+
+pub use error_code::{NodeErrorCode, MAX_CODE_BYTES};
 
 /// A whole number (64-bit).
 pub const INT: &str = "INT";

@@ -105,9 +105,8 @@ fn expires_at(expires_in: Option<i64>) -> Result<Option<chrono::DateTime<Utc>>, 
     match expires_in {
         None => Ok(None),
         Some(secs) if EXPIRES_IN.contains(&secs) => Ok(Some(Utc::now() + chrono::Duration::seconds(secs))),
-        Some(_) => Err(ApiError::bad_request(
-            "invalid_expires_in",
-            "expires_in must be from 60 to 604800 seconds",
+        Some(_) => Err(ApiError::InvalidExpiresIn(
+            "expires_in must be from 60 to 604800 seconds".into(),
         )),
     }
 }
@@ -116,16 +115,13 @@ pub(super) async fn part_text(part: Part) -> Result<String, ApiError> {
     let mut bytes = Vec::new();
     let mut stream = part.stream();
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request("invalid_multipart", e.to_string()))?;
+        let chunk = chunk.map_err(|e| ApiError::InvalidMultipart(e.to_string()))?;
         bytes.extend_from_slice(chunk.chunk());
         if bytes.len() > 64 * 1024 {
-            return Err(ApiError::bad_request(
-                "invalid_multipart",
-                "a text field is longer than 64 KiB",
-            ));
+            return Err(ApiError::InvalidMultipart("a text field is longer than 64 KiB".into()));
         }
     }
-    String::from_utf8(bytes).map_err(|_| ApiError::bad_request("invalid_multipart", "a text field is not UTF-8"))
+    String::from_utf8(bytes).map_err(|_| ApiError::InvalidMultipart("a text field is not UTF-8".into()))
 }
 
 async fn upload(state: Arc<AppState>, caller: Caller, form: FormData) -> Result<warp::reply::Response, ApiError> {
@@ -164,17 +160,17 @@ pub(crate) async fn read_upload_form(
                 if file_path.is_none() {
                     file_path = part.filename().filter(|f| !f.is_empty()).map(String::from);
                 }
-                let mut upload = assets.receive()?;
+                let mut upload = assets.receive().await?;
                 let mut stream = part.stream();
                 while let Some(chunk) = stream.next().await {
-                    let chunk = chunk.map_err(multipart_error)?;
+                    let mut chunk = chunk.map_err(multipart_error)?;
                     if upload.size() + chunk.remaining() as u64 > max {
                         return Err(ApiError::PayloadTooLarge(format!(
                             "uploads are limited to {} bytes",
                             max
                         )));
                     }
-                    upload.write(chunk.chunk())?;
+                    upload.write(chunk.copy_to_bytes(chunk.remaining())).await?;
                 }
                 written = Some(upload);
             }
@@ -193,7 +189,7 @@ pub(crate) async fn read_upload_form(
                 expires_in = Some(
                     text.trim()
                         .parse::<i64>()
-                        .map_err(|_| ApiError::bad_request("invalid_expires_in", "expires_in must be an integer"))?,
+                        .map_err(|_| ApiError::InvalidExpiresIn("expires_in must be an integer".into()))?,
                 );
             }
             _ => {
@@ -201,23 +197,22 @@ pub(crate) async fn read_upload_form(
             }
         }
     }
-    let upload = written.ok_or_else(|| ApiError::bad_request("missing_file", "the upload needs a `file` part"))?;
+    let upload = written.ok_or_else(|| ApiError::MissingFile("the upload needs a `file` part".into()))?;
     let file_path = file_path
         .filter(|p| !p.is_empty())
-        .ok_or_else(|| ApiError::bad_request("missing_file_path", "the upload needs a `file_path` part"))?;
+        .ok_or_else(|| ApiError::MissingFilePath("the upload needs a `file_path` part".into()))?;
     let expires_at = expires_at(expires_in)?;
     let expected_hash = match expected_hash.filter(|h| !h.is_empty()) {
         Some(h) => Some(
             parse_hash(&h)
-                .ok_or_else(|| ApiError::bad_request("invalid_hash", "expected_hash must be blake3:<64 hex digits>"))?,
+                .ok_or_else(|| ApiError::InvalidHash("expected_hash must be blake3:<64 hex digits>".into()))?,
         ),
         None => None,
     };
     let content_type = match content_type.filter(|c| !c.is_empty()) {
         Some(c) if !is_media_type(&c) => {
-            return Err(ApiError::bad_request(
-                "invalid_content_type",
-                "content_type must be a media type such as image/png",
+            return Err(ApiError::InvalidContentType(
+                "content_type must be a media type such as image/png".into(),
             ))
         }
         given => given.or(part_type.filter(|c| is_media_type(c))),
@@ -254,7 +249,7 @@ pub(super) fn multipart_error(e: warp::Error) -> ApiError {
     if text.contains("limit") || text.contains("too large") {
         ApiError::PayloadTooLarge(format!("the upload is larger than allowed: {text}"))
     } else {
-        ApiError::bad_request("invalid_multipart", format!("the multipart body is malformed: {text}"))
+        ApiError::InvalidMultipart(format!("the multipart body is malformed: {text}"))
     }
 }
 
@@ -276,9 +271,9 @@ async fn from_hash(
 ) -> Result<warp::reply::Response, ApiError> {
     state.jobs()?;
     let request: FromHash = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request("invalid_request", format!("invalid from-hash request: {e}")))?;
-    let hash = parse_hash(&request.hash)
-        .ok_or_else(|| ApiError::bad_request("invalid_hash", "hash must be blake3:<64 hex digits>"))?;
+        .map_err(|e| ApiError::InvalidRequest(format!("invalid from-hash request: {e}")))?;
+    let hash =
+        parse_hash(&request.hash).ok_or_else(|| ApiError::InvalidHash("hash must be blake3:<64 hex digits>".into()))?;
     let expires_in = match request.expires_in {
         None => None,
         Some(n) => Some(
@@ -288,7 +283,7 @@ async fn from_hash(
                         .filter(|f| f.fract() == 0.0 && f.abs() < 1e15)
                         .map(|f| f as i64)
                 })
-                .ok_or_else(|| ApiError::bad_request("invalid_expires_in", "expires_in must be an integer"))?,
+                .ok_or_else(|| ApiError::InvalidExpiresIn("expires_in must be an integer".into()))?,
         ),
     };
     let expires_at = expires_at(expires_in)?;

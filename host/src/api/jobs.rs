@@ -111,39 +111,32 @@ async fn submit(
     }
     let (body, _parse_charge) = body.parse().await?;
     let Json::Object(mut body) = body else {
-        return Err(ApiError::bad_request(
-            "invalid_request",
-            "the body must be a JSON object with a workflow",
+        return Err(ApiError::InvalidRequest(
+            "the body must be a JSON object with a workflow".into(),
         ));
     };
     for reserved in ["webhook_url", "inputs"] {
         if body.contains_key(reserved) {
-            return Err(ApiError::bad_request(
-                "reserved_field",
-                format!("`{reserved}` is reserved for a later version of the API and is rejected today"),
-            ));
+            return Err(ApiError::ReservedField(format!(
+                "`{reserved}` is reserved for a later version of the API and is rejected today"
+            )));
         }
     }
     if let Some(extra) = body.remove("extra_data") {
         // Forwarded per prompt, never stored: nothing here persists it.
         let Json::Object(extra) = extra else {
-            return Err(ApiError::bad_request(
-                "invalid_extra_data",
-                "extra_data must be an object",
-            ));
+            return Err(ApiError::InvalidExtraData("extra_data must be an object".into()));
         };
         for (name, value) in &extra {
             if !matches!(name.as_str(), "api_key_platform_org" | "api_key_comfy_org") {
-                return Err(ApiError::bad_request(
-                    "invalid_extra_data",
-                    format!("extra_data does not accept `{name}`; it accepts only api_key_platform_org"),
-                ));
+                return Err(ApiError::InvalidExtraData(format!(
+                    "extra_data does not accept `{name}`; it accepts only api_key_platform_org"
+                )));
             }
             if !value.is_string() {
-                return Err(ApiError::bad_request(
-                    "invalid_extra_data",
-                    format!("extra_data.{name} must be a string"),
-                ));
+                return Err(ApiError::InvalidExtraData(format!(
+                    "extra_data.{name} must be a string"
+                )));
             }
         }
     }
@@ -154,9 +147,8 @@ async fn submit(
     };
     check_labels(&labels)?;
     let Some(workflow) = body.remove("workflow") else {
-        return Err(ApiError::bad_request(
-            "missing_workflow",
-            "the body needs a `workflow` object in ComfyUI's API format",
+        return Err(ApiError::MissingWorkflow(
+            "the body needs a `workflow` object in ComfyUI's API format".into(),
         ));
     };
     match jobs.submit(&caller.tenant, workflow, labels, key).await {
@@ -184,10 +176,7 @@ const MAX_LABEL_KEY: usize = 64;
 const MAX_LABEL_VALUE: usize = 256;
 
 fn metadata_invalid(message: impl Into<String>) -> ApiError {
-    ApiError::Unprocessable {
-        code: "metadata_invalid",
-        message: message.into(),
-    }
+    ApiError::MetadataInvalid(message.into())
 }
 
 fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
@@ -248,7 +237,7 @@ fn submit_error(e: SubmitError) -> ApiError {
         SubmitError::IdempotencyReuse { job_id } => ApiError::IdempotencyKeyReuse { job_id },
         SubmitError::QueueFull { retry_after } => ApiError::QueueFull { retry_after },
         SubmitError::InsufficientCredits { balance, cost } => ApiError::InsufficientCredits { balance, cost },
-        SubmitError::BadRequest(m) => ApiError::bad_request("invalid_request", m),
+        SubmitError::BadRequest(m) => ApiError::InvalidRequest(m),
         SubmitError::Store(e) => ApiError::upstream("recording a job", e),
     }
 }
@@ -309,26 +298,17 @@ async fn list(state: Arc<AppState>, caller: Caller, query: String) -> Result<war
                     .parse::<usize>()
                     .ok()
                     .filter(|n| (1..=MAX_PAGE).contains(n))
-                    .ok_or_else(|| {
-                        ApiError::bad_request(
-                            "invalid_limit",
-                            format!("limit must be an integer from 1 to {MAX_PAGE}"),
-                        )
-                    })?;
+                    .ok_or_else(|| ApiError::InvalidLimit(format!("limit must be an integer from 1 to {MAX_PAGE}")))?;
             }
             "cursor" if !value.is_empty() => {
-                let seq = parse_cursor(&value).ok_or_else(|| {
-                    ApiError::bad_request("invalid_cursor", "the cursor is not one this server issued")
-                })?;
+                let seq = parse_cursor(&value)
+                    .ok_or_else(|| ApiError::InvalidCursor("the cursor is not one this server issued".into()))?;
                 let known = jobs
                     .is_position(&caller.tenant, seq)
                     .await
                     .map_err(|e| ApiError::upstream("checking a cursor", e))?;
                 if !known {
-                    return Err(ApiError::bad_request(
-                        "invalid_cursor",
-                        "the cursor is unknown or has expired",
-                    ));
+                    return Err(ApiError::InvalidCursor("the cursor is unknown or has expired".into()));
                 }
                 before = Some(seq);
             }

@@ -28,14 +28,16 @@ pub use auth::AuthMode;
 pub use error::ApiError;
 
 use crate::jobs::assets::Assets;
+use crate::jobs::userdata::{SettingsLocks, UserData};
 use crate::jobs::Jobs;
 use crate::store::Store;
 
 /// Which kind of surface this server presents.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Surface {
-    /// A self-hosted server: no logs on jobs, no credits.
+    /// A self-hosted server: no logs on jobs, no credits. The default.
+    #[default]
     SelfHosted,
     /// The hosted cloud: credits, no logs.
     Cloud,
@@ -78,12 +80,48 @@ pub struct ApiConfig {
     pub comfyui_frontend: Option<std::path::PathBuf>,
 }
 
+impl ApiConfig {
+    /// The default of [`max_upload_bytes`](Self::max_upload_bytes) (`--max-upload-bytes`).
+    pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 300_000_000;
+    /// [`max_json_bytes`](Self::max_json_bytes): 32 MiB (no flag).
+    pub const MAX_JSON_BYTES: u64 = 32 << 20;
+    /// The default of [`json_parse_budget_bytes`](Self::json_parse_budget_bytes), in MiB
+    /// (`--json-parse-budget-mib`).
+    pub const DEFAULT_JSON_PARSE_BUDGET_MIB: u64 = 512;
+    /// The default of [`max_streams`](Self::max_streams) (`--max-streams`), and of
+    /// [`tenant_max_streams`](Self::tenant_max_streams) with one tenant.
+    pub const DEFAULT_MAX_STREAMS: usize = 20_000;
+}
+
+/// What `weft serve`'s defaults give: the self-hosted surface, no authentication, one tenant.
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            auth: AuthMode::None,
+            surface: Surface::default(),
+            public_demo: false,
+            mount_prefix: String::new(),
+            max_upload_bytes: Self::DEFAULT_MAX_UPLOAD_BYTES,
+            max_json_bytes: Self::MAX_JSON_BYTES,
+            json_parse_budget_bytes: Self::DEFAULT_JSON_PARSE_BUDGET_MIB << 20,
+            max_streams: Self::DEFAULT_MAX_STREAMS,
+            tenant_max_streams: Self::DEFAULT_MAX_STREAMS,
+            public_url: None,
+            allowed_origins: Vec::new(),
+            admin_token: None,
+            v2m: v2m::V2mSettings::default(),
+            comfyui_frontend: None,
+        }
+    }
+}
+
 /// Shared state of every handler.
 pub struct AppState {
     /// Settings.
     pub config: ApiConfig,
-    /// The store, for what is read before plugins finish loading: API keys, and a job's
-    /// workflow.
+    /// The store, only read here (every write goes through `jobs`; ComfyUI's user data through
+    /// [`AppState::user_data`]): API keys, its health, a job's stored workflow, and the ComfyUI
+    /// protocol's views of a tenant's jobs, outputs and uploads.
     pub store: Arc<dyn Store>,
     /// Uploads and outputs, with their content.
     pub assets: Arc<Assets>,
@@ -105,8 +143,8 @@ pub struct AppState {
     pub logins: session::LoginLimiter,
     /// What request bodies being read and parsed hold now.
     pub json_budget: Arc<body::ParseBudget>,
-    /// The locks of ComfyUI's settings writes, one per tenant.
-    pub settings_locks: comfy::SettingsLocks,
+    /// The locks of ComfyUI's settings writes, one per tenant (see [`AppState::user_data`]).
+    pub settings_locks: SettingsLocks,
 }
 
 /// The address of the client a request came from (its TCP peer), in the request's
@@ -118,6 +156,11 @@ impl AppState {
     /// The job service, or `deployment_not_ready` while plugins are loading.
     pub fn jobs(&self) -> Result<&Arc<Jobs>, ApiError> {
         self.jobs.get().ok_or(ApiError::DeploymentNotReady { retry_after: 1 })
+    }
+
+    /// ComfyUI's user data and settings of every tenant; ready before the plugins load.
+    pub fn user_data(&self) -> UserData<'_> {
+        UserData::new(self.store.as_ref(), &self.settings_locks)
     }
 }
 

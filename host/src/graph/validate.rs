@@ -5,7 +5,7 @@
 //! first [`CYCLE_PATH_SHOWN`] nodes, combos by their first [`COMBO_OPTIONS_SHOWN`] choices,
 //! and echoed strings cut to [`ECHO_CHARS`] characters.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::Value as Json;
 use weft_types as types;
@@ -28,101 +28,14 @@ const COMBO_OPTIONS_SHOWN: usize = 20;
 /// Characters of a caller's string (a class name, a combo value) echoed in a message.
 const ECHO_CHARS: usize = 100;
 
+/// The errors found so far, by node id.
+type NodeErrors = BTreeMap<String, Vec<FieldError>>;
+
 /// Checks `workflow` against `catalog`, collecting every error, and plans it.
 pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> {
-    let Some(object) = workflow.as_object() else {
-        return Err(invalid(
-            "the workflow must be a JSON object mapping node ids to nodes",
-            BTreeMap::new(),
-            vec![FieldError::new(
-                "workflow",
-                "invalid_workflow_shape",
-                format!("expected an object, got {}", kind_of(workflow)),
-            )],
-        ));
-    };
-    if object.get("nodes").is_some_and(Json::is_array) && object.contains_key("links") {
-        return Err(GraphError::UiFormat);
-    }
-    if object.is_empty() {
-        return Err(invalid(
-            "the workflow has no nodes",
-            BTreeMap::new(),
-            vec![FieldError::new(
-                "workflow",
-                "prompt_no_outputs",
-                "the workflow is empty; add at least one output node",
-            )],
-        ));
-    }
-
-    let mut node_errors: BTreeMap<String, Vec<FieldError>> = BTreeMap::new();
-    let mut nodes: HashMap<&str, RawNode> = HashMap::with_capacity(object.len());
-    let mut defs: HashMap<&str, &NodeDef> = HashMap::with_capacity(object.len());
-    for (id, node) in object {
-        let Some(node) = node.as_object() else {
-            push(
-                &mut node_errors,
-                id,
-                FieldError::new(
-                    "",
-                    "invalid_node",
-                    format!("node {id} must be an object with class_type and inputs"),
-                ),
-            );
-            continue;
-        };
-        let Some(class_type) = node.get("class_type").and_then(Json::as_str) else {
-            push(
-                &mut node_errors,
-                id,
-                FieldError::new(
-                    "class_type",
-                    "missing_class_type",
-                    format!("node {id} has no class_type"),
-                ),
-            );
-            continue;
-        };
-        static EMPTY: std::sync::OnceLock<serde_json::Map<String, Json>> = std::sync::OnceLock::new();
-        let inputs = match node.get("inputs") {
-            None => EMPTY.get_or_init(serde_json::Map::new),
-            Some(Json::Object(m)) => m,
-            Some(other) => {
-                push(
-                    &mut node_errors,
-                    id,
-                    FieldError::new(
-                        "inputs",
-                        "invalid_node",
-                        format!("inputs must be an object, got {}", kind_of(other)),
-                    ),
-                );
-                continue;
-            }
-        };
-        match catalog.get(class_type) {
-            Some(def) => {
-                defs.insert(id, def);
-            }
-            None => {
-                let hint = catalog
-                    .nearest(class_type)
-                    .map(|n| format!("; did you mean {n:?}?"))
-                    .unwrap_or_default();
-                push(
-                    &mut node_errors,
-                    id,
-                    FieldError::new(
-                        "class_type",
-                        "unknown_class",
-                        format!("unknown node class {:?}{hint}", clip(class_type)),
-                    ),
-                );
-            }
-        }
-        nodes.insert(id, RawNode { inputs });
-    }
+    let object = check_shape(workflow)?;
+    let mut node_errors = NodeErrors::new();
+    let (nodes, defs) = read_nodes(object, catalog, &mut node_errors);
 
     let outputs: Vec<&str> = defs.iter().filter(|(_, d)| d.output_node).map(|(id, _)| *id).collect();
     let mut errors = Vec::new();
@@ -136,15 +49,140 @@ pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> 
 
     // Inputs are checked on the nodes the outputs need, as ComfyUI does.
     let needed = plan::ancestors(&outputs, &nodes);
+    let literals = check_inputs(&needed, &nodes, &defs, &mut node_errors);
+    report_cycles(&needed, &nodes, &mut node_errors);
+
+    if !node_errors.is_empty() || !errors.is_empty() {
+        return Err(reported(node_errors, errors));
+    }
+    Ok(plan::build(&needed, &nodes, &defs, literals))
+}
+
+/// The workflow as an object of nodes, or why its shape cannot be one: not an object, the
+/// UI format, or empty.
+fn check_shape(workflow: &Json) -> Result<&serde_json::Map<String, Json>, GraphError> {
+    let Some(object) = workflow.as_object() else {
+        return Err(shape_error(
+            "the workflow must be a JSON object mapping node ids to nodes",
+            "invalid_workflow_shape",
+            format!("expected an object, got {}", kind_of(workflow)),
+        ));
+    };
+    if object.get("nodes").is_some_and(Json::is_array) && object.contains_key("links") {
+        return Err(GraphError::UiFormat);
+    }
+    if object.is_empty() {
+        return Err(shape_error(
+            "the workflow has no nodes",
+            "prompt_no_outputs",
+            "the workflow is empty; add at least one output node".into(),
+        ));
+    }
+    Ok(object)
+}
+
+/// The answer `message` for a workflow whose shape is wrong: one error on the workflow as
+/// a whole, for `reason`.
+fn shape_error(message: &str, reason: &str, detail: String) -> GraphError {
+    GraphError::Invalid {
+        message: message.to_string(),
+        node_errors: NodeErrors::new(),
+        errors: vec![FieldError::new("workflow", reason, detail)],
+        error_count: 1,
+    }
+}
+
+/// Every node of `object` that is an object with a `class_type` and object `inputs`, and
+/// the definitions of those whose class `catalog` knows; what is wrong with the others goes
+/// to `node_errors`.
+fn read_nodes<'a>(
+    object: &'a serde_json::Map<String, Json>,
+    catalog: &'a Catalog,
+    node_errors: &mut NodeErrors,
+) -> (HashMap<&'a str, RawNode<'a>>, HashMap<&'a str, &'a NodeDef>) {
+    let mut nodes: HashMap<&str, RawNode> = HashMap::with_capacity(object.len());
+    let mut defs: HashMap<&str, &NodeDef> = HashMap::with_capacity(object.len());
+    for (id, node) in object {
+        let (inputs, class_type) = match read_node(id, node) {
+            Ok(read) => read,
+            Err(e) => {
+                push(node_errors, id, e);
+                continue;
+            }
+        };
+        match catalog.get(class_type) {
+            Some(def) => {
+                defs.insert(id, def);
+            }
+            None => push(node_errors, id, unknown_class(catalog, class_type)),
+        }
+        nodes.insert(id, RawNode { inputs });
+    }
+    (nodes, defs)
+}
+
+/// Node `id`'s inputs and class, or what is wrong with its shape.
+fn read_node<'a>(id: &str, node: &'a Json) -> Result<(&'a serde_json::Map<String, Json>, &'a str), FieldError> {
+    let Some(node) = node.as_object() else {
+        return Err(FieldError::new(
+            "",
+            "invalid_node",
+            format!("node {id} must be an object with class_type and inputs"),
+        ));
+    };
+    let Some(class_type) = node.get("class_type").and_then(Json::as_str) else {
+        return Err(FieldError::new(
+            "class_type",
+            "missing_class_type",
+            format!("node {id} has no class_type"),
+        ));
+    };
+    static EMPTY: std::sync::OnceLock<serde_json::Map<String, Json>> = std::sync::OnceLock::new();
+    let inputs = match node.get("inputs") {
+        None => EMPTY.get_or_init(serde_json::Map::new),
+        Some(Json::Object(m)) => m,
+        Some(other) => {
+            return Err(FieldError::new(
+                "inputs",
+                "invalid_node",
+                format!("inputs must be an object, got {}", kind_of(other)),
+            ))
+        }
+    };
+    Ok((inputs, class_type))
+}
+
+/// The error for a node of `class_type`, which `catalog` does not know, with the nearest
+/// class it does know as a hint.
+fn unknown_class(catalog: &Catalog, class_type: &str) -> FieldError {
+    let hint = catalog
+        .nearest(class_type)
+        .map(|n| format!("; did you mean {n:?}?"))
+        .unwrap_or_default();
+    FieldError::new(
+        "class_type",
+        "unknown_class",
+        format!("unknown node class {:?}{hint}", clip(class_type)),
+    )
+}
+
+/// Checks the inputs of the `needed` nodes against their definitions; returns the literals
+/// by node id and input name, and adds what is wrong to `node_errors`.
+fn check_inputs(
+    needed: &BTreeSet<&str>,
+    nodes: &HashMap<&str, RawNode>,
+    defs: &HashMap<&str, &NodeDef>,
+    node_errors: &mut NodeErrors,
+) -> HashMap<(String, String), Value> {
     let mut literals: HashMap<(String, String), Value> = HashMap::new();
-    for id in &needed {
+    for id in needed {
         let (Some(node), Some(def)) = (nodes.get(id), defs.get(id)) else {
             continue;
         };
         for spec in &def.inputs {
             match node.inputs.get(&spec.name) {
                 None if spec.required => push(
-                    &mut node_errors,
+                    node_errors,
                     id,
                     FieldError::new(
                         &spec.name,
@@ -153,18 +191,22 @@ pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> 
                     ),
                 ),
                 None => {}
-                Some(raw) => match check_input(spec, raw, &nodes, &defs) {
+                Some(raw) => match check_input(spec, raw, nodes, defs) {
                     Ok(Some(value)) => {
                         literals.insert((id.to_string(), spec.name.clone()), value);
                     }
                     Ok(None) => {}
-                    Err(e) => push(&mut node_errors, id, e),
+                    Err(e) => push(node_errors, id, e),
                 },
             }
         }
     }
+    literals
+}
 
-    for cycle in plan::cycles(&needed, &nodes) {
+/// Adds an error to every node of each cycle among the `needed` nodes.
+fn report_cycles(needed: &BTreeSet<&str>, nodes: &HashMap<&str, RawNode>, node_errors: &mut NodeErrors) {
+    for cycle in plan::cycles(needed, nodes) {
         let shown: Vec<&str> = cycle.iter().take(CYCLE_PATH_SHOWN).map(|id| clip(id)).collect();
         let path = if cycle.len() > CYCLE_PATH_SHOWN {
             format!("{} -> ... ({} nodes in all)", shown.join(" -> "), cycle.len())
@@ -173,7 +215,7 @@ pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> 
         };
         for id in &cycle {
             push(
-                &mut node_errors,
+                node_errors,
                 id,
                 FieldError::new(
                     "",
@@ -183,41 +225,33 @@ pub fn validate(workflow: &Json, catalog: &Catalog) -> Result<Plan, GraphError> 
             );
         }
     }
-
-    if !node_errors.is_empty() || !errors.is_empty() {
-        let count = node_errors.values().map(Vec::len).sum::<usize>() + errors.len();
-        let truncated = count > MAX_REPORTED_ERRORS;
-        let message = if truncated {
-            format!("the workflow is invalid: {count} errors found, the first {MAX_REPORTED_ERRORS} listed")
-        } else {
-            format!(
-                "the workflow is invalid: {count} error{} found",
-                if count == 1 { "" } else { "s" }
-            )
-        };
-        errors.truncate(MAX_REPORTED_ERRORS);
-        let mut room = MAX_REPORTED_ERRORS - errors.len();
-        node_errors.retain(|_, list| {
-            list.truncate(room);
-            room -= list.len();
-            !list.is_empty()
-        });
-        return Err(GraphError::Invalid {
-            message,
-            node_errors,
-            errors,
-            error_count: count,
-        });
-    }
-    Ok(plan::build(&needed, &nodes, &defs, literals))
 }
 
-fn invalid(message: &str, node_errors: BTreeMap<String, Vec<FieldError>>, errors: Vec<FieldError>) -> GraphError {
+/// The answer for the errors found: all of them counted, at most [`MAX_REPORTED_ERRORS`]
+/// listed (the workflow's own first, then by node id).
+fn reported(mut node_errors: NodeErrors, mut errors: Vec<FieldError>) -> GraphError {
+    let count = node_errors.values().map(Vec::len).sum::<usize>() + errors.len();
+    let truncated = count > MAX_REPORTED_ERRORS;
+    let message = if truncated {
+        format!("the workflow is invalid: {count} errors found, the first {MAX_REPORTED_ERRORS} listed")
+    } else {
+        format!(
+            "the workflow is invalid: {count} error{} found",
+            if count == 1 { "" } else { "s" }
+        )
+    };
+    errors.truncate(MAX_REPORTED_ERRORS);
+    let mut room = MAX_REPORTED_ERRORS - errors.len();
+    node_errors.retain(|_, list| {
+        list.truncate(room);
+        room -= list.len();
+        !list.is_empty()
+    });
     GraphError::Invalid {
-        message: message.to_string(),
-        error_count: node_errors.values().map(Vec::len).sum::<usize>() + errors.len(),
+        message,
         node_errors,
         errors,
+        error_count: count,
     }
 }
 
@@ -229,7 +263,7 @@ fn clip(text: &str) -> &str {
     }
 }
 
-fn push(map: &mut BTreeMap<String, Vec<FieldError>>, id: &str, e: FieldError) {
+fn push(map: &mut NodeErrors, id: &str, e: FieldError) {
     map.entry(id.to_string()).or_default().push(e);
 }
 

@@ -61,21 +61,77 @@ impl AssetError {
     }
 }
 
+/// Bytes an upload gathers before they are written to its file in one blocking task.
+const WRITE_BATCH: usize = 256 << 10;
+
 /// The bytes of an upload as they arrive: hashed on the way into a temporary file, which
-/// is removed if the upload is abandoned.
-pub struct Upload(BlobWriter);
+/// is removed if the upload is abandoned. The file is written off the async threads, in
+/// batches of up to [`WRITE_BATCH`] bytes.
+pub struct Upload {
+    /// The file; away only while a batch is being written (an upload dropped then leaves
+    /// it to that task, which drops it, and so removes it, when the write is done).
+    writer: Option<BlobWriter>,
+    /// Chunks received and not yet written.
+    pending: Vec<bytes::Bytes>,
+    /// Bytes in `pending`.
+    pending_bytes: usize,
+    /// Bytes received, written or not.
+    size: u64,
+}
 
 impl Upload {
-    /// Appends `chunk`.
-    pub fn write(&mut self, chunk: &[u8]) -> Result<(), AssetError> {
-        self.0
-            .write_chunk(chunk)
-            .map_err(|e| AssetError::failed("writing a blob", e))
+    fn new(writer: BlobWriter) -> Self {
+        Self {
+            writer: Some(writer),
+            pending: Vec::new(),
+            pending_bytes: 0,
+            size: 0,
+        }
+    }
+
+    /// Appends `chunk`; a full batch is written before this returns.
+    pub async fn write(&mut self, chunk: bytes::Bytes) -> Result<(), AssetError> {
+        self.size += chunk.len() as u64;
+        self.pending_bytes += chunk.len();
+        self.pending.push(chunk);
+        if self.pending_bytes >= WRITE_BATCH {
+            self.flush().await?;
+        }
+        Ok(())
     }
 
     /// Bytes received so far.
     pub fn size(&self) -> u64 {
-        self.0.size()
+        self.size
+    }
+
+    /// Writes the pending chunks, on a blocking thread.
+    async fn flush(&mut self) -> Result<(), AssetError> {
+        let failed = |e: &dyn std::fmt::Display| AssetError::failed("writing a blob", e);
+        let mut writer = self
+            .writer
+            .take()
+            .ok_or_else(|| failed(&"an earlier write was abandoned"))?;
+        if self.pending.is_empty() {
+            self.writer = Some(writer);
+            return Ok(());
+        }
+        let chunks = std::mem::take(&mut self.pending);
+        self.pending_bytes = 0;
+        let (writer, written) = tokio::task::spawn_blocking(move || {
+            let written = chunks.iter().try_for_each(|chunk| writer.write_chunk(chunk));
+            (writer, written)
+        })
+        .await
+        .map_err(|e| failed(&e))?;
+        self.writer = Some(writer);
+        written.map_err(|e| failed(&e))
+    }
+
+    /// The file with every byte received written to it.
+    async fn finish_writes(mut self) -> Result<BlobWriter, AssetError> {
+        self.flush().await?;
+        Ok(self.writer.take().expect("a flush that succeeded puts the writer back"))
     }
 }
 
@@ -140,24 +196,28 @@ impl Assets {
         })
     }
 
-    /// Starts receiving an upload's bytes.
-    pub fn receive(&self) -> Result<Upload, AssetError> {
-        self.blobs
-            .writer()
-            .map(Upload)
+    /// Starts receiving an upload's bytes (its file is made off the async threads).
+    pub async fn receive(&self) -> Result<Upload, AssetError> {
+        let blobs = self.blobs.clone();
+        tokio::task::spawn_blocking(move || blobs.writer())
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|made| made)
+            .map(Upload::new)
             .map_err(|e| AssetError::failed("creating a blob", e))
     }
 
     /// Stores a received upload as a new asset. Returns it, and whether its bytes were new to
     /// the tenant (false when the tenant already had an asset with the same content).
     pub async fn upload(&self, upload: Upload, details: UploadDetails) -> Result<(AssetRecord, bool), AssetError> {
+        let writer = upload.finish_writes().await?;
         let guard = self
             .lock_link()
             .await
             .map_err(|e| AssetError::failed("locking the blobs", e))?;
         let (hash, size) = self
             .blobs
-            .finish(upload.0)
+            .finish(writer)
             .await
             .map_err(|e| AssetError::failed("storing an upload", e))?;
         if let Some(expected) = details.expected_hash {
@@ -462,5 +522,47 @@ fn guess_content_type(path: &str) -> &'static str {
         "txt" => "text/plain",
         "json" => "application/json",
         _ => "application/octet-stream",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::blobs::LocalBlobs;
+
+    fn temp_files(dir: &Path) -> usize {
+        std::fs::read_dir(dir.join("tmp")).unwrap().count()
+    }
+
+    #[tokio::test]
+    async fn an_upload_written_in_batches_holds_every_byte_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = LocalBlobs::open(dir.path()).unwrap();
+        let mut upload = Upload::new(blobs.writer().unwrap());
+        let mut sent = Vec::new();
+        for i in 0..80u8 {
+            let chunk = vec![i; 10_000 + usize::from(i)];
+            sent.extend_from_slice(&chunk);
+            upload.write(chunk.into()).await.unwrap();
+            assert_eq!(upload.size(), sent.len() as u64, "size counts bytes not yet written");
+        }
+        assert!(sent.len() > 2 * WRITE_BATCH, "the test spans several batches");
+        let writer = upload.finish_writes().await.unwrap();
+        let (hash, size) = writer.finish().unwrap();
+        assert_eq!(size, sent.len() as u64);
+        assert_eq!(hash, blake3::hash(&sent).to_hex().to_string());
+        assert_eq!(std::fs::read(blobs.path(&hash)).unwrap(), sent);
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_upload_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = LocalBlobs::open(dir.path()).unwrap();
+        let mut upload = Upload::new(blobs.writer().unwrap());
+        upload.write(vec![7u8; WRITE_BATCH + 1].into()).await.unwrap();
+        upload.write(vec![8u8; 10].into()).await.unwrap();
+        assert_eq!(temp_files(dir.path()), 1);
+        drop(upload);
+        assert_eq!(temp_files(dir.path()), 0);
     }
 }

@@ -33,13 +33,16 @@ pub mod retention;
 mod shared;
 pub mod shutdown;
 pub mod state;
+pub mod userdata;
 
 use assets::Assets;
 use events::{Hub, JobEvent};
 use state::Trigger;
 
-/// How the job service behaves.
-#[derive(Debug, Clone)]
+/// How the job service behaves. `weft serve`'s flags default to the `DEFAULT_*` constants
+/// (in the flags' units), and [`Default`] is what those defaults give on the self-hosted
+/// surface with one tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobsConfig {
     /// Jobs that run at once.
     pub workers: usize,
@@ -58,10 +61,10 @@ pub struct JobsConfig {
     pub cache_idle: Duration,
     /// Whether every job's log is captured into the job (the serverless surface).
     pub capture_logs: bool,
-    /// Credits one job costs; zero disables credit checks (self-hosted).
+    /// Credits one job costs; zero disables credit checks (self-hosted, the default). The
+    /// cloud and serverless surfaces charge [`DEFAULT_PAID_JOB_COST`](Self::DEFAULT_PAID_JOB_COST)
+    /// unless `--job-cost` says otherwise.
     pub job_cost: i64,
-    /// Size of each job's log tail.
-    pub log_bytes: usize,
     /// Most outputs one job may commit.
     pub max_outputs: usize,
     /// Most bytes one job's outputs may hold in all (encoded: PNG, WAV, ...).
@@ -70,22 +73,50 @@ pub struct JobsConfig {
     pub inline_output_bytes: usize,
 }
 
+impl JobsConfig {
+    /// The default of [`workers`](Self::workers) (`--workers`).
+    pub const DEFAULT_WORKERS: usize = 4;
+    /// The default of [`queue_depth`](Self::queue_depth) (`--queue-depth`), and of
+    /// [`tenant_queue_depth`](Self::tenant_queue_depth) with one tenant.
+    pub const DEFAULT_QUEUE_DEPTH: usize = 10_000;
+    /// The default of [`retention`](Self::retention), in seconds (`--retention-secs`): a week.
+    pub const DEFAULT_RETENTION_SECS: u64 = 7 * 24 * 3600;
+    /// The default of [`expired_grace`](Self::expired_grace), in seconds
+    /// (`--expired-grace-secs`).
+    pub const DEFAULT_EXPIRED_GRACE_SECS: u64 = 3600;
+    /// The default of [`cache_bytes`](Self::cache_bytes), in MiB (`--cache-mib`).
+    pub const DEFAULT_CACHE_MIB: usize = 512;
+    /// The default of [`cache_idle`](Self::cache_idle), in seconds (`--cache-idle-secs`).
+    pub const DEFAULT_CACHE_IDLE_SECS: u64 = 30;
+    /// Credits a job costs on the cloud and serverless surfaces (`--job-cost`).
+    pub const DEFAULT_PAID_JOB_COST: i64 = 1;
+    /// The default of [`max_outputs`](Self::max_outputs) (`--max-job-outputs`).
+    pub const DEFAULT_MAX_OUTPUTS: usize = 1_000;
+    /// The default of [`max_output_bytes`](Self::max_output_bytes), in MiB
+    /// (`--max-job-output-mib`).
+    pub const DEFAULT_MAX_OUTPUT_MIB: u64 = 2048;
+    /// The default of [`inline_output_bytes`](Self::inline_output_bytes), in KiB
+    /// (`--inline-output-kib`).
+    pub const DEFAULT_INLINE_OUTPUT_KIB: usize = 64;
+    /// The most [`inline_output_bytes`](Self::inline_output_bytes) may be, in KiB (16 MiB).
+    pub const MAX_INLINE_OUTPUT_KIB: usize = 16 << 10;
+}
+
 impl Default for JobsConfig {
     fn default() -> Self {
         Self {
-            workers: 4,
-            queue_depth: 10_000,
-            tenant_queue_depth: 5_000,
-            retention: Duration::from_secs(7 * 24 * 3600),
-            expired_grace: Duration::from_secs(3600),
-            cache_bytes: 512 << 20,
-            cache_idle: Duration::from_secs(30),
+            workers: Self::DEFAULT_WORKERS,
+            queue_depth: Self::DEFAULT_QUEUE_DEPTH,
+            tenant_queue_depth: Self::DEFAULT_QUEUE_DEPTH,
+            retention: Duration::from_secs(Self::DEFAULT_RETENTION_SECS),
+            expired_grace: Duration::from_secs(Self::DEFAULT_EXPIRED_GRACE_SECS),
+            cache_bytes: Self::DEFAULT_CACHE_MIB << 20,
+            cache_idle: Duration::from_secs(Self::DEFAULT_CACHE_IDLE_SECS),
             capture_logs: false,
             job_cost: 0,
-            log_bytes: 64 << 10,
-            max_outputs: 1_000,
-            max_output_bytes: 2 << 30,
-            inline_output_bytes: 64 << 10,
+            max_outputs: Self::DEFAULT_MAX_OUTPUTS,
+            max_output_bytes: Self::DEFAULT_MAX_OUTPUT_MIB << 20,
+            inline_output_bytes: Self::DEFAULT_INLINE_OUTPUT_KIB << 10,
         }
     }
 }
@@ -373,7 +404,7 @@ impl Jobs {
         self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
         let update = JobUpdate {
             error: Some(crate::store::JobError {
-                code: "internal_error".into(),
+                code: weft_types::NodeErrorCode::InternalError.into(),
                 message: "the server failed while running this job".into(),
                 node_id: None,
                 class_type: None,

@@ -25,10 +25,7 @@ pub struct Recovered {
 /// Recovers the jobs a previous process left unfinished.
 pub async fn recover(jobs: &Arc<Jobs>) -> Result<Recovered, StoreError> {
     let mut done = Recovered::default();
-    let pending = jobs
-        .store
-        .jobs_with_status(&[JobStatus::Queued, JobStatus::Running, JobStatus::Canceling])
-        .await?;
+    let pending = jobs.store.jobs_with_status(&JobStatus::UNFINISHED).await?;
     for job in pending {
         if recover_one(jobs, &job, &mut done).await? {
             let _ = jobs.queue.push(&job.tenant, job.id.clone(), true);

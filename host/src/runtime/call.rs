@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tokio::sync::Notify;
 
-use super::bindings::wit;
+use super::bindings::v0_1::wit;
 use super::logs::TailLog;
 use super::memory::JobMemory;
 use super::value::AssetRef;
@@ -38,7 +38,7 @@ pub(crate) fn read_asset(assets: &dyn AssetReader, asset: wit::AssetRef) -> Resu
         file_path: asset.file_path,
     };
     assets.read(&reference).map_err(|message| wit::NodeError {
-        code: "missing_asset".into(),
+        code: weft_types::NodeErrorCode::MissingAsset.into(),
         message,
     })
 }

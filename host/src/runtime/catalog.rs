@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{json, Map, Value as Json};
 
-use super::worlds::v0_2::wit;
+use super::bindings::v0_2::wit;
 
 /// How one input is given.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -3,57 +3,14 @@
 
 use wasmtime::{Store, Trap, UpdateDeadline};
 
+use weft_types::NodeErrorCode;
+
 use super::call::{CallContext, Interrupt};
 use super::capabilities::CallState;
-use super::guest_text;
 use super::memory::MemoryLimit;
 use super::registry::LoadedPlugin;
-use super::value::{OutputFile, Value};
+use super::value::{NodeFailure, NodeOutput, Value};
 use super::Runtime;
-
-/// What a node returned.
-#[derive(Debug, Clone)]
-pub struct NodeOutput {
-    /// One value per declared output.
-    pub values: Vec<Value>,
-    /// Files to commit as job outputs.
-    pub files: Vec<OutputFile>,
-}
-
-/// Why a node call failed. `code` is the interface's `JobError.code`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeFailure {
-    /// `node_execution_error`, or the specific limit: `node_timeout`, `node_memory_limit`,
-    /// `node_stack_overflow`, `node_hostcall_limit`, `node_output_too_large`, `node_panic`,
-    /// `node_trap`, `canceled`.
-    pub code: String,
-    /// What happened, for people.
-    pub message: String,
-    /// The wasm backtrace, when the guest trapped.
-    pub traceback: Option<String>,
-}
-
-impl NodeFailure {
-    pub(super) fn new(code: &str, message: impl Into<String>) -> Self {
-        Self {
-            code: code.to_string(),
-            message: message.into(),
-            traceback: None,
-        }
-    }
-
-    /// This failure with its guest-made text cut to the fixed limits (the code too: a
-    /// guest's own error may name any code).
-    fn bounded(self) -> Self {
-        Self {
-            code: guest_text::bounded(self.code, 64),
-            message: guest_text::bounded(self.message, guest_text::ERROR_MESSAGE_BYTES),
-            traceback: self
-                .traceback
-                .map(|t| guest_text::bounded(t, guest_text::TRACEBACK_BYTES)),
-        }
-    }
-}
 
 /// What wasmtime's host-copy budget allows beyond [`Limits::hostcall_bytes`](super::Limits)
 /// for the bookkeeping it counts besides the bytes themselves; what passes that is
@@ -73,11 +30,14 @@ impl Runtime {
         inputs: Vec<(String, Value)>,
         ctx: &CallContext,
     ) -> Result<NodeOutput, NodeFailure> {
-        let plugin = self
-            .plugin_for(class)
-            .ok_or_else(|| NodeFailure::new("node_execution_error", format!("no plugin defines class {class:?}")))?;
+        let plugin = self.plugin_for(class).ok_or_else(|| {
+            NodeFailure::new(
+                NodeErrorCode::NodeExecutionError,
+                format!("no plugin defines class {class:?}"),
+            )
+        })?;
         if ctx.cancel.is_canceled() {
-            return Err(NodeFailure::new("canceled", "the job was canceled"));
+            return Err(NodeFailure::new(NodeErrorCode::Canceled, "the job was canceled"));
         }
         let log_mark = ctx.log.written();
         let mut store = self.new_store(plugin, ctx);
@@ -92,7 +52,7 @@ impl Runtime {
     /// A store for one call, with its limits and its deadline.
     pub(super) fn new_store(&self, plugin: &LoadedPlugin, call: &CallContext) -> Store<CallState> {
         let state = CallState::new(&self.capabilities, &self.limits, call, &plugin.grants);
-        let deadline = state.deadline.clone();
+        let deadline = state.core.deadline.clone();
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         // wasmtime's own cap on what one call copies from the guest (128 MiB by default)
@@ -123,43 +83,49 @@ fn classify(error: wasmtime::Error, state: &CallState, new_log: &str) -> NodeFai
     let trap = error.downcast_ref::<Trap>().copied();
     let mut failure = if let Some(interrupt) = error.downcast_ref::<Interrupt>() {
         match interrupt {
-            Interrupt::Timeout => NodeFailure::new("node_timeout", interrupt.to_string()),
-            Interrupt::Canceled => NodeFailure::new("canceled", interrupt.to_string()),
+            Interrupt::Timeout => NodeFailure::new(NodeErrorCode::NodeTimeout, interrupt.to_string()),
+            Interrupt::Canceled => NodeFailure::new(NodeErrorCode::Canceled, interrupt.to_string()),
         }
     } else if let Some(limit) = error.downcast_ref::<MemoryLimit>() {
         NodeFailure::new(MemoryLimit::CODE, limit.to_string())
     } else if error.chain().any(|e| e.to_string().contains(HOSTCALL_FUEL_EXHAUSTED)) {
         NodeFailure::new(
-            "node_output_too_large",
+            NodeErrorCode::NodeOutputTooLarge,
             format!(
                 "the node passed more than {} bytes in one copy between it and the host",
-                state.hostcalls.limit
+                state.core.hostcalls.limit
             ),
         )
     } else if state.limiter.memory_hit {
-        NodeFailure::new("node_memory_limit", "the node tried to grow its memory past the limit")
-    } else if state.limiter.table_hit {
-        NodeFailure::new("node_memory_limit", "the node tried to grow a table past the limit")
-    } else if state.hostcalls.hit {
         NodeFailure::new(
-            "node_hostcall_limit",
+            NodeErrorCode::NodeMemoryLimit,
+            "the node tried to grow its memory past the limit",
+        )
+    } else if state.limiter.table_hit {
+        NodeFailure::new(
+            NodeErrorCode::NodeMemoryLimit,
+            "the node tried to grow a table past the limit",
+        )
+    } else if state.core.hostcalls.hit {
+        NodeFailure::new(
+            NodeErrorCode::NodeHostcallLimit,
             format!(
                 "the node passed more than {} bytes through host calls",
-                state.hostcalls.limit
+                state.core.hostcalls.limit
             ),
         )
     } else if trap == Some(Trap::StackOverflow) || (trap == Some(Trap::MemoryOutOfBounds) && runaway_recursion(&error))
     {
         NodeFailure::new(
-            "node_stack_overflow",
+            NodeErrorCode::NodeStackOverflow,
             "the node overflowed its stack (too deep recursion)",
         )
     } else if let Some(panic) = panic_message(new_log) {
-        NodeFailure::new("node_panic", format!("the node panicked: {panic}"))
+        NodeFailure::new(NodeErrorCode::NodePanic, format!("the node panicked: {panic}"))
     } else if let Some(trap) = trap {
-        NodeFailure::new("node_trap", format!("the node trapped: {trap}"))
+        NodeFailure::new(NodeErrorCode::NodeTrap, format!("the node trapped: {trap}"))
     } else {
-        NodeFailure::new("node_execution_error", format!("{error:#}"))
+        NodeFailure::new(NodeErrorCode::NodeExecutionError, format!("{error:#}"))
     };
     failure.traceback = traceback;
     failure

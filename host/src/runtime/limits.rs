@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-/// Limits applied to every node invocation. Operators set them with `weft serve` flags.
-#[derive(Debug, Clone)]
+/// Limits applied to every node invocation. Operators set them with `weft serve` flags,
+/// whose defaults are the `DEFAULT_*` constants below, in the flags' units.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     /// Wall time one node call may run. Ten minutes by default: long enough for a CPU
     /// diffusion step loop, short enough that a runaway guest cannot hold a worker forever.
@@ -37,17 +38,32 @@ pub fn default_host_memory() -> u64 {
     super::memory::machine_memory().map_or(8 << 30, |total| total / 4 * 3)
 }
 
+impl Limits {
+    /// The default of [`node_timeout`](Self::node_timeout), in milliseconds
+    /// (`--node-timeout-ms`).
+    pub const DEFAULT_NODE_TIMEOUT_MS: u64 = 600_000;
+    /// The default of [`memory_bytes`](Self::memory_bytes), in MiB (`--node-memory-mib`).
+    pub const DEFAULT_MEMORY_MIB: usize = 256;
+    /// The default of [`hostcall_bytes`](Self::hostcall_bytes), in MiB (`--hostcall-mib`).
+    pub const DEFAULT_HOSTCALL_MIB: usize = 64;
+    /// The default of [`log_bytes`](Self::log_bytes), in KiB (`--log-kib`).
+    pub const DEFAULT_LOG_KIB: usize = 64;
+    /// The default of [`job_memory_bytes`](Self::job_memory_bytes), in MiB
+    /// (`--job-memory-mib`).
+    pub const DEFAULT_JOB_MEMORY_MIB: u64 = 4096;
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            node_timeout: Duration::from_secs(600),
-            memory_bytes: 256 << 20,
+            node_timeout: Duration::from_millis(Self::DEFAULT_NODE_TIMEOUT_MS),
+            memory_bytes: Self::DEFAULT_MEMORY_MIB << 20,
             table_elements: 100_000,
             instances: 32,
-            hostcall_bytes: 64 << 20,
-            log_bytes: 64 << 10,
+            hostcall_bytes: Self::DEFAULT_HOSTCALL_MIB << 20,
+            log_bytes: Self::DEFAULT_LOG_KIB << 10,
             stack_bytes: 1 << 20,
-            job_memory_bytes: 4 << 30,
+            job_memory_bytes: Self::DEFAULT_JOB_MEMORY_MIB << 20,
             host_memory_bytes: default_host_memory(),
         }
     }

@@ -36,17 +36,16 @@ pub use capabilities::diffusion::{DiffusionConfig, Library as ModelLibrary};
 pub use capabilities::{Capabilities, CapabilityConfig, MusicConfig};
 pub use catalog::{Catalog, InputSpec, NodeDef, OutputSpec};
 pub use inspect::PluginReport;
-pub use invoke::{NodeFailure, NodeOutput};
 pub use limits::{default_host_memory, Limits};
 pub use logs::{LogSnapshot, TailLog};
 pub use memory::{Held, HostMemory, JobMemory, MemoryLimit};
 pub use registry::{read_source, Manifest, PluginSource};
-pub use value::{AssetRef, FileData, OutputFile, OutputKind, Value};
+pub use value::{AssetRef, FileData, NodeFailure, NodeOutput, OutputFile, OutputKind, Value};
 
 use registry::LoadedPlugin;
 
 /// How to build a [`Runtime`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RuntimeConfig {
     /// Limits for every call.
     pub limits: Limits,
@@ -63,6 +62,26 @@ pub struct RuntimeConfig {
     pub concurrent_calls: u32,
     /// Time one plugin's `describe()` may take at start-up; zero means the node timeout.
     pub plugin_load_timeout: Duration,
+}
+
+impl RuntimeConfig {
+    /// The default of [`plugin_load_timeout`](Self::plugin_load_timeout), in milliseconds
+    /// (`--plugin-load-timeout-ms`).
+    pub const DEFAULT_PLUGIN_LOAD_TIMEOUT_MS: u64 = 10_000;
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            cache_dir: None,
+            plugins_dir: None,
+            grants: HashMap::new(),
+            capabilities: CapabilityConfig::default(),
+            concurrent_calls: 0,
+            plugin_load_timeout: Duration::from_millis(Self::DEFAULT_PLUGIN_LOAD_TIMEOUT_MS),
+        }
+    }
 }
 
 /// A plugin that was not loaded, and why: the others serve without it.

@@ -78,6 +78,47 @@ pub struct JobUpdate {
     pub outputs: Vec<(AssetRecord, bytes::Bytes)>,
 }
 
+impl JobUpdate {
+    /// What `job` becomes when this update moves it along `moves` at `now`, as every
+    /// [`Store::update_job`] writes it: none when its status is the `from` of no move. The
+    /// job takes the move's `to` status and each field this update sets; a terminal status
+    /// without a `completed_at` gets `now`, and `updated_at` is `now`. The outputs stay in
+    /// the update, for the store to record in the same transaction.
+    pub(crate) fn apply(
+        &mut self,
+        job: JobRecord,
+        moves: &[(JobStatus, JobStatus)],
+        now: DateTime<Utc>,
+    ) -> Option<JobRecord> {
+        let &(_, to) = moves.iter().find(|(from, _)| *from == job.status)?;
+        let mut next = job;
+        next.status = to;
+        if let Some(t) = self.started_at.take() {
+            next.started_at = Some(t);
+        }
+        if let Some(t) = self.completed_at.take() {
+            next.completed_at = Some(t);
+        }
+        if let Some(p) = self.progress.take() {
+            next.progress = Some(p);
+        }
+        if let Some(e) = self.error.take() {
+            next.error = Some(e);
+        }
+        if let Some(l) = self.logs.take() {
+            next.logs = Some(l);
+        }
+        if let Some(t) = self.node_times.take() {
+            next.node_times = t;
+        }
+        if to.is_terminal() && next.completed_at.is_none() {
+            next.completed_at = Some(now);
+        }
+        next.updated_at = now;
+        Some(next)
+    }
+}
+
 /// A page of jobs.
 #[derive(Debug, Clone)]
 pub struct JobPage {
@@ -391,4 +432,73 @@ pub struct Opened {
 /// Formats a time for storage: RFC 3339, UTC, microseconds, so text order is time order.
 pub fn time_text(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(status: JobStatus) -> JobRecord {
+        let then = DateTime::<Utc>::from_timestamp(1_700_000_000, 0).unwrap();
+        JobRecord {
+            id: "j".into(),
+            tenant: "t".into(),
+            status,
+            workflow: serde_json::Value::Null,
+            labels: BTreeMap::new(),
+            created_at: then,
+            updated_at: then,
+            started_at: Some(then),
+            completed_at: None,
+            expires_at: then,
+            progress: None,
+            error: None,
+            logs: None,
+            node_times: Vec::new(),
+            seq: 1,
+        }
+    }
+
+    #[test]
+    fn an_update_applies_only_along_a_listed_move_and_sets_only_its_fields() {
+        let now = Utc::now();
+        let moves = [(JobStatus::Queued, JobStatus::Running)];
+        let mut update = JobUpdate {
+            error: Some(JobError {
+                code: "x".into(),
+                message: "y".into(),
+                node_id: None,
+                class_type: None,
+                traceback: None,
+            }),
+            ..JobUpdate::default()
+        };
+        assert_eq!(update.apply(job(JobStatus::Running), &moves, now), None);
+        let moved = update.apply(job(JobStatus::Queued), &moves, now).unwrap();
+        assert_eq!(moved.status, JobStatus::Running);
+        assert_eq!(moved.error.unwrap().code, "x");
+        assert_eq!(
+            moved.started_at,
+            job(JobStatus::Queued).started_at,
+            "kept: not in the update"
+        );
+        assert_eq!((moved.completed_at, moved.updated_at), (None, now));
+    }
+
+    #[test]
+    fn a_terminal_move_without_a_completion_time_completes_now() {
+        let now = Utc::now();
+        let moves = [(JobStatus::Running, JobStatus::Failed)];
+        let failed = JobUpdate::default()
+            .apply(job(JobStatus::Running), &moves, now)
+            .unwrap();
+        assert_eq!(failed.completed_at, Some(now));
+        let given = now - chrono::TimeDelta::seconds(5);
+        let mut update = JobUpdate {
+            completed_at: Some(given),
+            ..JobUpdate::default()
+        };
+        let failed = update.apply(job(JobStatus::Running), &moves, now).unwrap();
+        assert_eq!(failed.completed_at, Some(given));
+    }
 }

@@ -36,6 +36,10 @@ impl JobStatus {
         JobStatus::Expired,
     ];
 
+    /// Every status of a job that has not finished: the ones [`is_terminal`](Self::is_terminal)
+    /// is false for. The queue, recovery and ComfyUI's `/queue` select jobs by it.
+    pub const UNFINISHED: [JobStatus; 3] = [JobStatus::Queued, JobStatus::Running, JobStatus::Canceling];
+
     /// The interface's name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -245,4 +249,15 @@ pub struct UserDataLimits {
     pub files: i64,
     /// Most bytes in all.
     pub bytes: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JobStatus;
+
+    #[test]
+    fn the_unfinished_statuses_are_the_ones_that_are_not_terminal() {
+        let unfinished: Vec<JobStatus> = JobStatus::ALL.into_iter().filter(|s| !s.is_terminal()).collect();
+        assert_eq!(unfinished, JobStatus::UNFINISHED);
+    }
 }

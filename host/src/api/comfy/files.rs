@@ -32,8 +32,7 @@ static CONVERSIONS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2
 
 /// Decodes `bytes` (an image named `what` in errors) within [`MAX_CONVERT_ALLOC`].
 fn decode_bounded(bytes: &[u8], what: &str) -> Result<image::DynamicImage, ApiError> {
-    let undecodable =
-        |e: &dyn std::fmt::Display| ApiError::bad_request("invalid_image", format!("{what} cannot be decoded: {e}"));
+    let undecodable = |e: &dyn std::fmt::Display| ApiError::InvalidImage(format!("{what} cannot be decoded: {e}"));
     let mut reader = image::ImageReader::new(std::io::Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| undecodable(&e))?;
@@ -83,7 +82,7 @@ impl Conversion {
                     .parse::<u8>()
                     .ok()
                     .filter(|q| (1..=100).contains(q))
-                    .ok_or_else(|| ApiError::bad_request("invalid_request", "preview quality must be 1 to 100"))?,
+                    .ok_or_else(|| ApiError::InvalidRequest("preview quality must be 1 to 100".into()))?,
                 None => 90,
             };
             return Ok(Some(if format == "jpeg" {
@@ -96,10 +95,7 @@ impl Conversion {
             None | Some("rgba") => Ok(None),
             Some("rgb") => Ok(Some(Conversion::Rgb)),
             Some("a") => Ok(Some(Conversion::Alpha)),
-            Some(_) => Err(ApiError::bad_request(
-                "invalid_request",
-                "channel must be rgba, rgb or a",
-            )),
+            Some(_) => Err(ApiError::InvalidRequest("channel must be rgba, rgb or a".into())),
         }
     }
 
@@ -160,7 +156,7 @@ pub(super) fn routes(state: &Arc<AppState>) -> BoxedFilter<(warp::reply::Respons
 }
 
 fn refused(message: String) -> ApiError {
-    ApiError::bad_request("invalid_file_name", message)
+    ApiError::InvalidFileName(message)
 }
 
 async fn view(
@@ -170,7 +166,7 @@ async fn view(
 ) -> Result<warp::reply::Response, ApiError> {
     let filename = query
         .get("filename")
-        .ok_or_else(|| ApiError::bad_request("invalid_request", "filename is required"))?;
+        .ok_or_else(|| ApiError::InvalidRequest("filename is required".into()))?;
     let kind = FolderType::parse(query.get("type").map(String::as_str), FolderType::Output).map_err(refused)?;
     let subfolder = query.get("subfolder").map(String::as_str).unwrap_or("");
     let file = names::resolve(filename, subfolder, kind).map_err(refused)?;
@@ -238,15 +234,16 @@ async fn read_image(state: &AppState, part: Part, form: &mut Form, mask: bool) -
         }
         form.held = Some(bytes);
     } else {
-        let mut upload = state.assets.receive()?;
+        let mut upload = state.assets.receive().await?;
         let mut hasher = blake3::Hasher::new();
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(multipart_error)?;
+            let mut chunk = chunk.map_err(multipart_error)?;
             if upload.size() + chunk.remaining() as u64 > limit {
                 return Err(too_large());
             }
-            hasher.update(chunk.chunk());
-            upload.write(chunk.chunk())?;
+            let chunk = chunk.copy_to_bytes(chunk.remaining());
+            hasher.update(&chunk);
+            upload.write(chunk).await?;
         }
         form.streamed = Some((upload, hasher.finalize().to_hex().to_string()));
     }
@@ -273,9 +270,11 @@ async fn upload(
             }
         }
     }
-    let filename = form.filename.clone().filter(|f| !f.is_empty()).ok_or_else(|| {
-        ApiError::bad_request("missing_file", "the upload needs an `image` file part with a file name")
-    })?;
+    let filename = form
+        .filename
+        .clone()
+        .filter(|f| !f.is_empty())
+        .ok_or_else(|| ApiError::MissingFile("the upload needs an `image` file part with a file name".into()))?;
     names::check(&filename, "the file name", true).map_err(refused)?;
     if filename.contains('/') || filename.contains('\\') {
         return Err(refused("the file name must not contain a path separator".into()));
@@ -286,19 +285,20 @@ async fn upload(
         let image = form
             .held
             .take()
-            .ok_or_else(|| ApiError::bad_request("missing_file", "the upload needs an `image` file part"))?;
+            .ok_or_else(|| ApiError::MissingFile("the upload needs an `image` file part".into()))?;
         let original = form
             .original_ref
             .as_deref()
-            .ok_or_else(|| ApiError::bad_request("invalid_request", "a mask upload needs original_ref"))?;
+            .ok_or_else(|| ApiError::InvalidRequest("a mask upload needs original_ref".into()))?;
         let composed = compose_mask(&state, &caller.tenant, original, &image).await?;
-        let mut upload = state.assets.receive()?;
-        upload.write(&composed)?;
-        (upload, blake3::hash(&composed).to_hex().to_string())
+        let hash = blake3::hash(&composed).to_hex().to_string();
+        let mut upload = state.assets.receive().await?;
+        upload.write(composed.into()).await?;
+        (upload, hash)
     } else {
         form.streamed
             .take()
-            .ok_or_else(|| ApiError::bad_request("missing_file", "the upload needs an `image` file part"))?
+            .ok_or_else(|| ApiError::MissingFile("the upload needs an `image` file part".into()))?
     };
     // Like ComfyUI: without overwrite a taken name gets ` (n)`, unless it holds these bytes.
     let (stem, extension) = match filename.rfind('.') {
@@ -325,10 +325,9 @@ async fn upload(
                 Some(_) => {
                     n += 1;
                     if n > MAX_RENAMES {
-                        return Err(ApiError::bad_request(
-                            "name_taken",
-                            format!("{filename:?} and its first {MAX_RENAMES} numbered variants are taken"),
-                        ));
+                        return Err(ApiError::NameTaken(format!(
+                            "{filename:?} and its first {MAX_RENAMES} numbered variants are taken"
+                        )));
                     }
                     name = format!("{stem} ({n}){extension}");
                 }
@@ -354,7 +353,7 @@ async fn upload(
 
 /// The original image `original_ref` names with the mask's alpha as its alpha, as PNG.
 async fn compose_mask(state: &AppState, tenant: &str, original_ref: &str, mask: &[u8]) -> Result<Vec<u8>, ApiError> {
-    let bad = |m: String| ApiError::bad_request("invalid_request", m);
+    let bad = ApiError::InvalidRequest;
     let original: Json =
         serde_json::from_str(original_ref).map_err(|e| bad(format!("original_ref is not JSON: {e}")))?;
     let field = |name: &str| original.get(name).and_then(Json::as_str).unwrap_or("");
@@ -372,7 +371,7 @@ async fn compose_mask(state: &AppState, tenant: &str, original_ref: &str, mask: 
     let original = state.assets.read_all(&asset).await?;
     let mask = mask.to_vec();
     tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ApiError> {
-        let bad = |m: String| ApiError::bad_request("invalid_image", m);
+        let bad = ApiError::InvalidImage;
         let mut image = decode_bounded(&original, "the original image")?.to_rgba8();
         let mask = decode_bounded(&mask, "the mask")?.to_rgba8();
         if mask.dimensions() != image.dimensions() {

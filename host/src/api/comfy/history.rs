@@ -13,7 +13,7 @@ use super::{answer, json_body, json_reply, ok_empty, with_caller};
 use crate::api::auth::Caller;
 use crate::api::error::ApiError;
 use crate::api::AppState;
-use crate::jobs::{AssetRecord, JobRecord, JobStatus};
+use crate::jobs::{AssetRecord, JobRecord, JobStatus, Jobs};
 
 /// Items `GET /history` lists when `max_items` is not given, and the most it lists.
 const DEFAULT_ITEMS: usize = 200;
@@ -173,7 +173,33 @@ pub(super) fn execution_interrupted(job: &JobRecord) -> Json {
 fn parse_count(value: &str, name: &str) -> Result<usize, ApiError> {
     value
         .parse::<usize>()
-        .map_err(|_| ApiError::bad_request("invalid_request", format!("{name} must be a non-negative integer")))
+        .map_err(|_| ApiError::InvalidRequest(format!("{name} must be a non-negative integer")))
+}
+
+/// `tenant`'s finished jobs, newest first: `take` of them after skipping the `skip` newest.
+async fn finished_jobs(jobs: &Jobs, tenant: &str, skip: usize, take: usize) -> Result<Vec<JobRecord>, ApiError> {
+    let mut found = Vec::new();
+    let mut skipped = 0usize;
+    let mut before = None;
+    loop {
+        let page = jobs
+            .list(tenant, 100, before, &Default::default(), None)
+            .await
+            .map_err(|e| ApiError::upstream("listing jobs", e))?;
+        for job in page.jobs.into_iter().filter(|j| j.status.is_terminal()) {
+            if skipped < skip {
+                skipped += 1;
+            } else if found.len() >= take {
+                return Ok(found);
+            } else {
+                found.push(job);
+            }
+        }
+        match page.next {
+            Some(next) => before = Some(next),
+            None => return Ok(found),
+        }
+    }
 }
 
 async fn list(state: Arc<AppState>, caller: Caller, query: String) -> Result<warp::reply::Response, ApiError> {
@@ -187,33 +213,7 @@ async fn list(state: Arc<AppState>, caller: Caller, query: String) -> Result<war
             _ => {}
         }
     }
-    // Newest first, finished jobs only; `offset` skips the newest.
-    let mut found = Vec::new();
-    let mut skipped = 0usize;
-    let mut before = None;
-    'pages: loop {
-        let page = jobs
-            .list(&caller.tenant, 100, before, &Default::default(), None)
-            .await
-            .map_err(|e| ApiError::upstream("listing jobs", e))?;
-        for job in page.jobs {
-            if !job.status.is_terminal() {
-                continue;
-            }
-            if skipped < offset {
-                skipped += 1;
-                continue;
-            }
-            if found.len() >= max_items {
-                break 'pages;
-            }
-            found.push(job);
-        }
-        match page.next {
-            Some(next) => before = Some(next),
-            None => break,
-        }
-    }
+    let mut found = finished_jobs(jobs, &caller.tenant, offset, max_items).await?;
     with_workflows(&state, &mut found).await?;
     let mut history = Map::new();
     for job in found.iter().rev() {
@@ -241,18 +241,8 @@ async fn edit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp::
     let jobs = state.jobs()?;
     let mut targets = id_list(&body, "delete")?;
     if body.get("clear").and_then(Json::as_bool).unwrap_or(false) {
-        let mut before = None;
-        loop {
-            let page = jobs
-                .list(&caller.tenant, 100, before, &Default::default(), None)
-                .await
-                .map_err(|e| ApiError::upstream("listing jobs", e))?;
-            targets.extend(page.jobs.into_iter().filter(|j| j.status.is_terminal()).map(|j| j.id));
-            match page.next {
-                Some(next) => before = Some(next),
-                None => break,
-            }
-        }
+        let finished = finished_jobs(jobs, &caller.tenant, 0, usize::MAX).await?;
+        targets.extend(finished.into_iter().map(|j| j.id));
     }
     for id in targets {
         jobs.remove_finished(&caller.tenant, &id)

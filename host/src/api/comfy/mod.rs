@@ -19,12 +19,13 @@ use warp::http::StatusCode;
 use warp::{Filter, Reply};
 
 use super::auth::{self, Caller};
-use super::error::ApiError;
-use super::{respond, AppState};
+use super::AppState;
+use error::ComfyError;
 
 pub use frontend::frontend_routes;
-pub use userdata::{user_path_is_allowed, SettingsLocks};
+pub use userdata::user_path_is_allowed;
 
+mod error;
 mod files;
 mod frontend;
 mod history;
@@ -110,7 +111,9 @@ fn timestamp_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-/// Wraps a handler result for warp.
-fn answer(result: Result<warp::reply::Response, ApiError>) -> Result<warp::reply::Response, warp::Rejection> {
-    respond(result)
+/// Wraps a handler result for warp: an error answers with its own body.
+fn answer<E: Into<ComfyError>>(
+    result: Result<warp::reply::Response, E>,
+) -> Result<warp::reply::Response, warp::Rejection> {
+    Ok(result.unwrap_or_else(|e| e.into().into_response()))
 }

@@ -9,6 +9,7 @@ use warp::filters::BoxedFilter;
 use warp::http::StatusCode;
 use warp::Filter;
 
+use super::error::ComfyError;
 use super::names::{self, FileRef, FolderType};
 use super::{answer, json_body, json_reply, ok_empty, with_caller};
 use crate::api::auth::Caller;
@@ -63,17 +64,6 @@ pub(super) fn routes(state: &Arc<AppState>) -> BoxedFilter<(warp::reply::Respons
         .or(interrupt)
         .unify()
         .boxed()
-}
-
-/// ComfyUI's `{error, node_errors}` 400.
-fn rejected(kind: &str, message: &str, details: &str, node_errors: Json) -> warp::reply::Response {
-    json_reply(
-        StatusCode::BAD_REQUEST,
-        &json!({
-            "error": {"type": kind, "message": message, "details": details, "extra_info": {}},
-            "node_errors": node_errors,
-        }),
-    )
 }
 
 /// One field error in ComfyUI's shape.
@@ -139,9 +129,9 @@ fn node_errors(workflow: &Json, catalog: &Catalog, errors: &BTreeMap<String, Vec
 }
 
 /// The answer to a workflow weft's validator refused.
-fn invalid(workflow: &Json, catalog: &Catalog, error: GraphError) -> warp::reply::Response {
+fn invalid(workflow: &Json, catalog: &Catalog, error: GraphError) -> ComfyError {
     match error {
-        GraphError::UiFormat => rejected("invalid_prompt", &error.message(), "", json!({})),
+        GraphError::UiFormat => ComfyError::prompt("invalid_prompt", &error.message(), ""),
         GraphError::Invalid {
             message,
             node_errors: by_node,
@@ -153,10 +143,10 @@ fn invalid(workflow: &Json, catalog: &Catalog, error: GraphError) -> warp::reply
                 let kind = first.map_or("invalid_prompt", |e| e.reason.as_str());
                 let text = first.map_or(message.as_str(), |e| e.message.as_str());
                 let details: Vec<&str> = errors.iter().map(|e| e.message.as_str()).collect();
-                return rejected(kind, text, &details.join("\n"), json!({}));
+                return ComfyError::prompt(kind, text, &details.join("\n"));
             }
             let (rendered, lines) = node_errors(workflow, catalog, &by_node);
-            rejected(
+            ComfyError::prompt_with_nodes(
                 "prompt_outputs_failed_validation",
                 "Prompt outputs failed validation",
                 &lines.join("\n"),
@@ -262,39 +252,36 @@ pub(super) const CLIENT_ID_LABEL: &str = "comfy_client_id";
 /// Longest `client_id` taken (ComfyUI's own are UUIDs).
 const MAX_CLIENT_ID: usize = 256;
 
-async fn submit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp::reply::Response, ApiError> {
+async fn submit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp::reply::Response, ComfyError> {
     let jobs = state.jobs()?;
     if state.stopped.load(std::sync::atomic::Ordering::SeqCst) {
-        return Err(ApiError::DeploymentStopped);
+        return Err(ApiError::DeploymentStopped.into());
     }
     let Json::Object(mut body) = body else {
-        return Ok(rejected(
+        return Err(ComfyError::prompt(
             "invalid_prompt",
             "The body must be a JSON object",
             "",
-            json!({}),
         ));
     };
     let Some(mut workflow) = body.remove("prompt") else {
-        return Ok(rejected(
+        return Err(ComfyError::prompt(
             "no_prompt",
             "No prompt provided",
             "No prompt provided",
-            json!({}),
         ));
     };
     if !workflow.is_object() {
-        return Ok(rejected(
+        return Err(ComfyError::prompt(
             "invalid_prompt",
             "The prompt must be an object of nodes",
             "",
-            json!({}),
         ));
     }
     let id = match body.get("prompt_id") {
         None | Some(Json::Null) => None,
         Some(Json::String(id)) => Some(id.clone()),
-        Some(_) => return Ok(rejected("invalid_prompt", "prompt_id must be a string", "", json!({}))),
+        Some(_) => return Err(ComfyError::prompt("invalid_prompt", "prompt_id must be a string", "")),
     };
     // Who queued it: its messages on `/ws` go to that client's sockets only.
     let mut labels = BTreeMap::new();
@@ -304,11 +291,10 @@ async fn submit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp
             labels.insert(CLIENT_ID_LABEL.to_string(), client.clone());
         }
         Some(_) => {
-            return Ok(rejected(
+            return Err(ComfyError::prompt(
                 "invalid_prompt",
                 &format!("client_id must be a string of 1 to {MAX_CLIENT_ID} characters"),
                 "",
-                json!({}),
             ))
         }
     }
@@ -317,7 +303,7 @@ async fn submit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp
     let file_errors = resolve_files(&state, &caller.tenant, &mut workflow, &catalog).await?;
     if !file_errors.is_empty() {
         let (rendered, lines) = node_errors(&workflow, &catalog, &file_errors);
-        return Ok(rejected(
+        return Err(ComfyError::prompt_with_nodes(
             "prompt_outputs_failed_validation",
             "Prompt outputs failed validation",
             &lines.join("\n"),
@@ -329,18 +315,19 @@ async fn submit(state: Arc<AppState>, caller: Caller, body: Json) -> Result<warp
             StatusCode::OK,
             &json!({"prompt_id": job.id, "number": number(&job), "node_errors": {}}),
         )),
-        Err(SubmitError::Graph(e)) => Ok(invalid(&workflow, &catalog, e)),
-        Err(SubmitError::BadRequest(message)) => Ok(rejected("invalid_prompt", &message, "", json!({}))),
-        Err(SubmitError::QueueFull { retry_after }) => Err(ApiError::QueueFull { retry_after }),
-        Err(SubmitError::InsufficientCredits { balance, cost }) => Err(ApiError::InsufficientCredits { balance, cost }),
-        Err(SubmitError::MissingAsset(missing)) => Ok(rejected(
+        Err(SubmitError::Graph(e)) => Err(invalid(&workflow, &catalog, e)),
+        Err(SubmitError::BadRequest(message)) => Err(ComfyError::prompt("invalid_prompt", &message, "")),
+        Err(SubmitError::QueueFull { retry_after }) => Err(ApiError::QueueFull { retry_after }.into()),
+        Err(SubmitError::InsufficientCredits { balance, cost }) => {
+            Err(ApiError::InsufficientCredits { balance, cost }.into())
+        }
+        Err(SubmitError::MissingAsset(missing)) => Err(ComfyError::prompt(
             "invalid_prompt",
             &format!("{} referenced asset(s) do not exist or are not yours", missing.len()),
             "",
-            json!({}),
         )),
-        Err(SubmitError::IdempotencyReuse { job_id }) => Err(ApiError::IdempotencyKeyReuse { job_id }),
-        Err(SubmitError::Store(e)) => Err(ApiError::upstream("recording a job", e)),
+        Err(SubmitError::IdempotencyReuse { job_id }) => Err(ApiError::IdempotencyKeyReuse { job_id }.into()),
+        Err(SubmitError::Store(e)) => Err(ApiError::upstream("recording a job", e).into()),
     }
 }
 
@@ -349,15 +336,12 @@ pub(super) fn number(job: &JobRecord) -> i64 {
     job.seq
 }
 
-/// The statuses of a job that has not finished.
-const ACTIVE: [JobStatus; 3] = [JobStatus::Queued, JobStatus::Running, JobStatus::Canceling];
-
 /// The tenant's jobs that have not finished, oldest first, at most `limit` (without their
 /// workflows: [`with_workflows`] adds them).
 pub(super) async fn active_jobs(state: &AppState, tenant: &str, limit: usize) -> Result<Vec<JobRecord>, ApiError> {
     state
         .store
-        .tenant_jobs_with_status(tenant, &ACTIVE, limit)
+        .tenant_jobs_with_status(tenant, &JobStatus::UNFINISHED, limit)
         .await
         .map_err(|e| ApiError::upstream("reading the queue", e))
 }
@@ -380,7 +364,7 @@ pub(super) async fn with_workflows(state: &AppState, jobs: &mut [JobRecord]) -> 
 pub(super) async fn queue_info(state: &AppState, tenant: &str) -> Result<Json, ApiError> {
     let remaining = state
         .store
-        .count_tenant_jobs(tenant, &ACTIVE)
+        .count_tenant_jobs(tenant, &JobStatus::UNFINISHED)
         .await
         .map_err(|e| ApiError::upstream("reading the queue", e))?;
     Ok(json!({"exec_info": {"queue_remaining": remaining}}))
@@ -423,15 +407,12 @@ pub(super) fn id_list(body: &Json, field: &str) -> Result<Vec<String>, ApiError>
         Some(Json::Array(items)) => items
             .iter()
             .map(|i| {
-                i.as_str().map(String::from).ok_or_else(|| {
-                    ApiError::bad_request("invalid_request", format!("{field} must list ids as strings"))
-                })
+                i.as_str()
+                    .map(String::from)
+                    .ok_or_else(|| ApiError::InvalidRequest(format!("{field} must list ids as strings")))
             })
             .collect(),
-        Some(_) => Err(ApiError::bad_request(
-            "invalid_request",
-            format!("{field} must be a list of ids"),
-        )),
+        Some(_) => Err(ApiError::InvalidRequest(format!("{field} must be a list of ids"))),
     }
 }
 

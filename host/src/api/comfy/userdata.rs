@@ -3,7 +3,8 @@
 //! `/settings` (ComfyUI keeps them in the user data file `comfy.settings.json`), the
 //! `/users` answer of a single-user server, and the custom-node `/i18n` and
 //! `/workflow_templates` maps (weft's plugins add none). Paths are names in the tenant's
-//! store, bounded in number and size, never paths of the server.
+//! store, bounded in number and size, never paths of the server; [`crate::jobs::userdata`] reads and
+//! writes them.
 
 use std::sync::Arc;
 
@@ -13,23 +14,15 @@ use warp::filters::BoxedFilter;
 use warp::http::{HeaderValue, StatusCode};
 use warp::{Filter, Reply};
 
+use super::error::ComfyError;
 use super::names;
 use super::{answer, json_body, json_reply, with_caller};
 use crate::api::assets::content_safety_headers;
 use crate::api::auth::Caller;
 use crate::api::error::ApiError;
 use crate::api::AppState;
-use crate::store::{UserDataLimits, UserFile, UserWrite};
-
-/// Largest user data file.
-const MAX_FILE_BYTES: u64 = 16 << 20;
-/// Bounds of one tenant's user data.
-const LIMITS: UserDataLimits = UserDataLimits {
-    files: 10_000,
-    bytes: 256 << 20,
-};
-/// The user data file ComfyUI keeps settings in.
-const SETTINGS: &str = "comfy.settings.json";
+use crate::jobs::userdata::{SettingsChange, LIMITS, MAX_FILE_BYTES};
+use crate::store::{UserFile, UserWrite};
 
 type Query = std::collections::HashMap<String, String>;
 
@@ -48,12 +41,7 @@ pub(super) fn routes(state: &Arc<AppState>) -> BoxedFilter<(warp::reply::Respons
         .and(warp::path::end())
         .and(warp::post())
         .and(with_caller(state))
-        .map(|_s: Arc<AppState>, _c: Caller| {
-            json_reply(
-                StatusCode::BAD_REQUEST,
-                &json!({"error": "users are weft tenants: create an API key with `weft keys create --tenant NAME`"}),
-            )
-        });
+        .map(|_s: Arc<AppState>, _c: Caller| ComfyError::UsersAreTenants.into_response());
     let list = warp::path("userdata")
         .and(warp::path::end())
         .and(warp::get())
@@ -161,7 +149,7 @@ fn decode(segment: &str) -> String {
 /// refused when it could read as a path outside the tenant's names.
 fn user_path(segment: &str) -> Result<String, ApiError> {
     let path = decode(segment);
-    allowed_path(&path).map_err(|m| ApiError::bad_request("invalid_path", m))?;
+    allowed_path(&path).map_err(ApiError::InvalidPath)?;
     Ok(path)
 }
 
@@ -196,18 +184,14 @@ fn info(file: &UserFile, base: &str) -> Json {
     })
 }
 
-fn upstream(e: crate::store::StoreError) -> ApiError {
-    ApiError::upstream("reading user data", e)
-}
-
 async fn list(state: Arc<AppState>, caller: Caller, query: Query) -> Result<warp::reply::Response, ApiError> {
     let dir = query
         .get("dir")
         .filter(|d| !d.is_empty())
-        .ok_or_else(|| ApiError::bad_request("invalid_request", "dir is required"))?;
+        .ok_or_else(|| ApiError::InvalidRequest("dir is required".into()))?;
     let dir = user_path(dir.trim_end_matches('/'))?;
     let base = format!("{dir}/");
-    let files = state.store.user_files(&caller.tenant, &base).await.map_err(upstream)?;
+    let files = state.user_data().files(&caller.tenant, &base).await?;
     let (recurse, full) = (flag(&query, "recurse", false), flag(&query, "full_info", false));
     let split = flag(&query, "split", false);
     let listed: Vec<Json> = files
@@ -237,7 +221,7 @@ async fn list_v2(state: Arc<AppState>, caller: Caller, query: Query) -> Result<w
     } else {
         format!("{}/", user_path(path)?)
     };
-    let files = state.store.user_files(&caller.tenant, &base).await.map_err(upstream)?;
+    let files = state.user_data().files(&caller.tenant, &base).await?;
     let mut directories = std::collections::BTreeSet::new();
     let mut entries = Vec::new();
     for file in &files {
@@ -264,7 +248,7 @@ async fn list_v2(state: Arc<AppState>, caller: Caller, query: Query) -> Result<w
 
 async fn read(state: Arc<AppState>, caller: Caller, file: String) -> Result<warp::reply::Response, ApiError> {
     let path = user_path(&file)?;
-    let found = state.store.user_file(&caller.tenant, &path).await.map_err(upstream)?;
+    let found = state.user_data().file(&caller.tenant, &path).await?;
     let Some((file, content)) = found else {
         // The files the editor reads on load start out empty.
         return match path.as_str() {
@@ -285,22 +269,20 @@ async fn read(state: Arc<AppState>, caller: Caller, file: String) -> Result<warp
     Ok(response.into_response())
 }
 
-fn written(result: UserWrite, full_info: bool) -> Result<warp::reply::Response, ApiError> {
+fn written(result: UserWrite, full_info: bool) -> Result<warp::reply::Response, ComfyError> {
     match result {
         UserWrite::Written(file) => Ok(json_reply(
             StatusCode::OK,
             &if full_info { info(&file, "") } else { json!(file.path) },
         )),
-        UserWrite::Exists => Ok(json_reply(
-            StatusCode::CONFLICT,
-            &json!({"error": "File already exists"}),
-        )),
-        UserWrite::Missing => Err(ApiError::NotFound("user data file".into())),
+        UserWrite::Exists => Err(ComfyError::FileExists),
+        UserWrite::Missing => Err(ApiError::NotFound("user data file".into()).into()),
         UserWrite::Full => Err(ApiError::PayloadTooLarge(format!(
             "user data is limited to {} files and {} MiB per tenant",
             LIMITS.files,
             LIMITS.bytes >> 20
-        ))),
+        ))
+        .into()),
     }
 }
 
@@ -310,30 +292,19 @@ async fn write(
     file: String,
     query: Query,
     body: bytes::Bytes,
-) -> Result<warp::reply::Response, ApiError> {
+) -> Result<warp::reply::Response, ComfyError> {
     let path = user_path(&file)?;
+    let overwrite = flag(&query, "overwrite", true);
     let result = state
-        .store
-        .put_user_file(
-            &caller.tenant,
-            &path,
-            body.to_vec(),
-            flag(&query, "overwrite", true),
-            LIMITS,
-        )
-        .await
-        .map_err(|e| ApiError::upstream("writing user data", e))?;
+        .user_data()
+        .put(&caller.tenant, &path, body.to_vec(), overwrite)
+        .await?;
     written(result, flag(&query, "full_info", false))
 }
 
 async fn delete(state: Arc<AppState>, caller: Caller, file: String) -> Result<warp::reply::Response, ApiError> {
     let path = user_path(&file)?;
-    let removed = state
-        .store
-        .delete_user_file(&caller.tenant, &path)
-        .await
-        .map_err(|e| ApiError::upstream("deleting user data", e))?;
-    if !removed {
+    if !state.user_data().delete(&caller.tenant, &path).await? {
         return Err(ApiError::NotFound("user data file".into()));
     }
     Ok(warp::reply::with_status(warp::reply::reply(), StatusCode::NO_CONTENT).into_response())
@@ -345,101 +316,37 @@ async fn rename(
     file: String,
     dest: String,
     query: Query,
-) -> Result<warp::reply::Response, ApiError> {
+) -> Result<warp::reply::Response, ComfyError> {
     let (from, to) = (user_path(&file)?, user_path(&dest)?);
-    let result = state
-        .store
-        .move_user_file(&caller.tenant, &from, &to, flag(&query, "overwrite", true))
-        .await
-        .map_err(|e| ApiError::upstream("moving user data", e))?;
+    let overwrite = flag(&query, "overwrite", true);
+    let result = state.user_data().rename(&caller.tenant, &from, &to, overwrite).await?;
     written(result, flag(&query, "full_info", false))
 }
 
 /// The tenant's settings; none saved yet is `{}`.
 async fn read_settings(state: &AppState, caller: &Caller) -> Result<Map<String, Json>, ApiError> {
-    let file = state
-        .store
-        .user_file(&caller.tenant, SETTINGS)
-        .await
-        .map_err(upstream)?;
-    Ok(file
-        .and_then(|(_, content)| serde_json::from_slice::<Json>(&content).ok())
-        .and_then(|v| match v {
-            Json::Object(map) => Some(map),
-            _ => None,
-        })
-        .unwrap_or_default())
+    Ok(state.user_data().settings(&caller.tenant).await?)
 }
 
-/// One lock per tenant for the read-modify-write of its settings file, so that concurrent
-/// writes of different settings all land. A tenant's lock is dropped once nobody holds it.
-#[derive(Debug, Default)]
-pub struct SettingsLocks(std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
-
-impl SettingsLocks {
-    /// Holds `tenant`'s lock until the guard drops.
-    async fn lock(&self, tenant: &str) -> SettingsGuard<'_> {
-        let lock = {
-            let mut locks = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            locks.entry(tenant.to_string()).or_default().clone()
-        };
-        SettingsGuard {
-            _held: lock.clone().lock_owned().await,
-            lock,
-            locks: self,
-            tenant: tenant.to_string(),
-        }
-    }
-}
-
-/// A tenant's settings lock, held.
-struct SettingsGuard<'a> {
-    _held: tokio::sync::OwnedMutexGuard<()>,
-    lock: Arc<tokio::sync::Mutex<()>>,
-    locks: &'a SettingsLocks,
-    tenant: String,
-}
-
-impl Drop for SettingsGuard<'_> {
-    fn drop(&mut self) {
-        let mut locks = self.locks.0.lock().unwrap_or_else(|e| e.into_inner());
-        // The map's, this guard's and the held guard's references: nobody else waits.
-        if Arc::strong_count(&self.lock) <= 3 {
-            locks.remove(&self.tenant);
-        }
-    }
-}
-
+/// Saves one setting (`id`) or several (a JSON object of them).
 async fn write_settings(
     state: Arc<AppState>,
     caller: Caller,
     id: Option<String>,
     body: Json,
-) -> Result<warp::reply::Response, ApiError> {
-    let _settings = state.settings_locks.lock(&caller.tenant).await;
-    let mut current = read_settings(&state, &caller).await?;
-    match id {
-        Some(id) => {
-            current.insert(decode(&id), body);
-        }
+) -> Result<warp::reply::Response, ComfyError> {
+    let change = match id {
+        Some(id) => SettingsChange::One {
+            id: decode(&id),
+            value: body,
+        },
         None => {
             let Json::Object(changes) = body else {
-                return Err(ApiError::bad_request(
-                    "invalid_request",
-                    "settings must be a JSON object",
-                ));
+                return Err(ApiError::InvalidRequest("settings must be a JSON object".into()).into());
             };
-            current.extend(changes);
+            SettingsChange::Many(changes)
         }
-    }
-    let content = serde_json::to_vec_pretty(&Json::Object(current)).unwrap_or_default();
-    if content.len() as u64 > MAX_FILE_BYTES {
-        return Err(ApiError::PayloadTooLarge("settings are limited to 16 MiB".into()));
-    }
-    let result = state
-        .store
-        .put_user_file(&caller.tenant, SETTINGS, content, true, LIMITS)
-        .await
-        .map_err(|e| ApiError::upstream("writing settings", e))?;
+    };
+    let result = state.user_data().change_settings(&caller.tenant, change).await?;
     written(result, false).map(|_| super::ok_empty())
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Subcommand, ValueEnum};
+use weft::runtime::{Limits, RuntimeConfig};
 
 mod check;
 mod new;
@@ -22,10 +23,10 @@ pub(crate) enum PluginCommand {
         #[arg(long, env = "WEFT_PLUGINS_DIR")]
         plugins_dir: Option<PathBuf>,
         /// Time the plugin may take to describe itself, in milliseconds.
-        #[arg(long, env = "WEFT_PLUGIN_LOAD_TIMEOUT_MS", default_value_t = 10_000)]
+        #[arg(long, env = "WEFT_PLUGIN_LOAD_TIMEOUT_MS", default_value_t = RuntimeConfig::DEFAULT_PLUGIN_LOAD_TIMEOUT_MS)]
         plugin_load_timeout_ms: u64,
         /// Linear memory per instance, in MiB.
-        #[arg(long, env = "WEFT_NODE_MEMORY_MIB", default_value_t = 256)]
+        #[arg(long, env = "WEFT_NODE_MEMORY_MIB", default_value_t = Limits::DEFAULT_MEMORY_MIB)]
         node_memory_mib: usize,
     },
     /// Writes a buildable plugin skeleton: one node, its test, and a README with the build

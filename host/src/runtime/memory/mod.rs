@@ -204,7 +204,7 @@ pub struct MemoryLimit {
 
 impl MemoryLimit {
     /// The node-error code: `node_memory_limit`.
-    pub const CODE: &'static str = "node_memory_limit";
+    pub const CODE: weft_types::NodeErrorCode = weft_types::NodeErrorCode::NodeMemoryLimit;
 }
 
 impl fmt::Display for MemoryLimit {

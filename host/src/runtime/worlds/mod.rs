@@ -3,20 +3,26 @@
 //! that version's bindings, which lower host [`Value`]s into the version's WIT values and
 //! lift its results back. Everything above this module sees one kind of plugin.
 //!
-//! Adding a version: a module with its `bindgen!`, its lower / lift, a [`World`] variant,
-//! its host imports linked beside the others (see `capabilities`), and its WIT folder
-//! recorded in `wit/RELEASED` once it ships.
+//! Adding a version: its `bindgen!` in `bindings`, a module here implementing
+//! [`Contract`](lowering::Contract) (its own handle types and calls; the rest is generic), a
+//! [`World`] variant, its host imports linked beside the others (see `capabilities`), and
+//! its WIT folder recorded in `wit/RELEASED` once it ships.
 
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Store};
 
+use super::bindings;
 use super::capabilities::CallState;
 use super::catalog::NodeDef;
-use super::invoke::{NodeFailure, NodeOutput};
-use super::value::Value;
+use super::value::{NodeFailure, NodeOutput, Value};
 
+mod lowering;
 pub(crate) mod v0_1;
 pub(crate) mod v0_2;
+
+/// For the fuzz targets, which lower and lift values as a call does.
+#[cfg(feature = "fuzzing")]
+pub(crate) use lowering::{lift_result, lower};
 
 /// A version of the `weft:node` contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -63,9 +69,9 @@ impl World {
 /// A plugin pre-linked against its own world.
 pub(crate) enum PluginPre {
     /// Built against `weft:node@0.1.0`.
-    V0_1(super::bindings::PluginPre<CallState>),
+    V0_1(bindings::v0_1::PluginPre<CallState>),
     /// Built against `weft:node@0.2.0`.
-    V0_2(v0_2::PluginPre<CallState>),
+    V0_2(bindings::v0_2::PluginPre<CallState>),
 }
 
 impl PluginPre {
@@ -74,8 +80,8 @@ impl PluginPre {
         let world = World::of(engine, component)?;
         let pre = linker.instantiate_pre(component)?;
         Ok(match world {
-            World::V0_1 => PluginPre::V0_1(super::bindings::PluginPre::new(pre)?),
-            World::V0_2 => PluginPre::V0_2(v0_2::PluginPre::new(pre)?),
+            World::V0_1 => PluginPre::V0_1(bindings::v0_1::PluginPre::new(pre)?),
+            World::V0_2 => PluginPre::V0_2(bindings::v0_2::PluginPre::new(pre)?),
         })
     }
 
@@ -90,8 +96,8 @@ impl PluginPre {
     /// Instantiates the plugin in `store` and calls its `describe()`.
     pub(crate) fn describe(&self, store: &mut Store<CallState>, plugin: &str) -> wasmtime::Result<Vec<NodeDef>> {
         match self {
-            PluginPre::V0_1(pre) => v0_1::describe(pre, store, plugin),
-            PluginPre::V0_2(pre) => v0_2::describe(pre, store, plugin),
+            PluginPre::V0_1(pre) => lowering::describe::<v0_1::V0_1>(pre, store, plugin),
+            PluginPre::V0_2(pre) => lowering::describe::<v0_2::V0_2>(pre, store, plugin),
         }
     }
 
@@ -105,29 +111,10 @@ impl PluginPre {
         returned_limit: usize,
     ) -> wasmtime::Result<Result<NodeOutput, NodeFailure>> {
         match self {
-            PluginPre::V0_1(pre) => v0_1::execute(pre, store, class, inputs, returned_limit),
-            PluginPre::V0_2(pre) => v0_2::execute(pre, store, class, inputs, returned_limit),
+            PluginPre::V0_1(pre) => lowering::execute::<v0_1::V0_1>(pre, store, class, inputs, returned_limit),
+            PluginPre::V0_2(pre) => lowering::execute::<v0_2::V0_2>(pre, store, class, inputs, returned_limit),
         }
     }
-}
-
-/// The failure of a guest's `execute` that returned a node error: the host reports every
-/// guest error as `node_execution_error`, naming a specific code in the message.
-pub(super) fn guest_error(code: String, message: String) -> NodeFailure {
-    let message = if code.is_empty() || code == "node_execution_error" {
-        message
-    } else {
-        format!("{message} ({code})")
-    };
-    NodeFailure::new("node_execution_error", message)
-}
-
-/// The failure for a result that went over the byte limit.
-pub(super) fn too_large(returned: usize, limit: usize) -> NodeFailure {
-    NodeFailure::new(
-        "node_output_too_large",
-        format!("the node returned {returned} bytes; the limit is {limit} bytes"),
-    )
 }
 
 #[cfg(test)]

@@ -479,7 +479,7 @@ impl Store for PgStore {
         &self,
         id: &str,
         moves: &[(JobStatus, JobStatus)],
-        update: JobUpdate,
+        mut update: JobUpdate,
     ) -> Result<Option<JobRecord>, StoreError> {
         let mut conn = self.pool.get().await?;
         let tx = conn.transaction().await?;
@@ -494,34 +494,10 @@ impl Store for PgStore {
         else {
             return Ok(None);
         };
-        let Some(&(_, to)) = moves.iter().find(|(from, _)| *from == job.status) else {
+        let now = Utc::now();
+        let Some(next) = update.apply(job, moves, now) else {
             return Ok(None);
         };
-        let now = Utc::now();
-        let mut next = job;
-        next.status = to;
-        if let Some(t) = update.started_at {
-            next.started_at = Some(t);
-        }
-        if let Some(t) = update.completed_at {
-            next.completed_at = Some(t);
-        }
-        if let Some(p) = update.progress {
-            next.progress = Some(p);
-        }
-        if let Some(e) = update.error {
-            next.error = Some(e);
-        }
-        if let Some(l) = update.logs {
-            next.logs = Some(l);
-        }
-        if let Some(t) = update.node_times {
-            next.node_times = t;
-        }
-        if to.is_terminal() && next.completed_at.is_none() {
-            next.completed_at = Some(now);
-        }
-        next.updated_at = now;
         tx.execute(
             "UPDATE jobs SET status = $2, started_at = $3, completed_at = $4, progress = $5, error = $6, logs = $7, updated_at = $8, node_times = $9 WHERE id = $1",
             &[

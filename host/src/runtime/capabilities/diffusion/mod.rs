@@ -8,6 +8,7 @@
 //! `CallState`), and [`Library::list`] for the catalogue's model-file combos.
 
 mod embeddings;
+mod listings;
 mod models_dir;
 
 use std::any::Any;
@@ -15,15 +16,16 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use wasmtime::component::{HasSelf, Linker, Resource};
+use wasmtime::component::{Linker, Resource};
+use weft_types::NodeErrorCode;
 
-use super::{CallState, Capabilities, Capability};
+use super::{own, CallState, Capabilities, Capability, CapabilityCtx, Own};
+use crate::runtime::bindings::v0_2::weft::node::diffusion::{add_to_linker, Area, Checkpoint, Host, SampleOptions};
+use crate::runtime::bindings::v0_2::wit::{AssetRef, NodeError};
 use crate::runtime::call::{read_asset, AssetReader, CallContext, Interrupt, ProgressSink};
 use crate::runtime::limits::Limits;
 use crate::runtime::memory::{Charge, Held, MemoryLimit};
 use crate::runtime::value::{Handle, HandleRes, ImageRes, LatentRes, MaskRes};
-use crate::runtime::worlds::v0_2::weft::node::diffusion::{Area, Checkpoint, Host, SampleOptions};
-use crate::runtime::worlds::v0_2::wit::{AssetRef, NodeError};
 use weft_compute::diffusion::{
     self as sd, Autoencoder, Conditioning, DiffusionModel, Lora, ModelError, SampleFailure, SampleSettings,
     StandaloneVae, TextEncoder,
@@ -34,11 +36,12 @@ use weft_compute::values::{LatentBatch, Opaque};
 use weft_compute::{device, ComputeError};
 
 use embeddings::Embeddings;
+use listings::ModelListings;
 pub(crate) use models_dir::ModelsDir;
 
 /// Operator settings of the diffusion capability (`weft serve --models-dir`,
 /// `--model-cache-mib`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiffusionConfig {
     /// The ComfyUI-style models directory; none means no model files.
     pub models_dir: Option<PathBuf>,
@@ -47,18 +50,28 @@ pub struct DiffusionConfig {
     pub model_cache_bytes: u64,
 }
 
+impl DiffusionConfig {
+    /// The default of [`model_cache_bytes`](Self::model_cache_bytes), in MiB
+    /// (`--model-cache-mib`).
+    pub const DEFAULT_MODEL_CACHE_MIB: u64 = 8192;
+}
+
 impl Default for DiffusionConfig {
     fn default() -> Self {
         DiffusionConfig {
             models_dir: None,
-            model_cache_bytes: 8 << 30,
+            model_cache_bytes: Self::DEFAULT_MODEL_CACHE_MIB << 20,
         }
     }
 }
 
 /// What every call shares: the models folder and the loaded models.
 pub struct Library {
+    /// What it was made from.
+    config: DiffusionConfig,
     models_dir: Option<ModelsDir>,
+    /// The models folder's listings, kept while it does not change.
+    listings: Option<ModelListings>,
     cache: ModelCache,
     /// One gate per checkpoint file: jobs asking for the same file at once wait for one
     /// load instead of loading it twice.
@@ -68,11 +81,19 @@ pub struct Library {
 impl Library {
     /// A library for `config`; models load onto the compute device on first use.
     pub fn new(config: &DiffusionConfig) -> Self {
+        let models_dir = config.models_dir.clone().map(ModelsDir::new);
         Library {
-            models_dir: config.models_dir.clone().map(ModelsDir::new),
+            config: config.clone(),
+            listings: models_dir.clone().map(ModelListings::new),
+            models_dir,
             cache: ModelCache::new(config.model_cache_bytes, device::select_device()),
             loading: Mutex::default(),
         }
+    }
+
+    /// What the library was made from.
+    pub fn config(&self) -> &DiffusionConfig {
+        &self.config
     }
 
     /// The networks of checkpoint file `path` (called `name`), loaded once however many
@@ -89,14 +110,15 @@ impl Library {
         sd::load_checkpoint(&self.cache, path, name)
     }
 
-    /// The files of models folder `folder`, listed now (nothing without a models directory).
+    /// The files of models folder `folder` as they are now (nothing without a models
+    /// directory): walked at the first call after the folder changed, kept until then.
     pub fn list(&self, folder: &str) -> Vec<String> {
-        self.models_dir.as_ref().map(|d| d.list(folder)).unwrap_or_default()
+        self.listings.as_ref().map(|l| l.list(folder)).unwrap_or_default()
     }
 
     fn resolve(&self, folder: &str, name: &str) -> Result<PathBuf, NodeError> {
         let dir = self.models_dir.as_ref().ok_or_else(|| NodeError {
-            code: "model_not_found".into(),
+            code: NodeErrorCode::ModelNotFound.into(),
             message: format!("{name:?}: this server has no models directory (weft serve --models-dir)"),
         })?;
         dir.resolve(folder, name).map_err(|e| NodeError {
@@ -115,7 +137,7 @@ impl Default for Library {
 impl std::fmt::Debug for Library {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Library")
-            .field("models_dir", &self.models_dir.is_some())
+            .field("config", &self.config)
             .finish_non_exhaustive()
     }
 }
@@ -128,7 +150,7 @@ impl Capability for Diffusion {
     type State = DiffusionState;
 
     fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
-        crate::runtime::worlds::v0_2::weft::node::diffusion::add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)
+        add_to_linker::<_, Own<Self>>(linker, own::<Self>)
     }
 
     fn new_state(library: &Arc<Library>, _: &Limits, call: &CallContext, _: &Capabilities) -> DiffusionState {
@@ -148,7 +170,10 @@ pub struct DiffusionState {
     assets: Arc<dyn AssetReader>,
 }
 
-fn node_error(code: &str, message: impl Into<String>) -> NodeError {
+/// What this capability's host functions see: the core and its own state.
+type Ctx<'a> = CapabilityCtx<'a, DiffusionState>;
+
+fn node_error(code: impl Into<String>, message: impl Into<String>) -> NodeError {
     NodeError {
         code: code.into(),
         message: message.into(),
@@ -180,23 +205,23 @@ macro_rules! attempt {
     };
 }
 
-impl CallState {
+impl Ctx<'_> {
     /// The payload of a handle of ComfyUI type `type_name`; a node error for another type.
     fn payload<T: Any + Send + Sync>(
         &self,
         handle: &Resource<HandleRes>,
         type_name: &str,
     ) -> wasmtime::Result<Result<Arc<T>, NodeError>> {
-        let held = &self.table.get(handle)?.0;
+        let held = &self.core.table.get(handle)?.0;
         if &*held.type_name != type_name {
             return Ok(Err(node_error(
-                "invalid_input",
+                NodeErrorCode::InvalidInput,
                 format!("expected a {type_name} handle, got {}", held.type_name),
             )));
         }
         Ok(held.object.payload.clone().downcast::<T>().map_err(|_| {
             node_error(
-                "invalid_input",
+                NodeErrorCode::InvalidInput,
                 format!("this {type_name} was not made by the diffusion nodes"),
             )
         }))
@@ -212,7 +237,10 @@ impl CallState {
         charge: Charge,
     ) -> wasmtime::Result<Resource<HandleRes>> {
         let object = Opaque { name, len, payload };
-        Ok(self.table.push(HandleRes(Handle::new(type_name, object, charge)))?)
+        Ok(self
+            .core
+            .table
+            .push(HandleRes(Handle::new(type_name, object, charge)))?)
     }
 
     /// Keeps a model-like payload: operator data in the model cache, charged nothing.
@@ -222,19 +250,19 @@ impl CallState {
         name: String,
         payload: Arc<T>,
     ) -> wasmtime::Result<Resource<HandleRes>> {
-        let free = self.charge(0, String::new)?;
+        let free = self.core.charge(0, String::new)?;
         self.push_handle(type_name, name, 0, payload, free)
     }
 
     fn push_conditioning(&mut self, c: Conditioning) -> wasmtime::Result<Resource<HandleRes>> {
         let len = c.0.len() as u32;
         let bytes: u64 = c.0.iter().map(|e| e.context.elem_count() as u64 * 4).sum();
-        let charge = self.charge(bytes, || format!("a conditioning of {len} entries"))?;
+        let charge = self.core.charge(bytes, || format!("a conditioning of {len} entries"))?;
         self.push_handle("CONDITIONING", format!("{len} entries"), len, Arc::new(c), charge)
     }
 
     fn latent(&self, handle: &Resource<LatentRes>) -> wasmtime::Result<Arc<Held<LatentBatch>>> {
-        Ok(self.table.get(handle)?.0.clone())
+        Ok(self.core.table.get(handle)?.0.clone())
     }
 
     /// Charges a latent batch of `shape` (and `extra` bytes of working space) before it is
@@ -242,25 +270,25 @@ impl CallState {
     fn charge_latent(&self, shape: [u32; 4], extra: u64, what: &str) -> Result<Charge, MemoryLimit> {
         let bytes = shape.iter().map(|&d| u64::from(d)).product::<u64>() * 4 + extra;
         let [b, c, h, w] = shape;
-        self.charge(bytes, || format!("{what} ({b}x{c}x{h}x{w} latent)"))
+        self.core.charge(bytes, || format!("{what} ({b}x{c}x{h}x{w} latent)"))
     }
 
     /// Keeps `latent`, paid for by `charge` (trimmed to its real size).
     fn push_latent(&mut self, latent: LatentBatch, mut charge: Charge) -> wasmtime::Result<Resource<LatentRes>> {
         let mask = latent.noise_mask.as_ref().map_or(0, |m| m.data.len());
         charge.shrink_to((latent.data.len() + mask) as u64 * 4);
-        Ok(self.table.push(LatentRes(Arc::new(Held::new(latent, charge))))?)
+        Ok(self.core.table.push(LatentRes(Arc::new(Held::new(latent, charge))))?)
     }
 
     /// Why the call must stop now, if it must: a cancel, or its deadline passed.
     fn interruption(&self) -> Option<Interrupt> {
-        self.deadline.check().err()
+        self.core.deadline.check().err()
     }
 
     /// The question compute's forward passes ask between their blocks: whether this call
     /// must stop (its job was canceled or its deadline passed).
     fn stop_question(&self) -> impl Fn() -> bool + Sync + 'static {
-        let deadline = self.deadline.clone();
+        let deadline = self.core.deadline.clone();
         move || deadline.check().is_err()
     }
 
@@ -276,7 +304,7 @@ impl CallState {
     }
 }
 
-impl CallState {
+impl Ctx<'_> {
     /// Charges a VAE encode of `image`: its cropped copy, the working activations and the
     /// latent (with a noise mask at pixel resolution, for inpainting).
     fn charge_encode(&self, vae: &Autoencoder, image: &weft_compute::image::ImageBatch) -> Result<Charge, MemoryLimit> {
@@ -285,7 +313,7 @@ impl CallState {
         // The images are encoded one at a time.
         let working = Sd1Vae::encode_working_bytes(vae.config(), 1, (h as usize, w as usize));
         let bytes = pixels * 3 + working + pixels / 16 + pixels;
-        self.charge(bytes, || format!("encoding {b} image(s) of {w}x{h}"))
+        self.core.charge(bytes, || format!("encoding {b} image(s) of {w}x{h}"))
     }
 }
 
@@ -309,9 +337,9 @@ fn unet_working_bytes(model: &DiffusionModel, shape: [u32; 4], conds: &[&Conditi
     Sd1Unet::working_bytes(&model.checkpoint.config, b * entries.max(1), (h, w), tokens)
 }
 
-impl Host for CallState {
+impl Host for Ctx<'_> {
     fn load_checkpoint(&mut self, ckpt_name: String) -> wasmtime::Result<Result<Checkpoint, NodeError>> {
-        let library = self.diffusion.library.clone();
+        let library = self.state.library.clone();
         let path = attempt!(library.resolve("checkpoints", &ckpt_name));
         let models = attempt!(library.checkpoint(&path, &ckpt_name).map_err(model_error));
         let model = Arc::new(DiffusionModel::new(models.clone(), path.clone()));
@@ -325,7 +353,7 @@ impl Host for CallState {
     }
 
     fn load_vae(&mut self, vae_name: String) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
-        let path = attempt!(self.diffusion.library.resolve("vae", &vae_name));
+        let path = attempt!(self.state.library.resolve("vae", &vae_name));
         let own = attempt!(StandaloneVae::load(&path, &vae_name, &device::select_device()).map_err(model_error));
         let vae = Arc::new(Autoencoder::File(Arc::new(own)));
         Ok(Ok(self.push_model("VAE", vae_name, vae)?))
@@ -344,15 +372,15 @@ impl Host for CallState {
             Some(clip) => Some(attempt!(self.payload::<TextEncoder>(clip, "CLIP")?)),
             None => None,
         };
-        let path = attempt!(self.diffusion.library.resolve("loras", &lora_name));
+        let path = attempt!(self.state.library.resolve("loras", &lora_name));
         let lora = Arc::new(attempt!(Lora::read(&path, &lora_name).map_err(model_error)));
         let patched = attempt!(base.with_lora(lora.clone(), strength_model).map_err(model_error));
         let label = |name: &str| format!("{name} + {lora_name}");
-        let model_name = label(&self.table.get(&model)?.0.object.name);
+        let model_name = label(&self.core.table.get(&model)?.0.object.name);
         let model = self.push_model("MODEL", model_name, Arc::new(patched))?;
         let clip = match (encoder, clip) {
             (Some(encoder), Some(handle)) => {
-                let name = label(&self.table.get(&handle)?.0.object.name);
+                let name = label(&self.core.table.get(&handle)?.0.object.name);
                 let patched = attempt!(encoder.with_lora(lora, strength_clip).map_err(model_error));
                 Some(self.push_model("CLIP", name, Arc::new(patched))?)
             }
@@ -368,7 +396,7 @@ impl Host for CallState {
     ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
         let encoder = attempt!(self.payload::<TextEncoder>(&clip, "CLIP")?);
         let shorter = attempt!(encoder.with_last_layer(stop_at_clip_layer).map_err(compute_error));
-        let name = self.table.get(&clip)?.0.object.name.clone();
+        let name = self.core.table.get(&clip)?.0.object.name.clone();
         Ok(Ok(self.push_model("CLIP", name, Arc::new(shorter))?))
     }
 
@@ -377,9 +405,9 @@ impl Host for CallState {
         clip: Resource<HandleRes>,
         text: String,
     ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
-        self.hostcalls.charge(text.len())?;
+        self.core.hostcalls.charge(text.len())?;
         let encoder = attempt!(self.payload::<TextEncoder>(&clip, "CLIP")?);
-        let embeddings = Embeddings(self.diffusion.library.models_dir.as_ref());
+        let embeddings = Embeddings(self.state.library.models_dir.as_ref());
         let stop = self.stop_question();
         let encoded = encoder.encode(&text, Some(&embeddings), weft_compute::interrupt::Interrupt::new(&stop));
         let context = attempt!(self.computed(encoded)?);
@@ -454,7 +482,7 @@ impl Host for CallState {
             "disabled" => false,
             "center" => true,
             other => fail!(node_error(
-                "invalid_input",
+                NodeErrorCode::InvalidInput,
                 format!("unknown crop {other:?}; expected disabled or center"),
             )),
         };
@@ -514,7 +542,7 @@ impl Host for CallState {
         mask: Resource<MaskRes>,
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
         let latent = self.latent(&samples)?;
-        let mask = self.table.get(&mask)?.0.clone();
+        let mask = self.core.table.get(&mask)?.0.clone();
         let copy = mask.data.len() as u64 * 4;
         let charge = self.charge_latent(latent.shape, copy, "setting a latent's noise mask")?;
         let own_mask = Arc::new(weft_compute::image::MaskBatch::clone(&mask));
@@ -524,13 +552,8 @@ impl Host for CallState {
     }
 
     fn load_latent(&mut self, file: AssetRef) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
-        let asset = crate::runtime::bindings::wit::AssetRef {
-            id: file.id,
-            hash: file.hash,
-            file_path: file.file_path,
-        };
-        let bytes = attempt!(read_asset(&*self.diffusion.assets, asset).map_err(|e| node_error(&e.code, e.message)));
-        let charge = self.charge(bytes.len() as u64 * 2, || {
+        let bytes = attempt!(read_asset(&*self.state.assets, file.into()).map_err(NodeError::from));
+        let charge = self.core.charge(bytes.len() as u64 * 2, || {
             format!("reading a {} KiB latent file", bytes.len().div_ceil(1024))
         })?;
         let latent = attempt!(sd::latent::read_latent_file(&bytes).map_err(compute_error));
@@ -553,13 +576,13 @@ impl Host for CallState {
         let sampler: SamplerKind = attempt!(options
             .sampler_name
             .parse()
-            .map_err(|e: weft_compute::sampling::UnknownName| node_error("invalid_input", e.to_string())));
+            .map_err(|e: weft_compute::sampling::UnknownName| node_error(NodeErrorCode::InvalidInput, e.to_string())));
         let scheduler: Scheduler = attempt!(options
             .scheduler
             .parse()
-            .map_err(|e: weft_compute::sampling::UnknownName| node_error("invalid_input", e.to_string())));
+            .map_err(|e: weft_compute::sampling::UnknownName| node_error(NodeErrorCode::InvalidInput, e.to_string())));
         if options.steps == 0 || options.steps > 10_000 {
-            fail!(node_error("invalid_input", "steps must be 1..=10000"));
+            fail!(node_error(NodeErrorCode::InvalidInput, "steps must be 1..=10000"));
         }
         let settings = SampleSettings {
             seed: options.seed,
@@ -584,14 +607,14 @@ impl Host for CallState {
         let mut stopped_by = None;
         let stop = self.stop_question();
         let result = {
-            let state = &*self;
+            let ctx = &*self;
             let on_step = &mut |step: &weft_compute::sampling::StepInfo<'_>| {
-                let progress = &state.diffusion.progress;
+                let progress = &ctx.state.progress;
                 progress.report(step.step as u32 + 1, step.total as u32, None);
                 if let Some(png) = preview_png(step.denoised) {
                     progress.preview("image/png", png);
                 }
-                match state.interruption() {
+                match ctx.interruption() {
                     None => StepControl::Continue,
                     Some(why) => {
                         stopped_by = Some(why);
@@ -623,16 +646,19 @@ impl Host for CallState {
         let image_bytes = tensor_bytes(&[u64::from(b), u64::from(height), u64::from(width), 3]);
         // The latents are decoded one at a time.
         let working = Sd1Vae::decode_working_bytes(models.config(), 1, (h as usize, w as usize));
-        let mut charge = self.charge(image_bytes + working, || {
+        let mut charge = self.core.charge(image_bytes + working, || {
             format!("decoding {b} latent(s) into {width}x{height} images")
         })?;
-        self.deadline.check()?;
+        self.core.deadline.check()?;
         let stop = self.stop_question();
         let decoded = sd::vae::decode(&models, &latent, weft_compute::interrupt::Interrupt::new(&stop));
         let image = attempt!(self.computed(decoded)?);
-        self.deadline.check()?;
+        self.core.deadline.check()?;
         charge.shrink_to(image.data.len() as u64 * 4);
-        Ok(Ok(self.table.push(ImageRes(Arc::new(Held::new(image, charge))))?))
+        Ok(Ok(self
+            .core
+            .table
+            .push(ImageRes(Arc::new(Held::new(image, charge))))?))
     }
 
     fn vae_encode(
@@ -641,13 +667,13 @@ impl Host for CallState {
         pixels: Resource<ImageRes>,
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
         let models = attempt!(self.payload::<Autoencoder>(&vae, "VAE")?);
-        let image = self.table.get(&pixels)?.0.clone();
+        let image = self.core.table.get(&pixels)?.0.clone();
         let charge = self.charge_encode(&models, &image)?;
-        self.deadline.check()?;
+        self.core.deadline.check()?;
         let stop = self.stop_question();
         let encoded = sd::vae::encode(&models, &image, weft_compute::interrupt::Interrupt::new(&stop));
         let latent = attempt!(self.computed(encoded)?);
-        self.deadline.check()?;
+        self.core.deadline.check()?;
         Ok(Ok(self.push_latent(latent, charge)?))
     }
 
@@ -659,15 +685,15 @@ impl Host for CallState {
         grow_mask_by: u32,
     ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
         let models = attempt!(self.payload::<Autoencoder>(&vae, "VAE")?);
-        let image = self.table.get(&pixels)?.0.clone();
-        let mask = self.table.get(&mask)?.0.clone();
+        let image = self.core.table.get(&pixels)?.0.clone();
+        let mask = self.core.table.get(&mask)?.0.clone();
         let charge = self.charge_encode(&models, &image)?;
-        self.deadline.check()?;
+        self.core.deadline.check()?;
         let stop = self.stop_question();
         let stop = weft_compute::interrupt::Interrupt::new(&stop);
         let latent =
             attempt!(self.computed(sd::vae::encode_for_inpaint(&models, &image, &mask, grow_mask_by, stop))?);
-        self.deadline.check()?;
+        self.core.deadline.check()?;
         Ok(Ok(self.push_latent(latent, charge)?))
     }
 }

@@ -1,6 +1,7 @@
 //! The operator's ComfyUI-style models folder: `checkpoints/`, `loras/`, `vae/` and
-//! `embeddings/` under one directory. Files are listed whenever the catalogue is asked for
-//! (no restart to pick up a new checkpoint), and a workflow's name is resolved only inside
+//! `embeddings/` under one directory. Files are listed by walking the folder (the catalogue
+//! reads them through [`ModelListings`](super::listings::ModelListings), which keeps a walk
+//! until the folder changes: no restart to pick up a new checkpoint), and a workflow's name is resolved only inside
 //! its folder: absolute names, `..`, and symlinks that lead out of the folder are refused.
 
 use std::path::{Component, Path, PathBuf};
@@ -63,6 +64,11 @@ impl ModelsDir {
     /// The models directory at `root` (its folders need not exist yet).
     pub(crate) fn new(root: PathBuf) -> Self {
         ModelsDir { root }
+    }
+
+    /// The directory.
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
     }
 
     /// The model files of `folder`, as names relative to it (`/`-separated), sorted. Files

@@ -4,17 +4,21 @@ mod v0_2_face;
 
 use std::sync::Arc;
 
-use wasmtime::component::{HasSelf, Linker, Resource};
+use wasmtime::component::{Linker, Resource};
 use weft_compute::{self as compute, ComputeError};
+use weft_types::NodeErrorCode;
 
-use super::{CallState, Capabilities, Capability};
-use crate::runtime::bindings::weft::node::images::{add_to_linker, Host};
-use crate::runtime::bindings::wit::{AssetRef, NodeError};
+use super::{own, CallState, Capabilities, Capability, CapabilityCtx, Own};
+use crate::runtime::bindings::v0_1::weft::node::images::{add_to_linker, Host};
+use crate::runtime::bindings::v0_1::wit::{AssetRef, NodeError};
+use crate::runtime::bindings::v0_2;
 use crate::runtime::call::{read_asset, AssetReader, CallContext, Interrupt};
 use crate::runtime::limits::Limits;
 use crate::runtime::memory::{Charge, Held};
 use crate::runtime::value::{ImageRes, MaskRes};
-use crate::runtime::worlds::v0_2;
+
+/// What this capability's host functions see: the core and its own state.
+type Ctx<'a> = CapabilityCtx<'a, ImagesState>;
 
 /// The images capability.
 pub struct Images;
@@ -29,8 +33,8 @@ impl Capability for Images {
     type State = ImagesState;
 
     fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
-        add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)?;
-        v0_2::weft::node::images::add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)
+        add_to_linker::<_, Own<Self>>(linker, own::<Self>)?;
+        v0_2::weft::node::images::add_to_linker::<_, Own<Self>>(linker, own::<Self>)
     }
 
     fn new_state(_: &(), _: &Limits, call: &CallContext, _: &Capabilities) -> ImagesState {
@@ -52,14 +56,14 @@ fn image_bytes(width: u32, height: u32, batch: u32) -> u64 {
     u64::from(width) * u64::from(height) * u64::from(batch) * 3 * 4
 }
 
-impl CallState {
+impl Ctx<'_> {
     fn image(&self, handle: &Resource<ImageRes>) -> wasmtime::Result<Arc<Held<compute::image::ImageBatch>>> {
-        Ok(self.table.get(handle)?.0.clone())
+        Ok(self.core.table.get(handle)?.0.clone())
     }
 
     /// Charges a new image batch of `width` x `height` x `batch` before it is made.
     fn charge_image(&self, width: u32, height: u32, batch: u32) -> Result<Charge, crate::runtime::MemoryLimit> {
-        self.charge(image_bytes(width, height, batch), || {
+        self.core.charge(image_bytes(width, height, batch), || {
             format!("a {width}x{height} image batch of {batch}")
         })
     }
@@ -71,11 +75,11 @@ impl CallState {
         mut charge: Charge,
     ) -> wasmtime::Result<Resource<ImageRes>> {
         charge.shrink_to(image.data.len() as u64 * 4);
-        Ok(self.table.push(ImageRes(Arc::new(Held::new(image, charge))))?)
+        Ok(self.core.table.push(ImageRes(Arc::new(Held::new(image, charge))))?)
     }
 }
 
-impl Host for CallState {
+impl Host for Ctx<'_> {
     fn empty(
         &mut self,
         width: u32,
@@ -114,23 +118,25 @@ impl Host for CallState {
             "center" => true,
             other => {
                 return Ok(Err(NodeError {
-                    code: "invalid_input".into(),
+                    code: NodeErrorCode::InvalidInput.into(),
                     message: format!("unknown crop {other:?}; expected disabled or center"),
                 }))
             }
         };
         let (to_width, to_height) = compute::image::scaled_size(&source, width, height);
-        let charge = self.charge(compute::image::scale_peak_bytes(&source, width, height, center), || {
-            format!(
-                "scaling a {}x{} image batch of {} to {to_width}x{to_height}",
-                source.width, source.height, source.batch
-            )
-        })?;
-        let deadline = self.deadline.clone();
+        let charge = self
+            .core
+            .charge(compute::image::scale_peak_bytes(&source, width, height, center), || {
+                format!(
+                    "scaling a {}x{} image batch of {} to {to_width}x{to_height}",
+                    source.width, source.height, source.batch
+                )
+            })?;
+        let deadline = self.core.deadline.clone();
         let keep_going = || deadline.check().is_ok();
         match compute::image::scale(&source, method, width, height, center, &keep_going) {
             Ok(Some(scaled)) => Ok(Ok(self.push_image(scaled, charge)?)),
-            Ok(None) => Err(self.deadline.check().err().unwrap_or(Interrupt::Canceled).into()),
+            Ok(None) => Err(self.core.deadline.check().err().unwrap_or(Interrupt::Canceled).into()),
             Err(e) => Ok(Err(node_error(e))),
         }
     }
@@ -139,7 +145,7 @@ impl Host for CallState {
         &mut self,
         asset: AssetRef,
     ) -> wasmtime::Result<Result<(Resource<ImageRes>, Resource<MaskRes>), NodeError>> {
-        let bytes = match read_asset(&*self.images.assets, asset) {
+        let bytes = match read_asset(&*self.state.assets, asset) {
             Ok(bytes) => bytes,
             Err(e) => return Ok(Err(e)),
         };
@@ -147,18 +153,18 @@ impl Host for CallState {
             Ok(peak) => peak,
             Err(e) => return Ok(Err(node_error(e))),
         };
-        let mut charge = self.charge(peak, || {
+        let mut charge = self.core.charge(peak, || {
             format!("decoding a {} KiB image file", bytes.len().div_ceil(1024))
         })?;
-        self.deadline.check()?;
-        let deadline = self.deadline.clone();
+        self.core.deadline.check()?;
+        let deadline = self.core.deadline.clone();
         let keep_going = || deadline.check().is_ok();
         match compute::image::decode_interruptible(&bytes, peak, &keep_going) {
-            Ok(None) => Err(self.deadline.check().err().unwrap_or(Interrupt::Canceled).into()),
+            Ok(None) => Err(self.core.deadline.check().err().unwrap_or(Interrupt::Canceled).into()),
             Ok(Some((image, mask))) => {
                 let mask_charge = charge.split(mask.data.len() as u64 * 4);
                 let image = self.push_image(image, charge)?;
-                let mask = self.table.push(MaskRes(Arc::new(Held::new(mask, mask_charge))))?;
+                let mask = self.core.table.push(MaskRes(Arc::new(Held::new(mask, mask_charge))))?;
                 Ok(Ok((image, mask)))
             }
             Err(e) => Ok(Err(node_error(e))),

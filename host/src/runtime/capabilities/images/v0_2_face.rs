@@ -4,16 +4,17 @@ use std::sync::Arc;
 
 use wasmtime::component::Resource;
 
-use crate::runtime::bindings::weft::node as v1;
-use crate::runtime::capabilities::CallState;
+use weft_compute::image::MaskBatch;
+use weft_types::NodeErrorCode;
+
+use super::Ctx;
+use crate::runtime::bindings::v0_1::weft::node as v1;
+use crate::runtime::bindings::v0_2::weft::node as v2;
+use crate::runtime::bindings::v0_2::wit::{AssetRef, NodeError};
 use crate::runtime::memory::Held;
 use crate::runtime::value::{ImageRes, MaskRes};
-use crate::runtime::worlds::v0_2::weft::node as v2;
-use crate::runtime::worlds::v0_2::wit::{AssetRef, NodeError};
-use crate::runtime::worlds::v0_2::{asset_to_v0_1 as asset, error_from_v0_1 as error};
-use weft_compute::image::MaskBatch;
 
-impl v2::images::Host for CallState {
+impl v2::images::Host for Ctx<'_> {
     fn empty(
         &mut self,
         width: u32,
@@ -21,7 +22,7 @@ impl v2::images::Host for CallState {
         batch_size: u32,
         color: u32,
     ) -> wasmtime::Result<Result<Resource<ImageRes>, NodeError>> {
-        Ok(v1::images::Host::empty(self, width, height, batch_size, color)?.map_err(error))
+        Ok(v1::images::Host::empty(self, width, height, batch_size, color)?.map_err(NodeError::from))
     }
 
     fn invert(&mut self, image: Resource<ImageRes>) -> wasmtime::Result<Resource<ImageRes>> {
@@ -36,14 +37,14 @@ impl v2::images::Host for CallState {
         height: u32,
         crop: String,
     ) -> wasmtime::Result<Result<Resource<ImageRes>, NodeError>> {
-        Ok(v1::images::Host::scale(self, image, method, width, height, crop)?.map_err(error))
+        Ok(v1::images::Host::scale(self, image, method, width, height, crop)?.map_err(NodeError::from))
     }
 
     fn load(
         &mut self,
         asset_ref: AssetRef,
     ) -> wasmtime::Result<Result<(Resource<ImageRes>, Resource<MaskRes>), NodeError>> {
-        Ok(v1::images::Host::load(self, asset(asset_ref))?.map_err(error))
+        Ok(v1::images::Host::load(self, asset_ref.into())?.map_err(NodeError::from))
     }
 
     fn load_mask(
@@ -58,24 +59,26 @@ impl v2::images::Host for CallState {
             "alpha" => None,
             other => {
                 return Ok(Err(NodeError {
-                    code: "invalid_input".into(),
+                    code: NodeErrorCode::InvalidInput.into(),
                     message: format!("unknown channel {other:?}; expected alpha, red, green or blue"),
                 }))
             }
         };
-        let (image, mask) = match v1::images::Host::load(self, asset(asset_ref))? {
+        let (image, mask) = match v1::images::Host::load(self, asset_ref.into())? {
             Ok(loaded) => loaded,
-            Err(e) => return Ok(Err(error(e))),
+            Err(e) => return Ok(Err(e.into())),
         };
-        let image = self.table.delete(image)?.0;
-        let alpha = self.table.delete(mask)?.0;
+        let image = self.core.table.delete(image)?.0;
+        let alpha = self.core.table.delete(mask)?.0;
         let mask = match index {
             None => alpha,
             Some(c) => {
                 // The channel mask takes the place, and the charge, of the alpha mask.
                 let charge = match Arc::try_unwrap(alpha) {
                     Ok(alpha) => alpha.into_charge(),
-                    Err(_) => self.charge(image.data.len() as u64 / 3 * 4, || "a channel mask".into())?,
+                    Err(_) => self
+                        .core
+                        .charge(image.data.len() as u64 / 3 * 4, || "a channel mask".into())?,
                 };
                 let data = image
                     .data
@@ -91,6 +94,6 @@ impl v2::images::Host for CallState {
                 Arc::new(Held::new(mask, charge))
             }
         };
-        Ok(Ok(self.table.push(MaskRes(mask))?))
+        Ok(Ok(self.core.table.push(MaskRes(mask))?))
     }
 }

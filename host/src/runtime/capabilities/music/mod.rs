@@ -5,18 +5,18 @@ mod v0_2_face;
 
 use std::sync::Arc;
 
-use wasmtime::component::{HasSelf, Linker, Resource};
+use wasmtime::component::{Linker, Resource};
 use weft_compute::values::AudioClip;
 use weft_v2m::{self as v2m, V2mError};
 
-use super::{CallState, Capabilities, Capability};
-use crate::runtime::bindings::weft::node::music::{add_to_linker, Host};
-use crate::runtime::bindings::wit::{AssetRef, NodeError};
+use super::{own, CallState, Capabilities, Capability, CapabilityCtx, Own};
+use crate::runtime::bindings::v0_1::weft::node::music::{add_to_linker, Host};
+use crate::runtime::bindings::v0_1::wit::{AssetRef, NodeError};
+use crate::runtime::bindings::v0_2;
 use crate::runtime::call::{read_asset, AssetReader, CallContext, Interrupt};
 use crate::runtime::limits::Limits;
 use crate::runtime::memory::Held;
 use crate::runtime::value::AudioRes;
-use crate::runtime::worlds::v0_2;
 
 /// The music capability.
 pub struct Music;
@@ -46,8 +46,8 @@ impl Capability for Music {
     type State = MusicState;
 
     fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
-        add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)?;
-        v0_2::weft::node::music::add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)
+        add_to_linker::<_, Own<Self>>(linker, own::<Self>)?;
+        v0_2::weft::node::music::add_to_linker::<_, Own<Self>>(linker, own::<Self>)
     }
 
     fn new_state(config: &MusicConfig, _: &Limits, call: &CallContext, _: &Capabilities) -> MusicState {
@@ -65,18 +65,18 @@ fn node_error(e: V2mError) -> NodeError {
     }
 }
 
-impl Host for CallState {
+impl Host for CapabilityCtx<'_, MusicState> {
     fn video_to_music(
         &mut self,
         video: AssetRef,
         prompt: String,
         seed: u64,
     ) -> wasmtime::Result<Result<Resource<AudioRes>, NodeError>> {
-        let bytes = match read_asset(&*self.music.assets, video) {
+        let bytes = match read_asset(&*self.state.assets, video) {
             Ok(bytes) => bytes,
             Err(e) => return Ok(Err(e)),
         };
-        let Some(engine) = self.music.engine.clone() else {
+        let Some(engine) = self.state.engine.clone() else {
             return Ok(Err(node_error(V2mError::GenerationFailed(
                 "video-to-music is not available on this server (see its start-up log)".into(),
             ))));
@@ -90,14 +90,14 @@ impl Host for CallState {
         drop(bytes);
         // The longest clip the engine renders, charged before it renders; trimmed after.
         let frames = engine.config().max_duration.as_secs_f64().ceil() as u64 * u64::from(v2m::SAMPLE_RATE);
-        let mut charge = self.charge(frames * u64::from(v2m::CHANNELS) * 4, || {
+        let mut charge = self.core.charge(frames * u64::from(v2m::CHANNELS) * 4, || {
             format!("{} s of rendered music", engine.config().max_duration.as_secs())
         })?;
-        let deadline = self.deadline.clone();
+        let deadline = self.core.deadline.clone();
         let stop = || deadline.check().is_err();
         let samples = match engine.generate_blocking(temp.path(), Some(&prompt), seed, &stop) {
             Ok(Some(samples)) => samples,
-            Ok(None) => return Err(self.deadline.check().err().unwrap_or(Interrupt::Canceled).into()),
+            Ok(None) => return Err(self.core.deadline.check().err().unwrap_or(Interrupt::Canceled).into()),
             Err(e) => return Ok(Err(node_error(e))),
         };
         charge.shrink_to(samples.len() as u64 * 4);
@@ -106,6 +106,6 @@ impl Host for CallState {
             channels: u32::from(v2m::CHANNELS),
             samples,
         };
-        Ok(Ok(self.table.push(AudioRes(Arc::new(Held::new(clip, charge))))?))
+        Ok(Ok(self.core.table.push(AudioRes(Arc::new(Held::new(clip, charge))))?))
     }
 }

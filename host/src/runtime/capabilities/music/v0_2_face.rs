@@ -2,20 +2,20 @@
 
 use wasmtime::component::Resource;
 
-use crate::runtime::bindings::weft::node as v1;
-use crate::runtime::capabilities::CallState;
+use super::MusicState;
+use crate::runtime::bindings::v0_1::weft::node as v1;
+use crate::runtime::bindings::v0_2::weft::node as v2;
+use crate::runtime::bindings::v0_2::wit::{AssetRef, NodeError};
+use crate::runtime::capabilities::CapabilityCtx;
 use crate::runtime::value::AudioRes;
-use crate::runtime::worlds::v0_2::weft::node as v2;
-use crate::runtime::worlds::v0_2::wit::{AssetRef, NodeError};
-use crate::runtime::worlds::v0_2::{asset_to_v0_1 as asset, error_from_v0_1 as error};
 
-impl v2::music::Host for CallState {
+impl v2::music::Host for CapabilityCtx<'_, MusicState> {
     fn video_to_music(
         &mut self,
         video: AssetRef,
         prompt: String,
         seed: u64,
     ) -> wasmtime::Result<Result<Resource<AudioRes>, NodeError>> {
-        Ok(v1::music::Host::video_to_music(self, asset(video), prompt, seed)?.map_err(error))
+        Ok(v1::music::Host::video_to_music(self, video.into(), prompt, seed)?.map_err(NodeError::from))
     }
 }

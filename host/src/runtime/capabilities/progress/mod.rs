@@ -4,10 +4,11 @@ mod v0_2_face;
 
 use std::sync::Arc;
 
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::Linker;
 
-use super::{CallState, Capabilities, Capability};
-use crate::runtime::bindings::weft::node::host::{add_to_linker, Host};
+use super::{own, CallState, Capabilities, Capability, CapabilityCtx, Own};
+use crate::runtime::bindings::v0_1::weft::node::host::{add_to_linker, Host};
+use crate::runtime::bindings::v0_2;
 use crate::runtime::call::{CallContext, CancelToken, ProgressSink};
 use crate::runtime::guest_text::{bounded, PROGRESS_MESSAGE_BYTES};
 
@@ -25,8 +26,8 @@ impl Capability for Progress {
     type State = ProgressState;
 
     fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
-        add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)?;
-        crate::runtime::worlds::v0_2::weft::node::host::add_to_linker::<_, HasSelf<CallState>>(linker, |s| s)
+        add_to_linker::<_, Own<Self>>(linker, own::<Self>)?;
+        v0_2::weft::node::host::add_to_linker::<_, Own<Self>>(linker, own::<Self>)
     }
 
     fn new_state(_: &(), _: &crate::runtime::limits::Limits, call: &CallContext, _: &Capabilities) -> ProgressState {
@@ -37,15 +38,15 @@ impl Capability for Progress {
     }
 }
 
-impl Host for CallState {
+impl Host for CapabilityCtx<'_, ProgressState> {
     fn progress(&mut self, step: u32, steps: u32, message: Option<String>) -> wasmtime::Result<()> {
-        self.hostcalls.charge(message.as_ref().map_or(0, String::len))?;
+        self.core.hostcalls.charge(message.as_ref().map_or(0, String::len))?;
         let message = message.map(|m| bounded(m, PROGRESS_MESSAGE_BYTES));
-        self.progress.sink.report(step, steps.max(step), message);
+        self.state.sink.report(step, steps.max(step), message);
         Ok(())
     }
 
     fn is_canceled(&mut self) -> wasmtime::Result<bool> {
-        Ok(self.progress.cancel.is_canceled())
+        Ok(self.state.cancel.is_canceled())
     }
 }

@@ -3,14 +3,14 @@
 
 use wasmtime::component::Resource;
 
-use crate::runtime::bindings::weft::node as v1;
-use crate::runtime::capabilities::CallState;
+use super::Ctx;
+use crate::runtime::bindings::v0_1::weft::node as v1;
+use crate::runtime::bindings::v0_2::weft::node as v2;
 use crate::runtime::value::{AudioRes, HandleRes, ImageRes, LatentRes, MaskRes};
-use crate::runtime::worlds::v0_2::weft::node as v2;
 
-impl v2::types::Host for CallState {}
+impl v2::types::Host for Ctx<'_> {}
 
-impl v2::types::HostImage for CallState {
+impl v2::types::HostImage for Ctx<'_> {
     fn width(&mut self, this: Resource<ImageRes>) -> wasmtime::Result<u32> {
         v1::types::HostImage::width(self, this)
     }
@@ -28,7 +28,7 @@ impl v2::types::HostImage for CallState {
     }
 }
 
-impl v2::types::HostLatent for CallState {
+impl v2::types::HostLatent for Ctx<'_> {
     fn width(&mut self, this: Resource<LatentRes>) -> wasmtime::Result<u32> {
         v1::types::HostLatent::width(self, this)
     }
@@ -43,7 +43,7 @@ impl v2::types::HostLatent for CallState {
     }
 }
 
-impl v2::types::HostMask for CallState {
+impl v2::types::HostMask for Ctx<'_> {
     fn width(&mut self, this: Resource<MaskRes>) -> wasmtime::Result<u32> {
         v1::types::HostMask::width(self, this)
     }
@@ -58,7 +58,7 @@ impl v2::types::HostMask for CallState {
     }
 }
 
-impl v2::types::HostAudio for CallState {
+impl v2::types::HostAudio for Ctx<'_> {
     fn sample_rate(&mut self, this: Resource<AudioRes>) -> wasmtime::Result<u32> {
         v1::types::HostAudio::sample_rate(self, this)
     }
@@ -73,15 +73,15 @@ impl v2::types::HostAudio for CallState {
     }
 }
 
-impl v2::types::HostHandle for CallState {
+impl v2::types::HostHandle for Ctx<'_> {
     fn type_name(&mut self, this: Resource<HandleRes>) -> wasmtime::Result<String> {
-        Ok(self.table.get(&this)?.0.type_name.to_string())
+        Ok(self.core.table.get(&this)?.0.type_name.to_string())
     }
     fn describe(&mut self, this: Resource<HandleRes>) -> wasmtime::Result<String> {
-        Ok(self.table.get(&this)?.0.object.name.clone())
+        Ok(self.core.table.get(&this)?.0.object.name.clone())
     }
     fn drop(&mut self, this: Resource<HandleRes>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
+        self.core.table.delete(this)?;
         Ok(())
     }
 }

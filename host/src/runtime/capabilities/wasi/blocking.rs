@@ -14,8 +14,9 @@ use wasmtime_wasi_io::bindings::wasi::io::streams::{
     Host as _, HostInputStream as Input, HostOutputStream as Output, StreamError,
 };
 
+use super::Wasi;
 use crate::runtime::call::Deadline;
-use crate::runtime::capabilities::CallState;
+use crate::runtime::capabilities::{own, CallState};
 
 /// The `wasi:io/poll` interface, at the version wasmtime-wasi links; guests importing an
 /// older 0.2 version reach it too.
@@ -34,7 +35,7 @@ pub(super) fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     poll.func_wrap(
         "poll",
         |mut store: StoreContextMut<'_, CallState>, (pollables,): (Vec<Resource<DynPollable>>,)| {
-            let state = store.data_mut();
+            let state = own::<Wasi>(store.data_mut()).core;
             let deadline = state.deadline.clone();
             let ready = wait(&deadline, state.table.poll(pollables))?;
             Ok((ready,))
@@ -43,7 +44,7 @@ pub(super) fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     poll.func_wrap(
         "[method]pollable.block",
         |mut store: StoreContextMut<'_, CallState>, (pollable,): (Resource<DynPollable>,)| {
-            let state = store.data_mut();
+            let state = own::<Wasi>(store.data_mut()).core;
             let deadline = state.deadline.clone();
             wait(&deadline, state.table.block(pollable))
         },
@@ -54,7 +55,7 @@ pub(super) fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
         |mut store: StoreContextMut<'_, CallState>,
          (stream, len): (Resource<DynInputStream>, u64)|
          -> Streamed<Vec<u8>> {
-            let state = store.data_mut();
+            let state = own::<Wasi>(store.data_mut()).core;
             let deadline = state.deadline.clone();
             let read = wait(&deadline, async {
                 Ok(Input::blocking_read(&mut state.table, stream, len).await)
@@ -65,7 +66,7 @@ pub(super) fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     streams.func_wrap(
         "[method]input-stream.blocking-skip",
         |mut store: StoreContextMut<'_, CallState>, (stream, len): (Resource<DynInputStream>, u64)| -> Streamed<u64> {
-            let state = store.data_mut();
+            let state = own::<Wasi>(store.data_mut()).core;
             let deadline = state.deadline.clone();
             let skipped = wait(&deadline, async {
                 Ok(Input::blocking_skip(&mut state.table, stream, len).await)
@@ -78,7 +79,7 @@ pub(super) fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
         |mut store: StoreContextMut<'_, CallState>,
          (stream, bytes): (Resource<DynOutputStream>, Vec<u8>)|
          -> Streamed<()> {
-            let state = store.data_mut();
+            let state = own::<Wasi>(store.data_mut()).core;
             let deadline = state.deadline.clone();
             let written = wait(&deadline, async {
                 Ok(Output::blocking_write_and_flush(&mut state.table, stream, bytes).await)
@@ -89,7 +90,7 @@ pub(super) fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     streams.func_wrap(
         "[method]output-stream.blocking-write-zeroes-and-flush",
         |mut store: StoreContextMut<'_, CallState>, (stream, len): (Resource<DynOutputStream>, u64)| -> Streamed<()> {
-            let state = store.data_mut();
+            let state = own::<Wasi>(store.data_mut()).core;
             let deadline = state.deadline.clone();
             let written = wait(&deadline, async {
                 Ok(Output::blocking_write_zeroes_and_flush(&mut state.table, stream, len).await)
@@ -100,7 +101,7 @@ pub(super) fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     streams.func_wrap(
         "[method]output-stream.blocking-flush",
         |mut store: StoreContextMut<'_, CallState>, (stream,): (Resource<DynOutputStream>,)| -> Streamed<()> {
-            let state = store.data_mut();
+            let state = own::<Wasi>(store.data_mut()).core;
             let deadline = state.deadline.clone();
             let flushed = wait(&deadline, async {
                 Ok(Output::blocking_flush(&mut state.table, stream).await)
@@ -113,7 +114,7 @@ pub(super) fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
         |mut store: StoreContextMut<'_, CallState>,
          (stream, source, len): (Resource<DynOutputStream>, Resource<DynInputStream>, u64)|
          -> Streamed<u64> {
-            let state = store.data_mut();
+            let state = own::<Wasi>(store.data_mut()).core;
             let deadline = state.deadline.clone();
             let spliced = wait(&deadline, async {
                 Ok(Output::blocking_splice(&mut state.table, stream, source, len).await)

@@ -6,7 +6,7 @@
 use wasmtime::component::Linker;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use super::{CallState, Capability};
+use super::{CallState, Capability, CapabilityCtx, HasCapability};
 use crate::runtime::call::CallContext;
 
 mod blocking;
@@ -34,11 +34,14 @@ impl Capability for Wasi {
     }
 }
 
+/// wasmtime-wasi links against store data that is a `WasiView`: the call state, through
+/// this capability's projection (its `WasiCtx` and the shared table).
 impl WasiView for CallState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
+        let CapabilityCtx { core, state } = HasCapability::<Wasi>::capability(self);
         WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
+            ctx: state,
+            table: &mut core.table,
         }
     }
 }

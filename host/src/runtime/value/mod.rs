@@ -1,5 +1,6 @@
-//! Values flowing between nodes on the host side, and the resource wrappers a guest holds
-//! handles to. Large values are `Arc`s: passing one from node to node never copies it.
+//! Values flowing between nodes on the host side, the resource wrappers a guest holds
+//! handles to, and what a node call gives back: its [`NodeOutput`] or its [`NodeFailure`].
+//! Large values are `Arc`s: passing one from node to node never copies it.
 
 use std::sync::Arc;
 
@@ -10,6 +11,12 @@ use weft_compute::image::{ImageBatch, MaskBatch};
 use weft_compute::values::{AudioClip, LatentBatch, Opaque};
 
 use super::memory::{Charge, Held};
+
+mod failure;
+mod output;
+
+pub use failure::NodeFailure;
+pub use output::{FileData, NodeOutput, OutputFile, OutputKind};
 
 /// A `core/ASSET` reference from a workflow.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -173,70 +180,3 @@ pub struct ConditioningRes(pub Arc<Held<Opaque>>);
 #[derive(Debug, Clone)]
 #[allow(unreachable_pub)] // named in `bindgen!`, whose generated modules re-export it
 pub struct HandleRes(pub Handle);
-
-/// The kind of a committed output file: the interface's `OutputType`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OutputKind {
-    /// `image`.
-    Image,
-    /// `video`.
-    Video,
-    /// `audio`.
-    Audio,
-    /// `text`.
-    Text,
-    /// `file`.
-    File,
-    /// `latent`.
-    Latent,
-}
-
-/// Content of an output file, before the host encodes it.
-#[derive(Debug, Clone)]
-pub enum FileData {
-    /// Bytes the guest made.
-    Bytes(Vec<u8>),
-    /// Each image of the batch as a PNG.
-    Png(Arc<Held<ImageBatch>>),
-    /// The clip as a 16-bit WAV.
-    Wav(Arc<Held<AudioClip>>),
-    /// The latents as safetensors.
-    Latent(Arc<Held<LatentBatch>>),
-}
-
-impl FileData {
-    /// How many files it commits as: one per image of a PNG batch, else one.
-    pub fn files(&self) -> usize {
-        match self {
-            FileData::Png(images) => images.batch as usize,
-            _ => 1,
-        }
-    }
-
-    /// How many bytes encoding one of its files reads (an image's pixels, the samples, the
-    /// bytes): what decides whether encoding is quick enough for an async thread.
-    pub fn source_len(&self) -> usize {
-        match self {
-            FileData::Bytes(bytes) => bytes.len(),
-            FileData::Png(images) => images.width as usize * images.height as usize * images.channels as usize,
-            FileData::Wav(audio) => audio.samples.len() * 4,
-            FileData::Latent(latent) => latent.data.len() * 4,
-        }
-    }
-}
-
-/// A file an output node asked the host to commit.
-#[derive(Debug, Clone)]
-pub struct OutputFile {
-    /// Output type.
-    pub kind: OutputKind,
-    /// `filename_prefix`, before numbering.
-    pub filename_prefix: String,
-    /// Extension for `Bytes`.
-    pub extension: String,
-    /// Media type for `Bytes`.
-    pub content_type: String,
-    /// The content.
-    pub data: FileData,
-}

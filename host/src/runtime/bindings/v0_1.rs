@@ -1,6 +1,6 @@
-//! Host bindings for the `weft:node@0.1.0` world, generated from `wit/`.
-//!
-//! Resources map onto host-held payloads, so a guest only ever sees handles.
+//! Host bindings for the frozen `weft:node@0.1.0` world, generated from
+//! `wit/weft-node-0.1.0`. Its resources map onto host-held payloads, so a guest only ever
+//! sees handles.
 
 wasmtime::component::bindgen!({
     path: "../wit/weft-node-0.1.0",
@@ -18,4 +18,4 @@ wasmtime::component::bindgen!({
     imports: { default: trappable },
 });
 
-pub(crate) use weft::node::types as wit;
+pub(crate) use self::weft::node::types as wit;
