@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 use std::time::Instant;
+use weft_types::NodeErrorCode;
 
 use chrono::Utc;
 
@@ -138,13 +139,23 @@ impl Jobs {
                         return (Ok(None), Some((committed, job_files)), None, Vec::new());
                     }
                     if let Err(m) = self.admit_output(&committed, file.size) {
-                        return (Err(node_error("job_output_limit", m)), None, None, Vec::new());
+                        return (
+                            Err(node_error(NodeErrorCode::JobOutputLimit.as_str(), m)),
+                            None,
+                            None,
+                            Vec::new(),
+                        );
                     }
                     if let Err(m) = self
                         .commit_file(job, &node.id, file.clone(), &mut committed, held.as_mut())
                         .await
                     {
-                        return (Err(node_error("output_commit_failed", m)), None, None, Vec::new());
+                        return (
+                            Err(node_error(NodeErrorCode::OutputCommitFailed.as_str(), m)),
+                            None,
+                            None,
+                            Vec::new(),
+                        );
                     }
                 }
                 (
@@ -162,7 +173,12 @@ impl Jobs {
                         "the node would commit {announced} outputs; the job may commit at most {} (--max-job-outputs)",
                         self.config.max_outputs
                     );
-                    return (Err(node_error("job_output_limit", message)), None, None, Vec::new());
+                    return (
+                        Err(node_error(NodeErrorCode::JobOutputLimit.as_str(), message)),
+                        None,
+                        None,
+                        Vec::new(),
+                    );
                 }
                 let mut stored_files = Vec::new();
                 // One file at a time: encoded, checked against the job's bounds, stored
@@ -176,7 +192,12 @@ impl Jobs {
                         }
                         if began.elapsed() >= budget {
                             let message = "the node ran past its time limit while its outputs were committed".into();
-                            return (Err(node_error("node_timeout", message)), None, None, Vec::new());
+                            return (
+                                Err(node_error(NodeErrorCode::NodeTimeout.as_str(), message)),
+                                None,
+                                None,
+                                Vec::new(),
+                            );
                         }
                         let until = Until {
                             deadline: began + budget,
@@ -189,11 +210,21 @@ impl Jobs {
                             Ok(done) => done,
                             Err((ENCODE_INTERRUPTED, _)) if began.elapsed() >= budget => {
                                 let message = "the node ran past its time limit while its outputs were encoded".into();
-                                return (Err(node_error("node_timeout", message)), None, None, Vec::new());
+                                return (
+                                    Err(node_error(NodeErrorCode::NodeTimeout.as_str(), message)),
+                                    None,
+                                    None,
+                                    Vec::new(),
+                                );
                             }
                             Err((ENCODE_INTERRUPTED, _)) => {
                                 let message = "the job was stopped while its outputs were encoded".into();
-                                return (Err(node_error("canceled", message)), None, None, Vec::new());
+                                return (
+                                    Err(node_error(NodeErrorCode::Canceled.as_str(), message)),
+                                    None,
+                                    None,
+                                    Vec::new(),
+                                );
                             }
                             Err((code, message)) => return (Err(node_error(code, message)), None, None, Vec::new()),
                         };
@@ -202,7 +233,12 @@ impl Jobs {
                             .commit_file(job, &node.id, cached.clone(), &mut committed, held.as_mut())
                             .await
                         {
-                            return (Err(node_error("output_commit_failed", m)), None, None, Vec::new());
+                            return (
+                                Err(node_error(NodeErrorCode::OutputCommitFailed.as_str(), m)),
+                                None,
+                                None,
+                                Vec::new(),
+                            );
                         }
                         stored_files.push(cached);
                     }
@@ -250,7 +286,8 @@ impl Jobs {
                 outputs::EncodeError::Interrupted => (ENCODE_INTERRUPTED, String::new()),
                 outputs::EncodeError::Failed(m) => ("output_encoding_failed", m),
             })?;
-            admit(max_outputs, max_bytes, &committed, e.bytes.len() as u64).map_err(|m| ("job_output_limit", m))?;
+            admit(max_outputs, max_bytes, &committed, e.bytes.len() as u64)
+                .map_err(|m| (NodeErrorCode::JobOutputLimit.as_str(), m))?;
             // A small file goes inline, into its asset's row: hashed here, never a blob.
             let inline = (e.bytes.len() <= inline_max).then(|| blake3::hash(&e.bytes).to_hex().to_string());
             Ok((e, inline, job_files))
@@ -260,9 +297,12 @@ impl Jobs {
         let (e, inline, job_files) = if small {
             encode()?
         } else {
-            tokio::task::spawn_blocking(encode)
-                .await
-                .map_err(|e| ("output_commit_failed", format!("the output's write was lost: {e}")))??
+            tokio::task::spawn_blocking(encode).await.map_err(|e| {
+                (
+                    NodeErrorCode::OutputCommitFailed.as_str(),
+                    format!("the output's write was lost: {e}"),
+                )
+            })??
         };
         let (blob, size, inline) = match inline {
             Some(hash) => {
@@ -277,7 +317,7 @@ impl Jobs {
                     .assets
                     .put(e.bytes)
                     .await
-                    .map_err(|io| ("output_commit_failed", io.to_string()))?;
+                    .map_err(|io| (NodeErrorCode::OutputCommitFailed.as_str(), io.to_string()))?;
                 (blob, size, None)
             }
         };

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::time::Instant;
+use weft_types::NodeErrorCode;
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -67,7 +68,7 @@ fn call_output(
         Ok(Ok(output)) => Ok(output),
         Ok(Err(f)) => Err(node_error(f.code.as_str(), f.message, f.traceback)),
         Err(e) => Err(node_error(
-            "node_execution_error",
+            NodeErrorCode::NodeExecutionError.as_str(),
             format!("the node call was lost: {e}"),
             None,
         )),

@@ -5,6 +5,7 @@
 //! calls, commits, events) and tells it what happened.
 
 use std::collections::BTreeSet;
+use weft_types::NodeErrorCode;
 
 use super::commit::{Books, Commit, FinalMove, HeldOutput};
 use super::node_event;
@@ -239,7 +240,7 @@ impl<'p> GraphRun<'p> {
         let n = self.plan.nodes.len();
         if !self.stop.is_canceled() && self.next_commit < n {
             return Err(super::job_error(
-                "internal_error",
+                NodeErrorCode::InternalError.as_str(),
                 format!("the job stopped after {} of its {n} nodes", self.next_commit),
             ));
         }
@@ -270,7 +271,7 @@ impl<'p> GraphRun<'p> {
                     Some(v) => v.clone(),
                     None => {
                         return Err(JobError {
-                            code: "node_execution_error".into(),
+                            code: NodeErrorCode::NodeExecutionError.as_str().into(),
                             message: format!(
                                 "input {name:?} links to output {output} of node {}, which returned only {} value(s)",
                                 plan.nodes[*source].id,

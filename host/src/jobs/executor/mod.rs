@@ -16,6 +16,7 @@ mod progress;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use weft_types::NodeErrorCode;
 
 use chrono::Utc;
 
@@ -292,7 +293,7 @@ impl Jobs {
             Ok(Some(workflow)) => Ok(workflow),
             Ok(None) => Err(job_error("invalid_workflow", "the job's workflow is gone".into())),
             Err(e) => Err(job_error(
-                "internal_error",
+                NodeErrorCode::InternalError.as_str(),
                 format!("the job's workflow cannot be read: {e}"),
             )),
         }
