@@ -22,18 +22,12 @@ const EXPIRES_IN: std::ops::RangeInclusive<i64> = 60..=604_800;
 
 /// The asset routes, relative to `/api/v2`.
 pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
-    let with = {
-        let state = state.clone();
-        move || {
-            let state = state.clone();
-            warp::any().map(move || state.clone())
-        }
-    };
+    let with = crate::api::with_state(&state);
     let caller = auth::caller(state.clone());
     let upload = warp::path("assets")
         .and(warp::path::end())
         .and(warp::post())
-        .and(with())
+        .and(with.clone())
         .and(caller.clone())
         .and(upload_limit(state.config.max_upload_bytes))
         // No length cap here: warp's cap needs a Content-Length and would refuse chunked
@@ -42,28 +36,28 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
         .and_then(|s, c, f| async move { respond(upload(s, c, f).await) });
     let from_hash = warp::path!("assets" / "from-hash")
         .and(warp::post())
-        .and(with())
+        .and(with.clone())
         .and(caller.clone())
         .and(super::body::budgeted_body(&state))
         .and_then(|s, c, b: super::body::BudgetedBody| async move { respond(from_hash(s, c, b.bytes).await) });
     let by_hash = warp::path!("assets" / "by-hash" / String)
         .and(warp::head())
-        .and(with())
+        .and(with.clone())
         .and(caller.clone())
         .and_then(|h, s, c| async move { respond(by_hash(s, c, h).await) });
     let get = warp::path!("assets" / String)
         .and(warp::get())
-        .and(with())
+        .and(with.clone())
         .and(caller.clone())
         .and_then(|id, s, c| async move { respond(get(s, c, id).await) });
     let delete = warp::path!("assets" / String)
         .and(warp::delete())
-        .and(with())
+        .and(with.clone())
         .and(caller.clone())
         .and_then(|id, s, c| async move { respond(delete(s, c, id).await) });
     let content = warp::path!("assets" / String / "content")
         .and(warp::get().or(warp::head()).unify())
-        .and(with())
+        .and(with.clone())
         .and(warp::header::optional::<String>("authorization"))
         .and(warp::query::<std::collections::HashMap<String, String>>())
         .and(warp::header::optional::<String>("range"))

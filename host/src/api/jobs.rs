@@ -20,18 +20,12 @@ const MAX_PAGE: usize = 100;
 
 /// The job routes, relative to `/api/v2`.
 pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
-    let with = {
-        let state = state.clone();
-        move || {
-            let state = state.clone();
-            warp::any().map(move || state.clone())
-        }
-    };
+    let with = crate::api::with_state(&state);
     let caller = auth::caller(state.clone());
     let submit = warp::path("jobs")
         .and(warp::path::end())
         .and(warp::post())
-        .and(with())
+        .and(with.clone())
         .and(caller.clone())
         .and(warp::header::optional::<String>("idempotency-key"))
         .and(super::body::budgeted_body(&state))
@@ -39,28 +33,28 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
     let list = warp::path("jobs")
         .and(warp::path::end())
         .and(warp::get())
-        .and(with())
+        .and(with.clone())
         .and(caller.clone())
         .and(warp::query::raw().or(warp::any().map(String::new)).unify())
         .and_then(|s, c, q| async move { respond(list(s, c, q).await) });
     let get = warp::path!("jobs" / String)
         .and(warp::get())
-        .and(with())
+        .and(with.clone())
         .and(caller.clone())
         .and_then(|id, s, c| async move { respond(get(s, c, id).await) });
     let workflow = warp::path!("jobs" / String / "workflow")
         .and(warp::get())
-        .and(with())
+        .and(with.clone())
         .and(caller.clone())
         .and_then(|id, s, c| async move { respond(workflow(s, c, id).await) });
     let cancel = warp::path!("jobs" / String / "cancel")
         .and(warp::post())
-        .and(with())
+        .and(with.clone())
         .and(caller.clone())
         .and_then(|id, s, c| async move { respond(cancel(s, c, id).await) });
     let events = warp::path!("jobs" / String / "events")
         .and(warp::get())
-        .and(with())
+        .and(with.clone())
         .and(caller)
         .and(warp::header::optional::<String>("last-event-id"))
         .and_then(|id, s, c, last| async move { respond(super::events::stream(s, c, id, last).await) });

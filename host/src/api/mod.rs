@@ -222,6 +222,13 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
         .boxed()
 }
 
+/// A filter that hands a clone of the server's state to a handler (cloning the filter is
+/// cheap: every route takes one).
+pub(crate) fn with_state(state: &Arc<AppState>) -> BoxedFilter<(Arc<AppState>,)> {
+    let state = state.clone();
+    warp::any().map(move || state.clone()).boxed()
+}
+
 /// Wraps a handler result as a response.
 pub fn respond(result: Result<warp::reply::Response, ApiError>) -> Result<warp::reply::Response, warp::Rejection> {
     Ok(result.unwrap_or_else(|e| e.into_response()))

@@ -16,17 +16,11 @@ use super::{respond, AppState};
 
 /// Routes under `/api/v2`: `nodes`, `openapi.json`, and the operator's `admin/drain`.
 pub fn api_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
-    let with = {
-        let state = state.clone();
-        move || {
-            let state = state.clone();
-            warp::any().map(move || state.clone())
-        }
-    };
+    let with = crate::api::with_state(&state);
     let nodes = warp::path("nodes")
         .and(warp::path::end())
         .and(warp::get())
-        .and(with())
+        .and(with.clone())
         .and(super::auth::caller(state.clone()))
         .and_then(|s: Arc<AppState>, _c| async move {
             respond(
@@ -37,11 +31,11 @@ pub fn api_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)>
     let openapi = warp::path("openapi.json")
         .and(warp::path::end())
         .and(warp::get())
-        .and(with())
+        .and(with.clone())
         .map(|s: Arc<AppState>| warp::reply::json(&super::openapi::document(&s.config.mount_prefix)).into_response());
     let drain = warp::path!("admin" / "drain")
         .and(warp::post())
-        .and(with())
+        .and(with.clone())
         .and(warp::header::optional::<String>("authorization"))
         .and_then(|s: Arc<AppState>, auth: Option<String>| async move { respond(drain(&s, auth.as_deref()).await) });
     nodes.or(openapi).unify().or(drain).unify().boxed()
@@ -95,7 +89,7 @@ pub fn root_routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)
     let metrics = warp::path("metrics")
         .and(warp::path::end())
         .and(warp::get())
-        .and(warp::any().map(move || state.clone()))
+        .and(crate::api::with_state(&state))
         .and(warp::header::optional::<String>("authorization"))
         .and_then(|s: Arc<AppState>, auth: Option<String>| async move { respond(metrics(&s, auth.as_deref()).await) });
     health.or(metrics).unify().boxed()

@@ -51,15 +51,9 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
         .boxed()
 }
 
-/// A filter that hands the state to a handler.
-fn with_state(state: &Arc<AppState>) -> BoxedFilter<(Arc<AppState>,)> {
-    let state = state.clone();
-    warp::any().map(move || state.clone()).boxed()
-}
-
 /// The state and the authenticated caller.
 fn with_caller(state: &Arc<AppState>) -> BoxedFilter<(Arc<AppState>, Caller)> {
-    with_state(state).and(auth::caller(state.clone())).boxed()
+    crate::api::with_state(state).and(auth::caller(state.clone())).boxed()
 }
 
 /// A JSON body of at most the configured size, parsed; ComfyUI's routes answer 400 to a

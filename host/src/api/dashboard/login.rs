@@ -161,13 +161,7 @@ fn post_logout(state: &AppState, headers: &HeaderMap) -> warp::reply::Response {
 
 /// `GET`/`POST /login` and `POST /logout`.
 pub(super) fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
-    let with = {
-        let state = state.clone();
-        move || {
-            let state = state.clone();
-            warp::any().map(move || state.clone())
-        }
-    };
+    let with = crate::api::with_state(&state);
     let show = warp::path("login")
         .and(warp::path::end())
         .and(warp::get())
@@ -176,7 +170,7 @@ pub(super) fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response
                 .or(warp::any().map(HashMap::new))
                 .unify(),
         )
-        .and(with())
+        .and(with.clone())
         .map(|query: HashMap<String, String>, state: Arc<AppState>| {
             let next = safe_next(query.get("next").map(String::as_str));
             let response = if state.config.auth == AuthMode::None {
@@ -193,7 +187,7 @@ pub(super) fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response
         .and(warp::header::headers_cloned())
         .and(warp::body::content_length_limit(MAX_FORM_BYTES))
         .and(warp::body::form::<HashMap<String, String>>())
-        .and(with())
+        .and(with.clone())
         .and_then(
             |client: Option<crate::api::ClientAddr>,
              headers: HeaderMap,
@@ -206,7 +200,7 @@ pub(super) fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response
         .and(warp::path::end())
         .and(warp::post())
         .and(warp::header::headers_cloned())
-        .and(with())
+        .and(with.clone())
         .map(|headers: HeaderMap, state: Arc<AppState>| secure(&state, post_logout(&state, &headers)));
     show.or(submit).unify().or(logout).unify().boxed()
 }

@@ -89,16 +89,10 @@ fn asset(name: &str) -> Option<(&'static str, &'static str)> {
 
 /// The dashboard routes, at the server's root.
 pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
-    let with = {
-        let state = state.clone();
-        move || {
-            let state = state.clone();
-            warp::any().map(move || state.clone())
-        }
-    };
+    let with = crate::api::with_state(&state);
     let statics = warp::path!("ui" / "static" / String)
         .and(warp::get())
-        .and(with())
+        .and(with.clone())
         .and_then(|name: String, state: Arc<AppState>| async move {
             match asset(&name) {
                 Some((body, content_type)) => {
@@ -114,7 +108,7 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
         .and(warp::path::full())
         .and(warp::query::raw().or(warp::any().map(String::new)).unify())
         .and(warp::header::headers_cloned())
-        .and(with())
+        .and(with.clone())
         .and_then(
             |path: warp::path::FullPath, query: String, headers: HeaderMap, state: Arc<AppState>| async move {
                 let path = path.as_str().to_string();
