@@ -124,12 +124,15 @@ impl Jobs {
             Commit::Made { files, .. } => files.iter().map(|f| f.data.files()).sum(),
         };
         let mut held = (last && announced <= MAX_HELD_OUTPUTS).then(Vec::new);
-        let node_error = |code: &str, message: String| JobError {
-            code: code.into(),
-            message,
-            node_id: Some(node.id.clone()),
-            class_type: Some(node.class_type.clone()),
-            traceback: None,
+        let failed = |code: &str, message: String| -> CommitResult {
+            let error = JobError {
+                code: code.into(),
+                message,
+                node_id: Some(node.id.clone()),
+                class_type: Some(node.class_type.clone()),
+                traceback: None,
+            };
+            (Err(error), None, None, Vec::new())
         };
         match work {
             Commit::Done => (Ok(Some(Vec::new())), Some((committed, job_files)), None, Vec::new()),
@@ -139,23 +142,13 @@ impl Jobs {
                         return (Ok(None), Some((committed, job_files)), None, Vec::new());
                     }
                     if let Err(m) = self.admit_output(&committed, file.size) {
-                        return (
-                            Err(node_error(NodeErrorCode::JobOutputLimit.as_str(), m)),
-                            None,
-                            None,
-                            Vec::new(),
-                        );
+                        return failed(NodeErrorCode::JobOutputLimit.as_str(), m);
                     }
                     if let Err(m) = self
                         .commit_file(job, &node.id, file.clone(), &mut committed, held.as_mut())
                         .await
                     {
-                        return (
-                            Err(node_error(NodeErrorCode::OutputCommitFailed.as_str(), m)),
-                            None,
-                            None,
-                            Vec::new(),
-                        );
+                        return failed(NodeErrorCode::OutputCommitFailed.as_str(), m);
                     }
                 }
                 (
@@ -173,12 +166,7 @@ impl Jobs {
                         "the node would commit {announced} outputs; the job may commit at most {} (--max-job-outputs)",
                         self.config.max_outputs
                     );
-                    return (
-                        Err(node_error(NodeErrorCode::JobOutputLimit.as_str(), message)),
-                        None,
-                        None,
-                        Vec::new(),
-                    );
+                    return failed(NodeErrorCode::JobOutputLimit.as_str(), message);
                 }
                 let mut stored_files = Vec::new();
                 // One file at a time: encoded, checked against the job's bounds, stored
@@ -192,12 +180,7 @@ impl Jobs {
                         }
                         if began.elapsed() >= budget {
                             let message = "the node ran past its time limit while its outputs were committed".into();
-                            return (
-                                Err(node_error(NodeErrorCode::NodeTimeout.as_str(), message)),
-                                None,
-                                None,
-                                Vec::new(),
-                            );
+                            return failed(NodeErrorCode::NodeTimeout.as_str(), message);
                         }
                         let until = Until {
                             deadline: began + budget,
@@ -210,35 +193,20 @@ impl Jobs {
                             Ok(done) => done,
                             Err((ENCODE_INTERRUPTED, _)) if began.elapsed() >= budget => {
                                 let message = "the node ran past its time limit while its outputs were encoded".into();
-                                return (
-                                    Err(node_error(NodeErrorCode::NodeTimeout.as_str(), message)),
-                                    None,
-                                    None,
-                                    Vec::new(),
-                                );
+                                return failed(NodeErrorCode::NodeTimeout.as_str(), message);
                             }
                             Err((ENCODE_INTERRUPTED, _)) => {
                                 let message = "the job was stopped while its outputs were encoded".into();
-                                return (
-                                    Err(node_error(NodeErrorCode::Canceled.as_str(), message)),
-                                    None,
-                                    None,
-                                    Vec::new(),
-                                );
+                                return failed(NodeErrorCode::Canceled.as_str(), message);
                             }
-                            Err((code, message)) => return (Err(node_error(code, message)), None, None, Vec::new()),
+                            Err((code, message)) => return failed(code, message),
                         };
                         job_files = returned;
                         if let Err(m) = self
                             .commit_file(job, &node.id, cached.clone(), &mut committed, held.as_mut())
                             .await
                         {
-                            return (
-                                Err(node_error(NodeErrorCode::OutputCommitFailed.as_str(), m)),
-                                None,
-                                None,
-                                Vec::new(),
-                            );
+                            return failed(NodeErrorCode::OutputCommitFailed.as_str(), m);
                         }
                         stored_files.push(cached);
                     }
