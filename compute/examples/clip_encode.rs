@@ -27,10 +27,10 @@ fn main() -> anyhow::Result<()> {
     let checkpoint = support::checkpoint()?;
     let runs = support::runs(5);
     let cfg = Sd1Config::sd1();
-    let tensors = load_component(&checkpoint, &cfg, Component::Clip, &Device::Cpu)?;
+    let tensors = load_component(&checkpoint, &cfg, Component::Clip(0), &Device::Cpu)?;
     let clip = ClipText::new(
-        VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu).pp("text_model"),
-        &cfg,
+        VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu),
+        &cfg.text[0],
     )?;
     let text = prompt();
     let chunks = weft_compute::diffusion::prompt::tokenize(&text, None)?;

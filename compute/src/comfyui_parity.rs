@@ -7,7 +7,7 @@
 //!   ComfyUI's final latents within the same relative latent tolerances.
 //!
 //! The checkpoint is the seed-0 random-weight SD1.5 file (2.1 GB), written once per machine
-//! into [`sd15_random::cache_dir`] and reused by later runs.
+//! into [`random_checkpoint::cache_dir`] and reused by later runs.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use candle_core::Device;
 
 use super::diffusion::{ksample, Conditioning, DiffusionModel, SampleSettings, TextEncoder};
-use super::models::{load_sd1, sd15_random, SafetensorsIndex, Sd1Models, DEFAULT_MAX_HEADER};
+use super::models::{load_sd1, random_checkpoint, SafetensorsIndex, Sd1Models, DEFAULT_MAX_HEADER};
 use super::sampling::StepControl;
 use super::text_to_image::{text_to_latent, TextToImage};
 use super::vae;
@@ -87,7 +87,7 @@ impl LatentGap {
 /// One checkpoint load for both parts (it is 2.1 GB); the small sweep runs first.
 #[test]
 fn sd15_default_graph_and_every_sampler_match_comfyui() -> Result<()> {
-    let checkpoint = sd15_random::cached_seed0(&sd15_random::cache_dir())?;
+    let checkpoint = random_checkpoint::SD15.cached_seed0(&random_checkpoint::cache_dir())?;
     let models = Arc::new(load_sd1(&checkpoint, &Device::Cpu)?);
     every_sampler_and_scheduler_matches_comfyui(&models, &checkpoint, |sampler| sampler != SLOW_SAMPLER)?;
     default_graph_matches_comfyui(&models)
@@ -102,7 +102,7 @@ const SLOW_SAMPLER: &str = "dpm_adaptive";
 #[test]
 #[ignore = "minutes of CPU: run it on request (see SLOW_SAMPLER)"]
 fn sd15_dpm_adaptive_matches_comfyui() -> Result<()> {
-    let checkpoint = sd15_random::cached_seed0(&sd15_random::cache_dir())?;
+    let checkpoint = random_checkpoint::SD15.cached_seed0(&random_checkpoint::cache_dir())?;
     let models = Arc::new(load_sd1(&checkpoint, &Device::Cpu)?);
     every_sampler_and_scheduler_matches_comfyui(&models, &checkpoint, |sampler| sampler == SLOW_SAMPLER)
 }
@@ -184,11 +184,11 @@ fn sd15_weighted_long_prompt_matches_the_reference() -> Result<()> {
     let theirs: Vec<Vec<(u32, f64)>> = serde_json::from_value(reference["chunks"].clone())?;
     assert_eq!(ours, theirs, "tokens and weights");
 
-    let checkpoint = sd15_random::cached_seed0(&sd15_random::cache_dir())?;
+    let checkpoint = random_checkpoint::SD15.cached_seed0(&random_checkpoint::cache_dir())?;
     let cfg = Sd1Config::sd1();
-    let tensors = load_component(&checkpoint, &cfg, Component::Clip, &Device::Cpu)?;
+    let tensors = load_component(&checkpoint, &cfg, Component::Clip(0), &Device::Cpu)?;
     let vb = candle_nn::VarBuilder::from_tensors(tensors, candle_core::DType::F32, &Device::Cpu);
-    let clip = ClipText::new(vb.pp("text_model"), &cfg)?;
+    let clip = ClipText::new(vb, &cfg.text[0])?;
     let started = std::time::Instant::now();
     let context = encode_chunks(&clip, clip.layer_count(), &chunks)?;
     eprintln!(
@@ -225,10 +225,16 @@ fn every_sampler_and_scheduler_matches_comfyui(
     let text = |key: &str| s[key].as_str().map(str::to_string).context(key.to_string());
     let number = |key: &str| s[key].as_f64().context(key.to_string());
     let encoder = TextEncoder::new(models.clone(), checkpoint.to_path_buf());
-    let positive =
-        Conditioning::from_context(encoder.encode(&text("positive")?, None, crate::interrupt::Interrupt::NEVER)?);
-    let negative =
-        Conditioning::from_context(encoder.encode(&text("negative")?, None, crate::interrupt::Interrupt::NEVER)?);
+    let positive = Conditioning::from_context(
+        encoder
+            .encode(&text("positive")?, None, crate::interrupt::Interrupt::NEVER)?
+            .context,
+    );
+    let negative = Conditioning::from_context(
+        encoder
+            .encode(&text("negative")?, None, crate::interrupt::Interrupt::NEVER)?
+            .context,
+    );
     let model = DiffusionModel::new(models.clone(), checkpoint.to_path_buf());
     let (width, height) = (number("width")? as u32, number("height")? as u32);
     let shape = [1, models.config.latent_channels as u32, height / 8, width / 8];

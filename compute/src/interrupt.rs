@@ -102,13 +102,18 @@ mod tests {
         let ctx = Tensor::randn(0f32, 1.0, (2, 77, 32), &Device::Cpu).unwrap();
         for checks in [0, 3, 8] {
             let stop = after(checks);
-            let unet = m.unet.forward_interruptible(&x, 500.0, &ctx, Interrupt::new(&stop));
+            let unet = m
+                .unet
+                .forward_interruptible(&x, 500.0, (&ctx, None), Interrupt::new(&stop));
             assert!(unet.is_err(), "the UNet ran on after {checks} checks");
             let stop = after(checks);
             let decoded = m.vae.decode_interruptible(&x, Interrupt::new(&stop));
             assert!(decoded.is_err(), "the VAE decoder ran on after {checks} checks");
         }
-        assert!(m.unet.forward_interruptible(&x, 500.0, &ctx, Interrupt::NEVER).is_ok());
+        assert!(m
+            .unet
+            .forward_interruptible(&x, 500.0, (&ctx, None), Interrupt::NEVER)
+            .is_ok());
         let m = std::sync::Arc::new(m);
         let fired = || true;
         let fired = Interrupt::new(&fired);
@@ -129,7 +134,7 @@ mod tests {
             vae::encode(&vae_model, &image, fired),
             Err(crate::ComputeError::Interrupted)
         ));
-        let context = text.encode("a cat", None, Interrupt::NEVER).unwrap();
+        let context = text.encode("a cat", None, Interrupt::NEVER).unwrap().context;
         let cond = Conditioning::from_context(context);
         let model = DiffusionModel::new(m, path);
         let settings = crate::diffusion::SampleSettings {

@@ -59,7 +59,12 @@ impl Default for TextToImage {
 /// Encodes `text` (ComfyUI's prompt syntax, no embeddings folder) with the models' whole
 /// CLIP text encoder: `[1, 77 * chunks, context_dim]`.
 pub fn encode_text(models: &Sd1Models, text: &str) -> Result<CTensor> {
-    Ok(encode_prompt(&models.clip, models.clip.layer_count(), text, None)?)
+    Ok(encode_prompt(
+        &models.text[0],
+        models.text[0].layer_count(),
+        text,
+        None,
+    )?)
 }
 
 /// The pixel-to-latent scale of the models' VAE (8 for SD1: one per downsampling level).
@@ -107,7 +112,7 @@ impl<'a> GuidedUnet<'a> {
         } else {
             scaled
         };
-        let eps = self.unet.forward(&batch, t, &self.context).context("UNet")?;
+        let eps = self.unet.forward(&batch, t, &self.context, None).context("UNet")?;
         let eps = eps.to_dtype(DType::F32)?;
         // denoised = x - eps * sigma, per half of the batch.
         let per = x.data.len();

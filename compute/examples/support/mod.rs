@@ -3,14 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-use weft_compute::models::sd15_random;
+use weft_compute::models::random_checkpoint;
 
 /// The checkpoint named by the first argument, else the seed-0 random SD1.5 one, written
 /// once into the cache directory (`weft models sd15-random`).
 pub(crate) fn checkpoint() -> anyhow::Result<PathBuf> {
     match std::env::args().nth(1) {
         Some(path) => Ok(PathBuf::from(path)),
-        None => sd15_random::cached_seed0(&sd15_random::cache_dir()),
+        None => random_checkpoint::SD15.cached_seed0(&random_checkpoint::cache_dir()),
     }
 }
 

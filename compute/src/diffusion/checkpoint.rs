@@ -1,11 +1,11 @@
-//! Loading checkpoints for the diffusion nodes: which SD1 layout a file has, loading it
+//! Loading checkpoints for the diffusion nodes: which layout a file has, loading it
 //! through the shared [`ModelCache`], and the errors a node reports for a bad file.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::models::safetensors::{CheckpointError, SafetensorsIndex, DEFAULT_MAX_HEADER};
-use crate::models::sd1::{detect_arch, open_sd1, Arch, Sd1Config};
+use crate::models::sd1::{detect_config, open_sd1, Sd1Config};
 use crate::models::{ModelCache, Sd1Models};
 
 /// Why a model file could not be used. Messages name the file as the workflow did, never
@@ -53,28 +53,28 @@ impl ModelError {
     }
 }
 
-/// The SD1 layout of the checkpoint at `path`: Stable Diffusion 1.x, or weft's tiny test
-/// layout (`weft models tiny-sd`). Other families (SD2, SDXL) and incomplete files are
-/// [`CheckpointError`]s.
+/// The layout of the checkpoint at `path`: Stable Diffusion 1.x, SDXL (with the transformer
+/// depths the file has, so distilled SDXL models load too), the SDXL refiner, or weft's tiny
+/// test layouts (`weft models tiny-sd`). Other families and incomplete files are
+/// [`CheckpointError`]s that say what was found.
 pub fn detect_layout(path: &Path) -> Result<Sd1Config, CheckpointError> {
     let index = SafetensorsIndex::open(path, DEFAULT_MAX_HEADER)?;
-    match detect_arch(&index) {
-        Arch::Sd1 => Ok(Sd1Config::sd1()),
-        Arch::Unknown(hint) => {
-            let tiny = Sd1Config::tiny();
-            match open_sd1(path, &tiny, DEFAULT_MAX_HEADER) {
-                Ok(_) => Ok(tiny),
-                Err(CheckpointError::MissingKeys { .. }) => Err(CheckpointError::WrongArch {
-                    path: path.to_path_buf(),
-                    detail: format!("not a Stable Diffusion 1.x checkpoint ({hint})"),
-                }),
-                Err(e) => Err(e),
+    let unsupported = |detail: String| CheckpointError::WrongArch {
+        path: path.to_path_buf(),
+        detail,
+    };
+    match detect_config(&index) {
+        Ok(config) => Ok(config),
+        Err(found) => {
+            for tiny in [Sd1Config::tiny(), Sd1Config::tiny_sdxl()] {
+                match open_sd1(path, &tiny, DEFAULT_MAX_HEADER) {
+                    Ok(_) => return Ok(tiny),
+                    Err(CheckpointError::MissingKeys { .. }) => {}
+                    Err(e) => return Err(e),
+                }
             }
+            Err(unsupported(found))
         }
-        other => Err(CheckpointError::WrongArch {
-            path: path.to_path_buf(),
-            detail: format!("detected {other:?}; only Stable Diffusion 1.x checkpoints are supported"),
-        }),
     }
 }
 

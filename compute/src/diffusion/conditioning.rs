@@ -24,10 +24,35 @@ pub struct Area {
 pub struct CondEntry {
     /// The text encoder's output, `[1, tokens, context_dim]` (float32).
     pub context: Tensor,
+    /// The pooled output of SDXL's bigG, `[1, 1280]` (ComfyUI's `pooled_output`).
+    pub pooled: Option<Tensor>,
+    /// SDXL's size and aesthetic-score conditioning, where a node set it.
+    pub size: SizeConditioning,
     /// Where it applies; the whole latent when none.
     pub area: Option<Area>,
     /// Weight against the other entries where they overlap.
     pub strength: f32,
+}
+
+/// The numbers SDXL embeds beside the pooled output (ComfyUI's `width`, `height`,
+/// `crop_w`, `crop_h`, `target_width`, `target_height` and the refiner's
+/// `aesthetic_score`); `None` takes ComfyUI's default when sampling.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SizeConditioning {
+    /// Original width in pixels (default: the latent's).
+    pub width: Option<f64>,
+    /// Original height in pixels (default: the latent's).
+    pub height: Option<f64>,
+    /// Left crop in pixels (default 0).
+    pub crop_w: Option<f64>,
+    /// Top crop in pixels (default 0).
+    pub crop_h: Option<f64>,
+    /// Target width in pixels (default: `width`).
+    pub target_width: Option<f64>,
+    /// Target height in pixels (default: `height`).
+    pub target_height: Option<f64>,
+    /// The refiner's aesthetic score (default 6, or 2.5 for the negative prompt).
+    pub aesthetic_score: Option<f64>,
 }
 
 /// A list of encoded prompts (ComfyUI's `CONDITIONING`).
@@ -79,10 +104,18 @@ fn failed(e: candle_core::Error) -> ComputeError {
 }
 
 impl Conditioning {
-    /// One whole-image entry of strength 1 (what `CLIPTextEncode` makes).
+    /// One whole-image entry of strength 1 without a pooled output.
     pub fn from_context(context: Tensor) -> Self {
+        Self::from_encoded(context, None, SizeConditioning::default())
+    }
+
+    /// One whole-image entry of strength 1 (what `CLIPTextEncode` and
+    /// `CLIPTextEncodeSDXL` make).
+    pub fn from_encoded(context: Tensor, pooled: Option<Tensor>, size: SizeConditioning) -> Self {
         Conditioning(vec![CondEntry {
             context,
+            pooled,
+            size,
             area: None,
             strength: 1.0,
         }])
@@ -97,11 +130,11 @@ impl Conditioning {
     /// `entry * strength + source * (1 - strength)`; `source` is cut or zero-padded to the
     /// entry's token count.
     pub fn average(&self, source: &Conditioning, strength: f64) -> Result<Conditioning, ComputeError> {
-        let from = &source
+        let first = source
             .0
             .first()
-            .ok_or_else(|| ComputeError::invalid("conditioning_from is empty"))?
-            .context;
+            .ok_or_else(|| ComputeError::invalid("conditioning_from is empty"))?;
+        let from = &first.context;
         let entries = self
             .0
             .iter()
@@ -116,8 +149,15 @@ impl Conditioning {
                     Tensor::cat(&[from, &pad], 1)?
                 };
                 let blended = ((to * strength)? + (from * (1.0 - strength))?)?;
+                // ComfyUI blends the pooled outputs the same way, or takes the source's.
+                let pooled = match (&entry.pooled, &first.pooled) {
+                    (Some(to), Some(from)) => Some(((to * strength)? + (from * (1.0 - strength))?)?),
+                    (None, from) => from.clone(),
+                    (to, None) => to.clone(),
+                };
                 Ok(CondEntry {
                     context: blended,
+                    pooled,
                     ..entry.clone()
                 })
             })
@@ -156,6 +196,7 @@ impl Conditioning {
             .map(|e| {
                 Ok(CondEntry {
                     context: e.context.zeros_like()?,
+                    pooled: e.pooled.as_ref().map(Tensor::zeros_like).transpose()?,
                     ..e.clone()
                 })
             })

@@ -1,10 +1,11 @@
-//! ComfyUI's `KSampler` / `KSamplerAdvanced` on SD1 networks: the schedule cut to the
+//! ComfyUI's `KSampler` / `KSamplerAdvanced` on SD1 and SDXL networks: the schedule cut to the
 //! requested steps, the seed's noise per batch index, classifier-free guidance over every
 //! conditioning entry (areas and strengths weighted as ComfyUI's `calc_cond_batch` does),
-//! and inpainting by noise mask.
+//! SDXL's size conditioning, and inpainting by noise mask.
 
 use candle_core::{DType, Tensor as CTensor};
 
+use super::adm::{adm_vector, PromptKind};
 use super::conditioning::{can_batch, repeat_to_common_length, Area, CondEntry, Conditioning};
 use super::model::DiffusionModel;
 use super::resize::{resize_planes, Mode};
@@ -15,9 +16,6 @@ use crate::sampling::{
 };
 use crate::values::LatentBatch;
 use crate::ComputeError;
-
-/// SD1's latent scale factor (VAE space to sampler space).
-const SCALE_FACTOR: f32 = 0.18215;
 
 /// A sampling run's parameters: `KSampler`'s, plus `KSamplerAdvanced`'s step window.
 #[derive(Debug, Clone)]
@@ -85,6 +83,14 @@ pub fn ksample(
     if positive.0.is_empty() {
         return Err(ComputeError::invalid("the positive conditioning is empty").into());
     }
+    let needs_pooled = models.config.adm_in_channels.is_some();
+    if needs_pooled && positive.0.iter().chain(&negative.0).any(|e| e.pooled.is_none()) {
+        return Err(ComputeError::invalid(
+            "this SDXL model needs conditioning from its own text encoders (a pooled output); \
+             this conditioning was made by another model's CLIP",
+        )
+        .into());
+    }
     let ms = ModelSampling::sd1();
     let sigmas = schedule(&ms, settings);
     if sigmas.len() <= 1 {
@@ -95,7 +101,8 @@ pub fn ksample(
     } else {
         vec![0.0; latent.data.len()]
     };
-    let latent_in: Vec<f32> = latent.data.iter().map(|v| v * SCALE_FACTOR).collect();
+    let scale_factor = models.config.latent_scale();
+    let latent_in: Vec<f32> = latent.data.iter().map(|v| v * scale_factor).collect();
     let mask = latent.noise_mask.as_ref().map(|m| {
         let planes = resize_planes(
             &m.data,
@@ -164,7 +171,7 @@ pub fn ksample(
         other => SampleFailure::Compute(ComputeError::Failed(other.to_string())),
     })?;
     Ok(LatentBatch {
-        data: samples.data.iter().map(|v| v / SCALE_FACTOR).collect(),
+        data: samples.data.iter().map(|v| v / scale_factor).collect(),
         ..latent.clone()
     })
 }
@@ -318,8 +325,7 @@ impl Guidance<'_> {
                 })
                 .map(|i| x[i])
                 .collect();
-            let entries: Vec<&CondEntry> = members.iter().map(|&(_, entry)| entry).collect();
-            let preds = self.unet(&entries, &crop, [b, c, h, w], sigma)?;
+            let preds = self.unet(&members, &crop, [b, c, h, w], sigma)?;
             for (&(index, entry), pred) in members.iter().zip(preds.chunks_exact(crop.len())) {
                 let mult = weights(entry, region, height, width);
                 let (out, counts) = (&mut out[index], &mut counts[index]);
@@ -343,9 +349,16 @@ impl Guidance<'_> {
         Ok(out)
     }
 
-    /// One UNet call for `members` on the cropped batch `crop`, their contexts repeated to a
-    /// common length: every member's denoised prediction, one after the other.
-    fn unet(&self, members: &[&CondEntry], crop: &[f32], shape: [usize; 4], sigma: f32) -> anyhow::Result<Vec<f32>> {
+    /// One UNet call for `members` (entries with the index of their conditioning: 0 positive,
+    /// 1 negative) on the cropped batch `crop`, their contexts repeated to a common length:
+    /// every member's denoised prediction, one after the other.
+    fn unet(
+        &self,
+        members: &[(usize, &CondEntry)],
+        crop: &[f32],
+        shape: [usize; 4],
+        sigma: f32,
+    ) -> anyhow::Result<Vec<f32>> {
         let device = &self.model.checkpoint.device;
         let b = shape[0];
         let scale = (sigma * sigma + 1.0).sqrt();
@@ -354,14 +367,15 @@ impl Guidance<'_> {
         let input = CTensor::cat(&vec![&input; members.len()], 0)?;
         let contexts = members
             .iter()
-            .map(|e| e.context.to_device(device)?.repeat((b, 1, 1)))
+            .map(|(_, e)| e.context.to_device(device)?.repeat((b, 1, 1)))
             .collect::<candle_core::Result<Vec<_>>>()?;
         let context = CTensor::cat(&repeat_to_common_length(&contexts)?, 0)?;
+        let y = self.adm(members, b)?;
         let t = self.ms.timestep(sigma) as f64;
         let eps = self
             .model
             .unet()
-            .forward_interruptible(&input, t, &context, self.stop)?;
+            .forward_interruptible(&input, t, (&context, y.as_ref()), self.stop)?;
         let eps = eps.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
         Ok(eps
             .chunks_exact(crop.len())
@@ -370,10 +384,33 @@ impl Guidance<'_> {
     }
 }
 
+impl Guidance<'_> {
+    /// The members' SDXL conditioning vectors, each repeated for the `batch` latents, or
+    /// `None` for models without one.
+    fn adm(&self, members: &[(usize, &CondEntry)], batch: usize) -> anyhow::Result<Option<CTensor>> {
+        let config = &self.model.checkpoint.config;
+        let latent = (self.shape[2], self.shape[3]);
+        let mut rows = Vec::with_capacity(members.len());
+        for &(index, entry) in members {
+            let kind = if index == 0 {
+                PromptKind::Positive
+            } else {
+                PromptKind::Negative
+            };
+            match adm_vector(config.family, entry, latent, kind)? {
+                Some(y) => rows.push(y.to_device(&self.model.checkpoint.device)?.repeat((batch, 1))?),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(CTensor::cat(&rows, 0)?))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::diffusion::latent;
+    use crate::diffusion::SizeConditioning;
     use crate::models::candle_sd1::tiny_test_models;
     use crate::text_to_image::{text_to_image, TextToImage};
 
@@ -589,5 +626,68 @@ mod tests {
         assert_eq!(pair.batch_index, Some(vec![0, 1]));
         let noise = prepare_noise(9, &[2, 4, 8, 16], pair.batch_index.as_deref());
         assert_eq!(noise, seeded_noise(9, &[2, 4, 8, 16]).data);
+    }
+
+    /// A tiny SDXL: both encoders, the pooled output and the size conditioning reach the
+    /// UNet, and the sizes change the result.
+    #[test]
+    fn a_tiny_sdxl_samples_with_its_size_conditioning() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny-sdxl.safetensors");
+        let cfg = crate::models::Sd1Config::tiny_sdxl();
+        crate::models::write_random_checkpoint(&path, &cfg, 4).unwrap();
+        assert_eq!(crate::diffusion::detect_layout(&path).unwrap(), cfg);
+        let cache = crate::models::ModelCache::new(u64::MAX, candle_core::Device::Cpu);
+        let m = crate::diffusion::load_checkpoint(&cache, &path, "tiny-sdxl.safetensors").unwrap();
+        let text = crate::diffusion::TextEncoder::new(m.clone(), path.clone());
+        let encode = |t: &str| text.encode(t, None, Interrupt::NEVER).unwrap();
+        let (pos, neg) = (encode("a lighthouse"), encode("blurry"));
+        assert_eq!(pos.context.dims(), &[1, 77, 80]);
+        assert_eq!(pos.pooled.as_ref().unwrap().dims(), &[1, 48]);
+        let model = DiffusionModel::new(m, path);
+        let empty = latent::empty(32, 16, 1).unwrap();
+        let run = |size: SizeConditioning| {
+            let cond =
+                |e: &crate::diffusion::Encoded| Conditioning::from_encoded(e.context.clone(), e.pooled.clone(), size);
+            ksample(
+                &model,
+                &cond(&pos),
+                &cond(&neg),
+                &empty,
+                &settings(42),
+                &mut |_| StepControl::Continue,
+                Interrupt::NEVER,
+            )
+            .unwrap()
+        };
+        let plain = run(SizeConditioning::default());
+        assert!(plain.data.iter().all(|v| v.is_finite()));
+        let same = run(SizeConditioning {
+            width: Some(32.0),
+            height: Some(16.0),
+            ..Default::default()
+        });
+        assert_eq!(plain.data, same.data, "the defaults are the latent's size");
+        let cropped = run(SizeConditioning {
+            crop_w: Some(8.0),
+            ..Default::default()
+        });
+        assert_ne!(plain.data, cropped.data);
+        // Conditioning without a pooled output (another model's) is refused, not sampled.
+        let bare = Conditioning::from_context(pos.context.clone());
+        let refused = ksample(
+            &model,
+            &bare,
+            &bare,
+            &empty,
+            &settings(1),
+            &mut |_| StepControl::Continue,
+            Interrupt::NEVER,
+        );
+        assert!(
+            matches!(refused, Err(SampleFailure::Compute(ComputeError::Invalid(_)))),
+            "{:?}",
+            refused.err()
+        );
     }
 }

@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::checkpoint::ModelError;
 use crate::models::safetensors::{SafetensorsIndex, DEFAULT_MAX_HEADER};
-use crate::models::sd1::{checkpoint_layout, ldm_to_candle, Component, Sd1Config, UNET_PREFIX};
+use crate::models::sd1::{checkpoint_layout, fit_to_network, ldm_to_candle, Component, Sd1Config, UNET_PREFIX};
 use crate::sampling::TorchGenerator;
 
 /// One weight's low-rank update.
@@ -169,8 +169,15 @@ fn targets(cfg: &Sd1Config) -> HashMap<String, (Component, String)> {
                     out.insert(format!("lora_unet_{original}"), (component, candle));
                 }
             }
-            Component::Clip => {
-                out.insert(format!("lora_te_{diffusers}"), (component, candle));
+            Component::Clip(i) => {
+                // kohya's names: `lora_te_` for a single text encoder, `lora_te1_` and
+                // `lora_te2_` for SDXL's two.
+                let te = if cfg.text.len() == 1 {
+                    String::new()
+                } else {
+                    (i + 1).to_string()
+                };
+                out.insert(format!("lora_te{te}_{diffusers}"), (component, candle));
             }
             Component::Vae => {}
         }
@@ -192,7 +199,8 @@ pub fn load_component(
     for (name, _) in mm.tensors() {
         if let Some((c, target)) = ldm_to_candle(&name, cfg) {
             if c == component {
-                tensors.insert(target, mm.load(&name, device)?.to_dtype(DType::F32)?);
+                let tensor = fit_to_network(&target, mm.load(&name, device)?.to_dtype(DType::F32)?)?;
+                tensors.insert(target, tensor);
             }
         }
     }
@@ -211,7 +219,7 @@ pub fn write_random_lora(path: &Path, cfg: &Sd1Config, seed: u64, rank: usize) -
         };
         let prefix = match component {
             Component::Unet if candle.contains(".attentions.") => "lora_unet",
-            Component::Clip if candle.contains(".layers.") => "lora_te",
+            Component::Clip(_) if candle.contains(".layers.") => "lora_te",
             _ => continue,
         };
         let (rows, cols, conv) = match shape.as_slice() {

@@ -4,6 +4,7 @@
 //! decoding with ComfyUI's cropping and inpainting. Nothing here knows about wasm, jobs or
 //! HTTP; the runtime's `diffusion` capability exposes it to nodes by handle.
 
+pub mod adm;
 pub mod autoencoder;
 pub mod checkpoint;
 pub mod conditioning;
@@ -18,8 +19,8 @@ pub mod vae;
 
 pub use autoencoder::{write_random_vae, Autoencoder, StandaloneVae};
 pub use checkpoint::{detect_layout, load_checkpoint, ModelError};
-pub use conditioning::{Area, CondEntry, Conditioning};
+pub use conditioning::{Area, CondEntry, Conditioning, SizeConditioning};
 pub use ksampler::{ksample, SampleFailure, SampleSettings};
 pub use lora::{write_random_lora, Lora};
 pub use model::DiffusionModel;
-pub use text::TextEncoder;
+pub use text::{Encoded, TextEncoder};

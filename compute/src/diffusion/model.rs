@@ -78,7 +78,7 @@ mod tests {
         let lora = Arc::new(Lora::read(&path, "lora.safetensors").unwrap());
         let x = candle_core::Tensor::ones((1, 4, 4, 4), DType::F32, &candle_core::Device::Cpu).unwrap();
         let ctx = candle_core::Tensor::ones((1, 77, 32), DType::F32, &candle_core::Device::Cpu).unwrap();
-        let run = |m: &DiffusionModel| m.unet().forward(&x, 500.0, &ctx).unwrap();
+        let run = |m: &DiffusionModel| m.unet().forward(&x, 500.0, &ctx, None).unwrap();
         let plain = run(&base);
         let zero = base.with_lora(lora.clone(), 0.0).unwrap();
         assert_eq!(crate::max_abs_diff(&plain, &run(&zero)), 0.0);

@@ -1,5 +1,5 @@
-//! Loads an SD1.x original-layout checkpoint into weft's UNet, autoencoder and CLIP text
-//! transformer (float32, on the device chosen by [`crate::device::select_device`]).
+//! Loads an original-layout checkpoint (SD1.x, SDXL, the SDXL refiner) into weft's UNet,
+//! autoencoder and CLIP text transformers (float32, on the device chosen by [`crate::device::select_device`]).
 //!
 //! The checkpoint is validated by [`open_sd1`] first (header cap, bounds, shapes, dtypes, arch),
 //! then read tensor by tensor; tensors are renamed with [`ldm_to_candle`]. Errors from validation are
@@ -16,17 +16,18 @@ use candle_nn::VarBuilder;
 use crate::models::autoencoder::Sd1Vae;
 use crate::models::clip_text::ClipText;
 use crate::models::safetensors::DEFAULT_MAX_HEADER;
-use crate::models::sd1::{ldm_to_candle, open_sd1, Component, Sd1Config};
+use crate::models::sd1::{fit_to_network, ldm_to_candle, network_shape, open_sd1, Component, Sd1Config};
 use crate::models::unet::Sd1Unet;
 
-/// The three SD1 networks.
+/// A checkpoint's networks.
 pub struct Sd1Models {
     /// Denoising UNet (EPS prediction).
     pub unet: Sd1Unet,
     /// KL autoencoder (encoding gives the posterior's mean, as ComfyUI's).
     pub vae: Sd1Vae,
-    /// CLIP text transformer (ViT-L/14 text tower for SD1; smaller for test layouts).
-    pub clip: ClipText,
+    /// The text encoders, in the order of the configuration's `text` (SD1: ViT-L; SDXL:
+    /// ViT-L and bigG; smaller for test layouts).
+    pub text: Vec<ClipText>,
     /// The layout these networks were built from.
     pub config: Sd1Config,
     /// The device holding the weights.
@@ -67,6 +68,7 @@ pub fn load_sd1_with_config(path: &Path, cfg: &Sd1Config, device: &Device) -> Re
         };
         let values = index.read_f32(name)?;
         let t = Tensor::from_vec(values, info.shape.as_slice(), device)
+            .and_then(|t| fit_to_network(&target, t))
             .with_context(|| format!("loading tensor {name}"))?;
         bytes += t.elem_count() as u64 * 4;
         parts.entry(component).or_default().insert(target, t);
@@ -76,12 +78,19 @@ pub fn load_sd1_with_config(path: &Path, cfg: &Sd1Config, device: &Device) -> Re
     let unet = Sd1Unet::new(unet_vb, cfg).context("building the UNet")?;
     let vae_vb = VarBuilder::from_tensors(take(Component::Vae), DType::F32, device);
     let vae = Sd1Vae::new(vae_vb, cfg).context("building the VAE")?;
-    let clip_vb = VarBuilder::from_tensors(take(Component::Clip), DType::F32, device);
-    let clip = ClipText::new(clip_vb.pp("text_model"), cfg).context("building CLIP")?;
+    let text = cfg
+        .text
+        .iter()
+        .enumerate()
+        .map(|(i, clip)| {
+            let vb = VarBuilder::from_tensors(take(Component::Clip(i)), DType::F32, device);
+            ClipText::new(vb, clip).with_context(|| format!("building {}", clip.name))
+        })
+        .collect::<Result<_>>()?;
     Ok(Sd1Models {
         unet,
         vae,
-        clip,
+        text,
         config: cfg.clone(),
         device: device.clone(),
         bytes,
@@ -139,6 +148,7 @@ pub fn verify_mapping(cfg: &Sd1Config) -> Result<Vec<String>> {
     let mut parts: HashMap<Component, Served> = HashMap::new();
     for (ldm, shape) in checkpoint_layout(cfg) {
         let (c, n) = ldm_to_candle(&ldm, cfg).ok_or_else(|| anyhow::anyhow!("unmapped {ldm}"))?;
+        let shape = network_shape(&n, &shape);
         parts.entry(c).or_default().insert(n, (shape, ldm));
     }
     let dev = Device::Cpu;
@@ -161,8 +171,8 @@ pub fn verify_mapping(cfg: &Sd1Config) -> Result<Vec<String>> {
             Component::Vae => {
                 Sd1Vae::new(vb, cfg)?;
             }
-            Component::Clip => {
-                ClipText::new(vb.pp("text_model"), cfg)?;
+            Component::Clip(i) => {
+                ClipText::new(vb, &cfg.text[i])?;
             }
         }
         let used = used.lock().expect("lock");
@@ -247,9 +257,9 @@ mod tests {
         let m = load_sd1_with_config(&p, &cfg, &dev)?;
         let x = Tensor::randn(0f32, 1.0, (1, 4, 8, 8), &dev)?;
         let ids = Tensor::new(&[[49406u32, 320, 1125, 49407]], &dev)?;
-        let ctx = m.clip.forward(&ids)?;
+        let ctx = m.text[0].forward(&ids)?;
         assert_eq!(ctx.dims(), &[1, 4, cfg.context_dim]);
-        let eps = m.unet.forward(&x, 999.0, &ctx)?;
+        let eps = m.unet.forward(&x, 999.0, &ctx, None)?;
         assert_eq!(eps.dims(), &[1, 4, 8, 8]);
         let img = m.vae.decode(&x)?;
         assert_eq!(img.dims(), &[1, 3, 16, 16]);
@@ -367,7 +377,7 @@ mod tests {
             write_f32_safetensors(&p, &[(name.to_string(), shape, vec![1.0; len])], &BTreeMap::new())?;
             let e = load_err(&p, &Sd1Config::sd1());
             assert!(matches!(e, CheckpointError::WrongArch { .. }), "{name}: {e}");
-            assert!(e.to_string().contains("not an SD1.x checkpoint"), "{e}");
+            assert!(e.to_string().contains("unsupported model family"), "{e}");
         }
         // The tiny layout is not mistaken for a full SD1 checkpoint either.
         let p = tiny_file(&dir)?;

@@ -1,6 +1,7 @@
-//! weft's CLIP text transformer (OpenAI's ViT-L/14 text tower for SD1): token and position
-//! embeddings, pre-norm encoder layers (causal self-attention, quick-GELU MLP) and a final
-//! layer norm. Unlike candle-transformers' `ClipTextTransformer` it takes input embeddings
+//! weft's CLIP text transformer (OpenAI's ViT-L/14 text tower for SD1 and SDXL, OpenCLIP's
+//! ViT-bigG/14 for SDXL): token and position embeddings, pre-norm encoder layers (causal
+//! self-attention, quick-GELU or GELU MLP), a final layer norm and, for bigG, the projection
+//! of the pooled output. Unlike candle-transformers' `ClipTextTransformer` it takes input embeddings
 //! (textual-inversion vectors stand in for tokens there) and stops after any layer without
 //! building a second model (`CLIPSetLastLayer`). Weights are read under candle's names, so
 //! the checkpoint mapping of `sd1.rs` serves both.
@@ -10,7 +11,7 @@ use candle_nn::{layer_norm, LayerNorm, VarBuilder};
 
 use crate::interrupt::Interrupt;
 use crate::linear::Linear;
-use crate::models::sd1::Sd1Config;
+use crate::models::sd1::{ClipActivation, ClipConfig};
 
 /// CLIP's layer-norm epsilon.
 const EPS: f64 = 1e-5;
@@ -23,22 +24,43 @@ pub struct ClipText {
     layers: Vec<EncoderLayer>,
     final_norm: LayerNorm,
     heads: usize,
+    /// `text_projection` as `[in, out]`, for the pooled output.
+    projection: Option<Tensor>,
+}
+
+/// What [`ClipText::encode`] gives: the chosen layer's output and, when asked, the pooled
+/// output.
+pub struct ClipOutput {
+    /// `[b, n, width]`.
+    pub hidden: Tensor,
+    /// `[b, width]`: the final-normed last layer at each row's pooling position, through
+    /// `text_projection`.
+    pub pooled: Option<Tensor>,
 }
 
 impl ClipText {
-    /// Reads the weights of layout `cfg` from `vb` (candle's `text_model` names).
-    pub fn new(vb: VarBuilder, cfg: &Sd1Config) -> Result<Self> {
-        let d = cfg.context_dim;
-        let embeddings = vb.pp("embeddings");
-        let layers = (0..cfg.clip_layers)
-            .map(|i| EncoderLayer::new(vb.pp(format!("encoder.layers.{i}")), d, cfg.clip_intermediate))
+    /// Reads the weights of encoder `cfg` from `vb` (Hugging Face's names, under which
+    /// [`super::ldm_to_candle`] puts both layouts: `text_model.*`, and
+    /// `text_projection.weight` `[out, in]` or `text_projection.in_out` `[in, out]`).
+    pub fn new(vb: VarBuilder, cfg: &ClipConfig) -> Result<Self> {
+        let d = cfg.width;
+        let text = vb.pp("text_model");
+        let embeddings = text.pp("embeddings");
+        let layers = (0..cfg.layers)
+            .map(|i| EncoderLayer::new(text.pp(format!("encoder.layers.{i}")), cfg))
             .collect::<Result<_>>()?;
+        let projection = match cfg.projection {
+            false => None,
+            true if vb.contains_tensor("text_projection.in_out") => Some(vb.get((d, d), "text_projection.in_out")?),
+            true => Some(vb.get((d, d), "text_projection.weight")?.t()?.contiguous()?),
+        };
         Ok(ClipText {
-            token_embedding: embeddings.get((cfg.clip_vocab, d), "token_embedding.weight")?,
-            position_embedding: embeddings.get((cfg.clip_positions, d), "position_embedding.weight")?,
+            token_embedding: embeddings.get((cfg.vocab, d), "token_embedding.weight")?,
+            position_embedding: embeddings.get((cfg.positions, d), "position_embedding.weight")?,
             layers,
-            final_norm: layer_norm(d, EPS, vb.pp("final_layer_norm"))?,
-            heads: cfg.clip_heads,
+            final_norm: layer_norm(d, EPS, text.pp("final_layer_norm"))?,
+            heads: cfg.heads,
+            projection,
         })
     }
 
@@ -89,6 +111,20 @@ impl ClipText {
         layers: usize,
         stop: Interrupt<'_>,
     ) -> Result<Tensor> {
+        Ok(self.encode(embeds, layers, true, None, stop)?.hidden)
+    }
+
+    /// The output of the first `layers` encoder layers on `embeds` (`[b, n, width]`), with
+    /// the final layer norm when `norm_hidden`; with `pooled_at` (a position per row) also
+    /// the pooled output, which runs every layer. `stop` is asked before every layer.
+    pub fn encode(
+        &self,
+        embeds: &Tensor,
+        layers: usize,
+        norm_hidden: bool,
+        pooled_at: Option<&[usize]>,
+        stop: Interrupt<'_>,
+    ) -> Result<ClipOutput> {
         let (_, n, d) = embeds.dims3()?;
         if n > self.positions() || d != self.width() || layers == 0 || layers > self.layers.len() {
             candle_core::bail!(
@@ -102,11 +138,45 @@ impl ClipText {
         let positions = self.position_embedding.narrow(0, 0, n)?;
         let mut x = embeds.broadcast_add(&positions)?;
         let mask = causal_mask(n, embeds.device())?;
-        for layer in &self.layers[..layers] {
+        let run = if pooled_at.is_some() { self.layers.len() } else { layers };
+        let mut hidden = None;
+        for (i, layer) in self.layers[..run].iter().enumerate() {
             stop.check()?;
             x = layer.forward(&x, &mask, self.heads)?;
+            if i + 1 == layers {
+                hidden = Some(x.clone());
+            }
         }
-        self.final_norm.forward(&x)
+        let hidden = hidden.unwrap_or_else(|| x.clone());
+        let hidden = if norm_hidden {
+            self.final_norm.forward(&hidden)?
+        } else {
+            hidden
+        };
+        let pooled = match pooled_at {
+            Some(at) => Some(self.pooled(&x, at)?),
+            None => None,
+        };
+        Ok(ClipOutput { hidden, pooled })
+    }
+
+    /// The final-normed `last` (`[b, n, width]`) at each row's position in `at`, through the
+    /// projection when the encoder has one: `[b, width]`.
+    fn pooled(&self, last: &Tensor, at: &[usize]) -> Result<Tensor> {
+        let (b, n, _) = last.dims3()?;
+        if at.len() != b || at.iter().any(|&p| p >= n) {
+            candle_core::bail!("pooling positions {at:?} do not fit {b} rows of {n} tokens");
+        }
+        let rows = at
+            .iter()
+            .enumerate()
+            .map(|(row, &p)| last.get(row)?.narrow(0, p, 1))
+            .collect::<Result<Vec<_>>>()?;
+        let picked = self.final_norm.forward(&Tensor::cat(&rows, 0)?)?;
+        match &self.projection {
+            Some(p) => picked.matmul(p),
+            None => Ok(picked),
+        }
     }
 }
 
@@ -130,20 +200,29 @@ struct EncoderLayer {
     fc1: Linear,
     fc2: Linear,
     width: usize,
+    activation: ClipActivation,
 }
 
 impl EncoderLayer {
-    fn new(vb: VarBuilder, d: usize, intermediate: usize) -> Result<Self> {
+    fn new(vb: VarBuilder, cfg: &ClipConfig) -> Result<Self> {
+        let (d, intermediate) = (cfg.width, cfg.intermediate);
         let attn = vb.pp("self_attn");
-        let parts = [(attn.pp("q_proj"), d), (attn.pp("k_proj"), d), (attn.pp("v_proj"), d)];
+        // OpenCLIP stores q, k and v stacked already; Hugging Face's names keep them apart.
+        let qkv = if attn.contains_tensor("in_proj.weight") {
+            Linear::new(attn.pp("in_proj"), d, 3 * d)?
+        } else {
+            let parts = [(attn.pp("q_proj"), d), (attn.pp("k_proj"), d), (attn.pp("v_proj"), d)];
+            Linear::stacked(&parts, d)?
+        };
         Ok(EncoderLayer {
             norm1: layer_norm(d, EPS, vb.pp("layer_norm1"))?,
-            qkv: Linear::stacked(&parts, d)?,
+            qkv,
             out: Linear::new(attn.pp("out_proj"), d, d)?,
             norm2: layer_norm(d, EPS, vb.pp("layer_norm2"))?,
             fc1: Linear::new(vb.pp("mlp.fc1"), d, intermediate)?,
             fc2: Linear::new(vb.pp("mlp.fc2"), intermediate, d)?,
             width: d,
+            activation: cfg.activation,
         })
     }
 
@@ -159,7 +238,10 @@ impl EncoderLayer {
         )?;
         let x = self.out.forward_add(&attended, x)?;
         let hidden = self.fc1.forward(&self.norm2.forward(&x)?)?;
-        let hidden = (&hidden * candle_nn::ops::sigmoid(&(&hidden * 1.702)?)?)?;
+        let hidden = match self.activation {
+            ClipActivation::QuickGelu => (&hidden * candle_nn::ops::sigmoid(&(&hidden * 1.702)?)?)?,
+            ClipActivation::Gelu => hidden.gelu_erf()?,
+        };
         self.fc2.forward_add(&hidden, &x)
     }
 }
@@ -196,43 +278,47 @@ mod tests {
     #[test]
     fn matches_candle_transformers_clip() {
         let (dir, models) = tiny_test_models(3).unwrap();
-        let cfg = &models.config;
+        let cfg = &models.config.text[0];
         let path = dir.path().join("tiny.safetensors");
-        let tensors =
-            crate::diffusion::lora::load_component(&path, cfg, crate::models::Component::Clip, &models.device).unwrap();
+        let tensors = crate::diffusion::lora::load_component(
+            &path,
+            &models.config,
+            crate::models::Component::Clip(0),
+            &models.device,
+        )
+        .unwrap();
         let vb = VarBuilder::from_tensors(tensors, DType::F32, &models.device);
         let config = ClipTextConfig {
-            vocab_size: cfg.clip_vocab,
-            embed_dim: cfg.context_dim,
+            vocab_size: cfg.vocab,
+            embed_dim: cfg.width,
             activation: Activation::QuickGelu,
-            intermediate_size: cfg.clip_intermediate,
-            max_position_embeddings: cfg.clip_positions,
+            intermediate_size: cfg.intermediate,
+            max_position_embeddings: cfg.positions,
             pad_with: None,
-            num_hidden_layers: cfg.clip_layers,
-            num_attention_heads: cfg.clip_heads,
-            projection_dim: cfg.context_dim,
+            num_hidden_layers: cfg.layers,
+            num_attention_heads: cfg.heads,
+            projection_dim: cfg.width,
         };
         let candle = ClipTextTransformer::new(vb.pp("text_model"), &config).unwrap();
         let ids = Tensor::new(&[[49406u32, 320, 1125, 539, 320, 2368, 49407, 49407]], &models.device).unwrap();
         let theirs = candle.forward_with_mask(&ids, usize::MAX).unwrap();
-        let ours = models.clip.forward(&ids).unwrap();
-        assert_eq!(ours.dims(), &[1, 8, cfg.context_dim]);
+        let ours = models.text[0].forward(&ids).unwrap();
+        assert_eq!(ours.dims(), &[1, 8, cfg.width]);
         let diff = crate::max_abs_diff(&ours, &theirs);
         assert!(diff < 1e-4, "differs from candle's CLIP by {diff}");
         // Stopping early uses fewer layers; bad shapes are errors, not panics.
-        let embeds = models
-            .clip
+        let embeds = models.text[0]
             .token_embeddings(&[49406, 320, 49407])
             .unwrap()
             .unsqueeze(0)
             .unwrap();
-        let one = models.clip.forward_embeddings(&embeds, 1).unwrap();
-        let two = models.clip.forward_embeddings(&embeds, 2).unwrap();
+        let one = models.text[0].forward_embeddings(&embeds, 1).unwrap();
+        let two = models.text[0].forward_embeddings(&embeds, 2).unwrap();
         assert!(crate::max_abs_diff(&one, &two) > 0.0);
-        assert!(models.clip.forward_embeddings(&embeds, 0).is_err());
-        assert!(models.clip.forward_embeddings(&embeds, 3).is_err());
-        assert!(models.clip.token_embeddings(&[60_000]).is_err());
-        let long = Tensor::zeros((1, 78, cfg.context_dim), DType::F32, &models.device).unwrap();
-        assert!(models.clip.forward_embeddings(&long, 2).is_err());
+        assert!(models.text[0].forward_embeddings(&embeds, 0).is_err());
+        assert!(models.text[0].forward_embeddings(&embeds, 3).is_err());
+        assert!(models.text[0].token_embeddings(&[60_000]).is_err());
+        let long = Tensor::zeros((1, 78, cfg.width), DType::F32, &models.device).unwrap();
+        assert!(models.text[0].forward_embeddings(&long, 2).is_err());
     }
 }

@@ -6,9 +6,9 @@ pub mod autoencoder;
 pub mod cache;
 pub mod candle_sd1;
 pub mod clip_text;
+pub mod random_checkpoint;
 pub mod safetensors;
 pub mod sd1;
-pub mod sd15_random;
 pub mod unet;
 mod working;
 

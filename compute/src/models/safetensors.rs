@@ -48,7 +48,7 @@ pub enum CheckpointError {
         detail: String,
     },
     /// The checkpoint is a different model family.
-    #[error("{path}: not an SD1.x checkpoint: {detail}")]
+    #[error("{path}: unsupported model family: {detail}")]
     WrongArch {
         /// File.
         path: PathBuf,

@@ -13,19 +13,179 @@ pub const UNET_PREFIX: &str = "model.diffusion_model.";
 pub const VAE_PREFIX: &str = "first_stage_model.";
 /// CLIP text encoder prefix in SD1 checkpoints.
 pub const CLIP_PREFIX: &str = "cond_stage_model.transformer.";
+/// SDXL's CLIP ViT-L prefix.
+pub const SDXL_CLIP_L_PREFIX: &str = "conditioner.embedders.0.transformer.";
+/// SDXL's OpenCLIP bigG prefix.
+pub const SDXL_CLIP_G_PREFIX: &str = "conditioner.embedders.1.model.";
+/// The SDXL refiner's OpenCLIP bigG prefix.
+pub const REFINER_CLIP_G_PREFIX: &str = "conditioner.embedders.0.model.";
 
-/// Hyper-parameters that determine the tensor layout.
+/// The model families weft runs, as ComfyUI's model detection names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// Stable Diffusion 1.x: one CLIP ViT-L, 768-wide context.
+    Sd1,
+    /// SDXL base and its distilled variants: CLIP ViT-L and OpenCLIP ViT-bigG, 2048-wide
+    /// context, size conditioning.
+    Sdxl,
+    /// The SDXL refiner: OpenCLIP ViT-bigG alone, aesthetic-score conditioning.
+    SdxlRefiner,
+}
+
+/// How the UNet's attention is split into heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heads {
+    /// A fixed number of heads at every width (SD1: 8).
+    Count(usize),
+    /// Heads of a fixed width (SDXL: 64 channels each).
+    Width(usize),
+}
+
+impl Heads {
+    /// The number of heads at `channels`.
+    pub fn at(self, channels: usize) -> usize {
+        match self {
+            Heads::Count(n) => n,
+            Heads::Width(w) => (channels / w).max(1),
+        }
+    }
+}
+
+/// The activation of a text encoder's MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClipActivation {
+    /// `x * sigmoid(1.702 x)` (OpenAI's CLIP).
+    QuickGelu,
+    /// The exact, erf-based GELU (OpenCLIP's bigG).
+    Gelu,
+}
+
+/// How a text encoder's tensors are named in a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClipNames {
+    /// Hugging Face's `text_model.*` names (CLIP ViT-L).
+    HuggingFace,
+    /// OpenCLIP's names (`transformer.resblocks.*`, stacked `in_proj_weight`,
+    /// `text_projection` stored `[in, out]`).
+    OpenClip,
+}
+
+/// One CLIP text encoder of a checkpoint and how ComfyUI uses it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClipConfig {
+    /// ComfyUI's name for it, the key of its embeddings: `clip_l` or `clip_g`.
+    pub name: &'static str,
+    /// Its tensors' prefix in a single-file checkpoint.
+    pub prefix: &'static str,
+    /// How its tensors are named there.
+    pub names: ClipNames,
+    /// Vocabulary (49408).
+    pub vocab: usize,
+    /// Positions (77).
+    pub positions: usize,
+    /// Width (768 for ViT-L, 1280 for bigG).
+    pub width: usize,
+    /// Encoder layers (12, 32).
+    pub layers: usize,
+    /// Attention heads (12, 20).
+    pub heads: usize,
+    /// MLP width (3072, 5120).
+    pub intermediate: usize,
+    /// MLP activation.
+    pub activation: ClipActivation,
+    /// Whether it has a `text_projection` and gives a pooled output.
+    pub projection: bool,
+    /// The layer whose output is the encoding by default: -1 is the last, -2 the one before.
+    pub default_layer: i32,
+    /// Whether the final layer norm is applied to the chosen layer's output (SD1's CLIP) or
+    /// not (SDXL's two encoders).
+    pub norm_hidden: bool,
+    /// The token that fills a prompt's chunk after its end token: the end token itself
+    /// (49407) for CLIP ViT-L, 0 for SDXL's bigG.
+    pub pad_token: u32,
+}
+
+impl ClipConfig {
+    /// OpenAI's CLIP ViT-L/14 text tower under `prefix`, as SD1 uses it (last layer, final
+    /// norm applied).
+    pub fn vit_l(prefix: &'static str) -> Self {
+        ClipConfig {
+            name: "clip_l",
+            prefix,
+            names: ClipNames::HuggingFace,
+            vocab: 49408,
+            positions: 77,
+            width: 768,
+            layers: 12,
+            heads: 12,
+            intermediate: 3072,
+            activation: ClipActivation::QuickGelu,
+            projection: false,
+            default_layer: -1,
+            norm_hidden: true,
+            pad_token: 49407,
+        }
+    }
+
+    /// CLIP ViT-L as SDXL uses it: the penultimate layer, without the final norm.
+    pub fn vit_l_sdxl(prefix: &'static str) -> Self {
+        ClipConfig {
+            default_layer: -2,
+            norm_hidden: false,
+            ..ClipConfig::vit_l(prefix)
+        }
+    }
+
+    /// OpenCLIP ViT-bigG/14 as SDXL uses it: the penultimate layer without the final norm,
+    /// and the pooled output through `text_projection`.
+    pub fn big_g(prefix: &'static str) -> Self {
+        ClipConfig {
+            name: "clip_g",
+            prefix,
+            names: ClipNames::OpenClip,
+            vocab: 49408,
+            positions: 77,
+            width: 1280,
+            layers: 32,
+            heads: 20,
+            intermediate: 5120,
+            activation: ClipActivation::Gelu,
+            projection: true,
+            default_layer: -2,
+            norm_hidden: false,
+            pad_token: 0,
+        }
+    }
+}
+
+/// Hyper-parameters that determine a checkpoint's tensor layout and how its networks run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sd1Config {
+    /// The model family.
+    pub family: Family,
     /// UNet base channels (320).
     pub model_channels: usize,
     /// UNet channel multipliers per level ([1, 2, 4, 4]).
     pub channel_mult: Vec<usize>,
-    /// Whether each UNet level has cross-attention ([true, true, true, false]).
-    pub attention: Vec<bool>,
     /// Residual blocks per level (2).
     pub num_res_blocks: usize,
-    /// Text embedding width (768).
+    /// Transformer blocks after each residual block of the down path, level by level
+    /// (ComfyUI's `transformer_depth`; SD1: `[1, 1, 1, 1, 1, 1, 0, 0]`).
+    pub transformer_depth: Vec<usize>,
+    /// Transformer blocks in the middle block; `None` for a middle block of two residual
+    /// blocks alone.
+    pub transformer_depth_middle: Option<usize>,
+    /// Transformer blocks after each residual block of the up path, listed from level 0
+    /// (ComfyUI's `transformer_depth_output`; the up path reads it from the end).
+    pub transformer_depth_output: Vec<usize>,
+    /// How attention is split into heads.
+    pub heads: Heads,
+    /// Whether transformers project in and out with linear layers (SDXL) rather than 1x1
+    /// convolutions (SD1).
+    pub linear_projection: bool,
+    /// Width of the vector added to the time embedding through `label_emb` (SDXL: 2816).
+    pub adm_in_channels: Option<usize>,
+    /// Text embedding width (768; SDXL: 2048, its two encoders side by side).
     pub context_dim: usize,
     /// Latent channels (4).
     pub latent_channels: usize,
@@ -35,36 +195,73 @@ pub struct Sd1Config {
     pub vae_mult: Vec<usize>,
     /// VAE residual blocks per level (2).
     pub vae_res_blocks: usize,
-    /// CLIP vocabulary (49408).
-    pub clip_vocab: usize,
-    /// CLIP positions (77).
-    pub clip_positions: usize,
-    /// CLIP layers (12).
-    pub clip_layers: usize,
-    /// CLIP MLP width (3072).
-    pub clip_intermediate: usize,
-    /// CLIP attention heads (12); must divide `context_dim`.
-    pub clip_heads: usize,
+    /// The text encoders, in the order their outputs are concatenated.
+    pub text: Vec<ClipConfig>,
+}
+
+/// Per-block depths of `levels` levels of `blocks` residual blocks, from per-level depths.
+fn per_block(depths: &[usize], blocks: usize) -> Vec<usize> {
+    depths.iter().flat_map(|&d| std::iter::repeat_n(d, blocks)).collect()
 }
 
 impl Sd1Config {
     /// Stable Diffusion 1.x.
     pub fn sd1() -> Self {
         Sd1Config {
+            family: Family::Sd1,
             model_channels: 320,
             channel_mult: vec![1, 2, 4, 4],
-            attention: vec![true, true, true, false],
             num_res_blocks: 2,
+            transformer_depth: per_block(&[1, 1, 1, 0], 2),
+            transformer_depth_middle: Some(1),
+            transformer_depth_output: per_block(&[1, 1, 1, 0], 3),
+            heads: Heads::Count(8),
+            linear_projection: false,
+            adm_in_channels: None,
             context_dim: 768,
             latent_channels: 4,
             vae_channels: 128,
             vae_mult: vec![1, 2, 4, 4],
             vae_res_blocks: 2,
-            clip_vocab: 49408,
-            clip_positions: 77,
-            clip_layers: 12,
-            clip_intermediate: 3072,
-            clip_heads: 12,
+            text: vec![ClipConfig::vit_l(CLIP_PREFIX)],
+        }
+    }
+
+    /// SDXL base 1.0 (ComfyUI's `SDXL`).
+    pub fn sdxl() -> Self {
+        Sd1Config {
+            family: Family::Sdxl,
+            channel_mult: vec![1, 2, 4],
+            transformer_depth: per_block(&[0, 2, 10], 2),
+            transformer_depth_middle: Some(10),
+            transformer_depth_output: per_block(&[0, 2, 10], 3),
+            heads: Heads::Width(64),
+            linear_projection: true,
+            adm_in_channels: Some(2816),
+            context_dim: 2048,
+            text: vec![
+                ClipConfig::vit_l_sdxl(SDXL_CLIP_L_PREFIX),
+                ClipConfig::big_g(SDXL_CLIP_G_PREFIX),
+            ],
+            ..Sd1Config::sd1()
+        }
+    }
+
+    /// The SDXL refiner (ComfyUI's `SDXLRefiner`): four levels of 384 channels, OpenCLIP
+    /// bigG alone under `conditioner.embedders.0.model.`, aesthetic-score conditioning.
+    pub fn sdxl_refiner() -> Self {
+        Sd1Config {
+            family: Family::SdxlRefiner,
+            model_channels: 384,
+            transformer_depth: per_block(&[0, 4, 4, 0], 2),
+            transformer_depth_middle: Some(4),
+            transformer_depth_output: per_block(&[0, 4, 4, 0], 3),
+            heads: Heads::Width(64),
+            linear_projection: true,
+            adm_in_channels: Some(2560),
+            context_dim: 1280,
+            text: vec![ClipConfig::big_g(REFINER_CLIP_G_PREFIX)],
+            ..Sd1Config::sd1()
         }
     }
 
@@ -72,24 +269,110 @@ impl Sd1Config {
     /// 32-channel VAE, 2-layer 32-wide CLIP with CLIP's full 49408-token vocabulary (so the
     /// real tokenizer's ids can drive it).
     pub fn tiny() -> Self {
+        let clip = ClipConfig {
+            width: 32,
+            layers: 2,
+            heads: 2,
+            intermediate: 64,
+            ..ClipConfig::vit_l(CLIP_PREFIX)
+        };
         Sd1Config {
+            family: Family::Sd1,
             model_channels: 32,
             channel_mult: vec![1, 2],
-            attention: vec![true, false],
             num_res_blocks: 1,
+            transformer_depth: vec![1, 0],
+            transformer_depth_middle: Some(1),
+            transformer_depth_output: vec![1, 1, 0, 0],
+            heads: Heads::Count(8),
+            linear_projection: false,
+            adm_in_channels: None,
             context_dim: 32,
             latent_channels: 4,
             vae_channels: 32,
             vae_mult: vec![1, 2],
             vae_res_blocks: 1,
-            clip_vocab: 49408,
-            clip_positions: 77,
-            clip_layers: 2,
-            clip_intermediate: 64,
-            clip_heads: 2,
+            text: vec![clip],
         }
     }
+
+    /// A tiny SDXL (for tests): SDXL's structure (no attention at the first level, deeper
+    /// transformers below, 16-wide heads, linear projections, size conditioning, both text
+    /// encoders) at small widths.
+    pub fn tiny_sdxl() -> Self {
+        let clip_l = ClipConfig {
+            width: 32,
+            layers: 3,
+            heads: 2,
+            intermediate: 64,
+            ..ClipConfig::vit_l_sdxl(SDXL_CLIP_L_PREFIX)
+        };
+        let clip_g = ClipConfig {
+            width: 48,
+            layers: 3,
+            heads: 3,
+            intermediate: 96,
+            ..ClipConfig::big_g(SDXL_CLIP_G_PREFIX)
+        };
+        Sd1Config {
+            family: Family::Sdxl,
+            model_channels: 32,
+            channel_mult: vec![1, 2, 2],
+            num_res_blocks: 2,
+            transformer_depth: per_block(&[0, 1, 2], 2),
+            transformer_depth_middle: Some(2),
+            transformer_depth_output: per_block(&[0, 1, 2], 3),
+            heads: Heads::Width(16),
+            linear_projection: true,
+            adm_in_channels: Some(48 + 6 * ADM_SIZE_WIDTH),
+            context_dim: 32 + 48,
+            text: vec![clip_l, clip_g],
+            ..Sd1Config::tiny()
+        }
+    }
+
+    /// Whether the UNet's down path has attention at `level`.
+    pub fn level_has_attention(&self, level: usize) -> bool {
+        let blocks = self.num_res_blocks;
+        self.transformer_depth[level * blocks..(level + 1) * blocks]
+            .iter()
+            .any(|&d| d > 0)
+    }
+
+    /// Transformer blocks after residual block `j` of level `level` on the down path.
+    pub fn depth_down(&self, level: usize, j: usize) -> usize {
+        self.transformer_depth
+            .get(level * self.num_res_blocks + j)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Transformer blocks after residual block `j` of level `level` on the up path.
+    pub fn depth_up(&self, level: usize, j: usize) -> usize {
+        self.transformer_depth_output
+            .get(level * (self.num_res_blocks + 1) + j)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The factor from the VAE's latent space to the UNet's (ComfyUI's latent format
+    /// `scale_factor`): 0.18215 for SD1, 0.13025 for SDXL.
+    pub fn latent_scale(&self) -> f32 {
+        match self.family {
+            Family::Sd1 => 0.18215,
+            Family::Sdxl | Family::SdxlRefiner => 0.13025,
+        }
+    }
+
+    /// The text encoder that gives the pooled output, if any.
+    pub fn pooled_encoder(&self) -> Option<usize> {
+        self.text.iter().position(|c| c.projection)
+    }
 }
+
+/// Width of the sinusoidal embedding of each of SDXL's size numbers (ComfyUI's
+/// `Timestep(256)`).
+pub const ADM_SIZE_WIDTH: usize = 256;
 
 /// Which sub-model a tensor belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -98,8 +381,8 @@ pub enum Component {
     Unet,
     /// The autoencoder.
     Vae,
-    /// The CLIP text encoder.
-    Clip,
+    /// Text encoder `n` of the configuration's `text`.
+    Clip(usize),
 }
 
 type Layout = Vec<(String, Vec<usize>)>;
@@ -124,23 +407,28 @@ fn unet_resblock(out: &mut Layout, p: &str, cin: usize, cout: usize, temb: usize
     }
 }
 
-fn unet_transformer(out: &mut Layout, p: &str, c: usize, ctx: usize) {
+/// A spatial transformer of `depth` blocks over `c` channels attending to a `ctx`-wide
+/// context; `linear` projections are `[c, c]` matrices rather than 1x1 convolutions.
+fn unet_transformer(out: &mut Layout, p: &str, c: usize, ctx: usize, depth: usize, linear: bool) {
+    let projection: &[usize] = if linear { &[c, c] } else { &[c, c, 1, 1] };
     wb(out, &format!("{p}.norm"), &[c], c);
-    wb(out, &format!("{p}.proj_in"), &[c, c, 1, 1], c);
-    let t = format!("{p}.transformer_blocks.0");
-    for a in ["attn1", "attn2"] {
-        let kv = if a == "attn1" { c } else { ctx };
-        push(out, format!("{t}.{a}.to_q.weight"), &[c, c]);
-        push(out, format!("{t}.{a}.to_k.weight"), &[c, kv]);
-        push(out, format!("{t}.{a}.to_v.weight"), &[c, kv]);
-        wb(out, &format!("{t}.{a}.to_out.0"), &[c, c], c);
+    wb(out, &format!("{p}.proj_in"), projection, c);
+    for block in 0..depth {
+        let t = format!("{p}.transformer_blocks.{block}");
+        for a in ["attn1", "attn2"] {
+            let kv = if a == "attn1" { c } else { ctx };
+            push(out, format!("{t}.{a}.to_q.weight"), &[c, c]);
+            push(out, format!("{t}.{a}.to_k.weight"), &[c, kv]);
+            push(out, format!("{t}.{a}.to_v.weight"), &[c, kv]);
+            wb(out, &format!("{t}.{a}.to_out.0"), &[c, c], c);
+        }
+        wb(out, &format!("{t}.ff.net.0.proj"), &[c * 8, c], c * 8);
+        wb(out, &format!("{t}.ff.net.2"), &[c, c * 4], c);
+        for n in ["norm1", "norm2", "norm3"] {
+            wb(out, &format!("{t}.{n}"), &[c], c);
+        }
     }
-    wb(out, &format!("{t}.ff.net.0.proj"), &[c * 8, c], c * 8);
-    wb(out, &format!("{t}.ff.net.2"), &[c, c * 4], c);
-    for n in ["norm1", "norm2", "norm3"] {
-        wb(out, &format!("{t}.{n}"), &[c], c);
-    }
-    wb(out, &format!("{p}.proj_out"), &[c, c, 1, 1], c);
+    wb(out, &format!("{p}.proj_out"), projection, c);
 }
 
 /// The UNet tensors of an original checkpoint (names without the `model.diffusion_model.`
@@ -150,20 +438,26 @@ pub fn unet_layout(cfg: &Sd1Config) -> Layout {
     let ch = cfg.model_channels;
     let temb = 4 * ch;
     let lc = cfg.latent_channels;
+    let (ctx, linear) = (cfg.context_dim, cfg.linear_projection);
     wb(&mut out, "time_embed.0", &[temb, ch], temb);
     wb(&mut out, "time_embed.2", &[temb, temb], temb);
+    if let Some(adm) = cfg.adm_in_channels {
+        wb(&mut out, "label_emb.0.0", &[temb, adm], temb);
+        wb(&mut out, "label_emb.0.2", &[temb, temb], temb);
+    }
     wb(&mut out, "input_blocks.0.0", &[ch, lc, 3, 3], ch);
     let mut chans = vec![ch];
     let mut cur = ch;
     let mut n = 1;
     let levels = cfg.channel_mult.len();
     for (level, &mult) in cfg.channel_mult.iter().enumerate() {
-        for _ in 0..cfg.num_res_blocks {
+        for j in 0..cfg.num_res_blocks {
             let c = mult * ch;
             unet_resblock(&mut out, &format!("input_blocks.{n}.0"), cur, c, temb);
             cur = c;
-            if cfg.attention[level] {
-                unet_transformer(&mut out, &format!("input_blocks.{n}.1"), cur, cfg.context_dim);
+            let depth = cfg.depth_down(level, j);
+            if depth > 0 {
+                unet_transformer(&mut out, &format!("input_blocks.{n}.1"), cur, ctx, depth, linear);
             }
             chans.push(cur);
             n += 1;
@@ -175,8 +469,13 @@ pub fn unet_layout(cfg: &Sd1Config) -> Layout {
         }
     }
     unet_resblock(&mut out, "middle_block.0", cur, cur, temb);
-    unet_transformer(&mut out, "middle_block.1", cur, cfg.context_dim);
-    unet_resblock(&mut out, "middle_block.2", cur, cur, temb);
+    match cfg.transformer_depth_middle {
+        Some(depth) => {
+            unet_transformer(&mut out, "middle_block.1", cur, ctx, depth, linear);
+            unet_resblock(&mut out, "middle_block.2", cur, cur, temb);
+        }
+        None => unet_resblock(&mut out, "middle_block.1", cur, cur, temb),
+    }
     let mut n = 0;
     for (level, &mult) in cfg.channel_mult.iter().enumerate().rev() {
         for i in 0..=cfg.num_res_blocks {
@@ -185,8 +484,9 @@ pub fn unet_layout(cfg: &Sd1Config) -> Layout {
             unet_resblock(&mut out, &format!("output_blocks.{n}.0"), cur + skip, c, temb);
             cur = c;
             let mut idx = 1;
-            if cfg.attention[level] {
-                unet_transformer(&mut out, &format!("output_blocks.{n}.1"), cur, cfg.context_dim);
+            let depth = cfg.depth_up(level, i);
+            if depth > 0 {
+                unet_transformer(&mut out, &format!("output_blocks.{n}.1"), cur, ctx, depth, linear);
                 idx = 2;
             }
             if level != 0 && i == cfg.num_res_blocks {
@@ -277,36 +577,63 @@ pub fn vae_layout(cfg: &Sd1Config) -> Layout {
     out
 }
 
-/// The CLIP text-encoder tensors (names without `cond_stage_model.transformer.`).
-pub fn clip_layout(cfg: &Sd1Config) -> Layout {
+/// The tensors of text encoder `clip`, in its checkpoint names (without its prefix).
+pub fn clip_layout(clip: &ClipConfig) -> Layout {
+    match clip.names {
+        ClipNames::HuggingFace => hugging_face_clip_layout(clip),
+        ClipNames::OpenClip => open_clip_layout(clip),
+    }
+}
+
+fn hugging_face_clip_layout(clip: &ClipConfig) -> Layout {
     let mut out = Vec::new();
-    let d = cfg.context_dim;
+    let (d, mlp) = (clip.width, clip.intermediate);
     push(
         &mut out,
         "text_model.embeddings.token_embedding.weight".into(),
-        &[cfg.clip_vocab, d],
+        &[clip.vocab, d],
     );
     push(
         &mut out,
         "text_model.embeddings.position_embedding.weight".into(),
-        &[cfg.clip_positions, d],
+        &[clip.positions, d],
     );
-    for l in 0..cfg.clip_layers {
+    for l in 0..clip.layers {
         let p = format!("text_model.encoder.layers.{l}");
         for n in ["q_proj", "k_proj", "v_proj", "out_proj"] {
             wb(&mut out, &format!("{p}.self_attn.{n}"), &[d, d], d);
         }
         wb(&mut out, &format!("{p}.layer_norm1"), &[d], d);
-        wb(
-            &mut out,
-            &format!("{p}.mlp.fc1"),
-            &[cfg.clip_intermediate, d],
-            cfg.clip_intermediate,
-        );
-        wb(&mut out, &format!("{p}.mlp.fc2"), &[d, cfg.clip_intermediate], d);
+        wb(&mut out, &format!("{p}.mlp.fc1"), &[mlp, d], mlp);
+        wb(&mut out, &format!("{p}.mlp.fc2"), &[d, mlp], d);
         wb(&mut out, &format!("{p}.layer_norm2"), &[d], d);
     }
     wb(&mut out, "text_model.final_layer_norm", &[d], d);
+    if clip.projection {
+        push(&mut out, "text_projection.weight".into(), &[d, d]);
+    }
+    out
+}
+
+fn open_clip_layout(clip: &ClipConfig) -> Layout {
+    let mut out = Vec::new();
+    let (d, mlp) = (clip.width, clip.intermediate);
+    push(&mut out, "token_embedding.weight".into(), &[clip.vocab, d]);
+    push(&mut out, "positional_embedding".into(), &[clip.positions, d]);
+    for l in 0..clip.layers {
+        let p = format!("transformer.resblocks.{l}");
+        push(&mut out, format!("{p}.attn.in_proj_weight"), &[3 * d, d]);
+        push(&mut out, format!("{p}.attn.in_proj_bias"), &[3 * d]);
+        wb(&mut out, &format!("{p}.attn.out_proj"), &[d, d], d);
+        wb(&mut out, &format!("{p}.ln_1"), &[d], d);
+        wb(&mut out, &format!("{p}.mlp.c_fc"), &[mlp, d], mlp);
+        wb(&mut out, &format!("{p}.mlp.c_proj"), &[d, mlp], d);
+        wb(&mut out, &format!("{p}.ln_2"), &[d], d);
+    }
+    wb(&mut out, "ln_final", &[d], d);
+    if clip.projection {
+        push(&mut out, "text_projection".into(), &[d, d]);
+    }
     out
 }
 
@@ -319,14 +646,17 @@ pub fn checkpoint_layout(cfg: &Sd1Config) -> Vec<(String, Vec<usize>)> {
     for (n, s) in vae_layout(cfg) {
         all.push((format!("{VAE_PREFIX}{n}"), s));
     }
-    for (n, s) in clip_layout(cfg) {
-        all.push((format!("{CLIP_PREFIX}{n}"), s));
+    for clip in &cfg.text {
+        for (n, s) in clip_layout(clip) {
+            all.push((format!("{}{n}", clip.prefix), s));
+        }
     }
     all
 }
 
 /// Maps an original (LDM) checkpoint tensor name to its component and the diffusers-style name
-/// candle-transformers expects; `None` for tensors the models do not use (EMA weights, buffers).
+/// weft's networks read; `None` for tensors the models do not use (EMA weights, buffers,
+/// `logit_scale`).
 pub fn ldm_to_candle(name: &str, cfg: &Sd1Config) -> Option<(Component, String)> {
     if let Some(rest) = name.strip_prefix(UNET_PREFIX) {
         return unet_name(rest, cfg).map(|n| (Component::Unet, n));
@@ -334,19 +664,79 @@ pub fn ldm_to_candle(name: &str, cfg: &Sd1Config) -> Option<(Component, String)>
     if let Some(rest) = name.strip_prefix(VAE_PREFIX) {
         return vae_name(rest, cfg).map(|n| (Component::Vae, n));
     }
-    if let Some(rest) = name.strip_prefix(CLIP_PREFIX) {
-        if rest.ends_with("position_ids") {
-            return None;
-        }
-        // Older transformers versions saved CLIPTextModel without the `text_model.` level.
-        let n = if rest.starts_with("text_model.") {
-            rest.to_string()
-        } else {
-            format!("text_model.{rest}")
+    cfg.text.iter().enumerate().find_map(|(i, clip)| {
+        let rest = name.strip_prefix(clip.prefix)?;
+        let mapped = match clip.names {
+            ClipNames::HuggingFace => hugging_face_clip_name(rest),
+            ClipNames::OpenClip => open_clip_name(rest),
         };
-        return Some((Component::Clip, n));
+        mapped.map(|n| (Component::Clip(i), n))
+    })
+}
+
+/// `tensor`, stored under `target`, in the shape weft's network reads: a transformer's linear
+/// `proj_in`/`proj_out` `[c, c]` becomes the `[c, c, 1, 1]` of the 1x1 convolution it equals.
+pub fn fit_to_network(target: &str, tensor: candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
+    let shape = network_shape(target, tensor.dims());
+    if shape == tensor.dims() {
+        Ok(tensor)
+    } else {
+        tensor.reshape(shape)
     }
-    None
+}
+
+/// The shape weft's network reads a tensor of `shape` stored under `target` in (see
+/// [`fit_to_network`]).
+pub fn network_shape(target: &str, shape: &[usize]) -> Vec<usize> {
+    let projection = target.ends_with("proj_in.weight") || target.ends_with("proj_out.weight");
+    match *shape {
+        [out, inputs] if projection => vec![out, inputs, 1, 1],
+        _ => shape.to_vec(),
+    }
+}
+
+fn hugging_face_clip_name(rest: &str) -> Option<String> {
+    if rest.ends_with("position_ids") || rest == "logit_scale" {
+        return None;
+    }
+    if rest.starts_with("text_model.") || rest.starts_with("text_projection.") {
+        return Some(rest.to_string());
+    }
+    // Older transformers versions saved CLIPTextModel without the `text_model.` level.
+    Some(format!("text_model.{rest}"))
+}
+
+/// OpenCLIP's text-tower names onto Hugging Face's, which [`super::ClipText`] reads; the
+/// stacked `in_proj` and the `[in, out]` projection keep their own names.
+fn open_clip_name(rest: &str) -> Option<String> {
+    let whole = [
+        ("token_embedding.weight", "text_model.embeddings.token_embedding.weight"),
+        (
+            "positional_embedding",
+            "text_model.embeddings.position_embedding.weight",
+        ),
+        ("text_projection", "text_projection.in_out"),
+    ];
+    if let Some((_, to)) = whole.iter().find(|(from, _)| *from == rest) {
+        return Some(to.to_string());
+    }
+    if let Some(t) = rest.strip_prefix("ln_final.") {
+        return Some(format!("text_model.final_layer_norm.{t}"));
+    }
+    let (layer, t) = split_idx(rest.strip_prefix("transformer.resblocks.")?)?;
+    let inner = [
+        ("ln_1.", "layer_norm1."),
+        ("ln_2.", "layer_norm2."),
+        ("attn.in_proj_weight", "self_attn.in_proj.weight"),
+        ("attn.in_proj_bias", "self_attn.in_proj.bias"),
+        ("attn.out_proj.", "self_attn.out_proj."),
+        ("mlp.c_fc.", "mlp.fc1."),
+        ("mlp.c_proj.", "mlp.fc2."),
+    ];
+    let mapped = inner
+        .iter()
+        .find_map(|(a, b)| t.strip_prefix(a).map(|tail| format!("{b}{tail}")))?;
+    Some(format!("text_model.encoder.layers.{layer}.{mapped}"))
 }
 
 fn resnet_inner(rest: &str) -> Option<String> {
@@ -372,6 +762,8 @@ fn unet_name(rest: &str, cfg: &Sd1Config) -> Option<String> {
         ("time_embed.0.", "time_embedding.linear_1."),
         ("time_embed.2.", "time_embedding.linear_2."),
         ("input_blocks.0.0.", "conv_in."),
+        ("label_emb.0.0.", "add_embedding.linear_1."),
+        ("label_emb.0.2.", "add_embedding.linear_2."),
         ("out.0.", "conv_norm_out."),
         ("out.2.", "conv_out."),
     ];
@@ -384,10 +776,11 @@ fn unet_name(rest: &str, cfg: &Sd1Config) -> Option<String> {
     let lpb = cfg.num_res_blocks;
     if let Some(r) = rest.strip_prefix("middle_block.") {
         let (i, t) = split_idx(r)?;
-        return match i {
-            0 => Some(format!("mid_block.resnets.0.{}", resnet_inner(t)?)),
-            1 => Some(format!("mid_block.attentions.0.{t}")),
-            2 => Some(format!("mid_block.resnets.1.{}", resnet_inner(t)?)),
+        let attention = cfg.transformer_depth_middle.is_some();
+        return match (i, attention) {
+            (0, _) => Some(format!("mid_block.resnets.0.{}", resnet_inner(t)?)),
+            (1, true) => Some(format!("mid_block.attentions.0.{t}")),
+            (1, false) | (2, true) => Some(format!("mid_block.resnets.1.{}", resnet_inner(t)?)),
             _ => None,
         };
     }
@@ -495,44 +888,126 @@ pub enum Arch {
     Sd1,
     /// Stable Diffusion 2.x (OpenCLIP, 1024-wide context).
     Sd2,
-    /// SDXL (two text encoders, label embedding).
+    /// SDXL base or a distilled SDXL (two text encoders, 2816-wide label embedding).
     Sdxl,
-    /// Anything else (component-only files, LoRAs, other families), with a hint.
+    /// The SDXL refiner (OpenCLIP bigG alone, 2560-wide label embedding).
+    SdxlRefiner,
+    /// Anything else (component-only files, LoRAs, other families), with what was found.
     Unknown(String),
 }
 
-/// Detects the model family.
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Arch::Sd1 => f.write_str("Stable Diffusion 1.x"),
+            Arch::Sd2 => f.write_str("Stable Diffusion 2.x"),
+            Arch::Sdxl => f.write_str("SDXL"),
+            Arch::SdxlRefiner => f.write_str("the SDXL refiner"),
+            Arch::Unknown(found) => write!(f, "no known model family ({found})"),
+        }
+    }
+}
+
+/// The second dimension of tensor `name`, if the file has it.
+fn width_of(index: &SafetensorsIndex, name: &str) -> Option<usize> {
+    index.tensors.get(name).and_then(|t| t.shape.get(1).copied())
+}
+
+/// Detects the model family from the UNet's context and label-embedding widths, as
+/// ComfyUI's model detection does.
 pub fn detect_arch(index: &SafetensorsIndex) -> Arch {
-    let has = |k: &str| index.tensors.contains_key(k);
     let any_prefix = |p: &str| index.tensors.keys().any(|k| k.starts_with(p));
-    if any_prefix("conditioner.embedders.") || has("model.diffusion_model.label_emb.0.0.weight") {
-        return Arch::Sdxl;
-    }
-    let to_k = "model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight";
-    let ctx = index.tensors.get(to_k).and_then(|t| t.shape.get(1).copied());
-    if any_prefix("cond_stage_model.model.") || ctx == Some(1024) {
-        return Arch::Sd2;
-    }
-    if any_prefix(UNET_PREFIX) && any_prefix(CLIP_PREFIX) && ctx == Some(768) {
-        return Arch::Sd1;
+    let context = index
+        .tensors
+        .iter()
+        .find(|(k, _)| k.starts_with(UNET_PREFIX) && k.ends_with(".attn2.to_k.weight"))
+        .and_then(|(_, t)| t.shape.get(1).copied());
+    let adm = width_of(index, &format!("{UNET_PREFIX}label_emb.0.0.weight"));
+    match (context, adm) {
+        (Some(2048), Some(2816)) => return Arch::Sdxl,
+        (Some(1280), Some(2560)) => return Arch::SdxlRefiner,
+        (Some(1024), _) => return Arch::Sd2,
+        (Some(768), None) if any_prefix(CLIP_PREFIX) => return Arch::Sd1,
+        _ => {}
     }
     let n = index.tensors.len();
     let first = index.tensors.keys().next().cloned().unwrap_or_default();
-    Arch::Unknown(format!("{n} tensors, first '{first}'"))
+    let unet = match (context, adm) {
+        (None, _) => "no UNet".to_string(),
+        (Some(c), None) => format!("a UNet with {c}-wide context"),
+        (Some(c), Some(a)) => format!("a UNet with {c}-wide context and {a}-wide label embedding"),
+    };
+    Arch::Unknown(format!("{n} tensors, {unet}, first '{first}'"))
 }
 
-/// Checks that `path` is a complete SD1.x original-layout checkpoint; returns its index.
+/// The configuration of the checkpoint `index` describes: its family's, with the
+/// transformer depths counted from the file for the SDXL family (so distilled SDXL models
+/// such as SSD-1B and Vega load too). An error names the family found when weft cannot run it.
+pub fn detect_config(index: &SafetensorsIndex) -> Result<Sd1Config, String> {
+    let mut cfg = match detect_arch(index) {
+        Arch::Sd1 => return Ok(Sd1Config::sd1()),
+        Arch::Sdxl => Sd1Config::sdxl(),
+        Arch::SdxlRefiner => Sd1Config::sdxl_refiner(),
+        other => {
+            return Err(format!(
+                "{other}; weft runs Stable Diffusion 1.x, SDXL and the SDXL refiner"
+            ))
+        }
+    };
+    count_transformer_depths(index, &mut cfg);
+    Ok(cfg)
+}
+
+/// Transformer blocks in UNet block `block` (`input_blocks.3.1` or `middle_block.1`).
+fn transformer_blocks(index: &SafetensorsIndex, block: &str) -> usize {
+    let prefix = format!("{UNET_PREFIX}{block}.transformer_blocks.");
+    index
+        .tensors
+        .keys()
+        .filter_map(|k| k.strip_prefix(&prefix)?.split('.').next()?.parse::<usize>().ok())
+        .map(|i| i + 1)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Sets `cfg`'s transformer depths to those the file has.
+fn count_transformer_depths(index: &SafetensorsIndex, cfg: &mut Sd1Config) {
+    let (levels, blocks) = (cfg.channel_mult.len(), cfg.num_res_blocks);
+    for level in 0..levels {
+        for j in 0..blocks {
+            let n = 1 + level * (blocks + 1) + j;
+            cfg.transformer_depth[level * blocks + j] = transformer_blocks(index, &format!("input_blocks.{n}.1"));
+        }
+        for j in 0..=blocks {
+            let n = (levels - 1 - level) * (blocks + 1) + j;
+            cfg.transformer_depth_output[level * (blocks + 1) + j] =
+                transformer_blocks(index, &format!("output_blocks.{n}.1"));
+        }
+    }
+    let middle = transformer_blocks(index, "middle_block.1");
+    cfg.transformer_depth_middle = (middle > 0).then_some(middle);
+}
+
+/// Checks that `path` is a complete original-layout checkpoint of layout `cfg`; returns its
+/// index.
 pub fn open_sd1(path: &Path, cfg: &Sd1Config, max_header: u64) -> Result<SafetensorsIndex, CheckpointError> {
     let index = SafetensorsIndex::open(path, max_header)?;
-    if *cfg == Sd1Config::sd1() {
-        match detect_arch(&index) {
-            Arch::Sd1 => {}
-            other => {
-                return Err(CheckpointError::WrongArch {
-                    path: path.to_path_buf(),
-                    detail: format!("detected {other:?}"),
-                })
-            }
+    let stock = [Sd1Config::sd1(), Sd1Config::sdxl(), Sd1Config::sdxl_refiner()];
+    if stock
+        .iter()
+        .any(|s| s.family == cfg.family && s.model_channels == cfg.model_channels)
+    {
+        let found = detect_arch(&index);
+        let expected = match cfg.family {
+            Family::Sd1 => Arch::Sd1,
+            Family::Sdxl => Arch::Sdxl,
+            Family::SdxlRefiner => Arch::SdxlRefiner,
+        };
+        if found != expected {
+            return Err(CheckpointError::WrongArch {
+                path: path.to_path_buf(),
+                detail: format!("expected {expected}, found {found}"),
+            });
         }
     }
     let mut problems: BTreeMap<String, String> = BTreeMap::new();
@@ -670,5 +1145,110 @@ mod tests {
         assert_eq!(idx.tensors.len(), checkpoint_layout(&cfg).len());
         // The full SD1 check rejects it (wrong shapes / arch).
         assert!(open_sd1(&p, &Sd1Config::sd1(), 1 << 30).is_err());
+    }
+
+    /// A float16 checkpoint with `layout`'s header whose data is a hole in the file: the
+    /// header is all detection reads, and the file takes no disk space.
+    fn sparse_checkpoint(dir: &Path, name: &str, layout: &[(String, Vec<usize>)]) -> std::path::PathBuf {
+        let mut header = serde_json::Map::new();
+        let mut offset = 0u64;
+        for (key, shape) in layout {
+            let bytes = shape.iter().product::<usize>() as u64 * 2;
+            header.insert(
+                key.clone(),
+                serde_json::json!({"dtype": "F16", "shape": shape, "data_offsets": [offset, offset + bytes]}),
+            );
+            offset += bytes;
+        }
+        let mut json = serde_json::to_vec(&header).unwrap();
+        while !json.len().is_multiple_of(8) {
+            json.push(b' ');
+        }
+        let path = dir.join(name);
+        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&json);
+        std::fs::write(&path, &bytes).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(bytes.len() as u64 + offset).unwrap();
+        path
+    }
+
+    fn index_of(path: &Path) -> SafetensorsIndex {
+        SafetensorsIndex::open(path, super::super::safetensors::DEFAULT_MAX_HEADER).unwrap()
+    }
+
+    #[test]
+    fn sdxl_layouts_have_the_real_models_sizes() {
+        let params = |layout: Layout| layout.iter().map(|(_, s)| s.iter().product::<usize>()).sum::<usize>();
+        // ComfyUI's SDXL UNet (with its label embedding) and refiner UNet.
+        assert_eq!(params(unet_layout(&Sd1Config::sdxl())), 2_567_463_684);
+        assert_eq!(params(unet_layout(&Sd1Config::sdxl_refiner())), 2_259_526_660);
+        let sdxl = Sd1Config::sdxl();
+        // CLIP ViT-L's text tower without a projection, and bigG's with its projection.
+        assert_eq!(params(clip_layout(&sdxl.text[0])), 123_060_480);
+        assert_eq!(params(clip_layout(&sdxl.text[1])), 694_659_840);
+        assert_eq!(checkpoint_layout(&sdxl).len(), 2_515 - 2);
+    }
+
+    #[test]
+    fn families_are_detected_from_keys_and_shapes() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, cfg, arch) in [
+            ("sd1", Sd1Config::sd1(), Arch::Sd1),
+            ("sdxl", Sd1Config::sdxl(), Arch::Sdxl),
+            ("refiner", Sd1Config::sdxl_refiner(), Arch::SdxlRefiner),
+        ] {
+            let index = index_of(&sparse_checkpoint(dir.path(), name, &checkpoint_layout(&cfg)));
+            assert_eq!(detect_arch(&index), arch, "{name}");
+            assert_eq!(detect_config(&index).unwrap(), cfg, "{name}");
+        }
+        // A distilled SDXL (SSD-1B's depths): the depths come from the file.
+        let mut ssd = Sd1Config::sdxl();
+        ssd.transformer_depth = vec![0, 0, 2, 2, 4, 4];
+        ssd.transformer_depth_output = vec![0, 0, 0, 1, 1, 2, 10, 4, 4];
+        let index = index_of(&sparse_checkpoint(dir.path(), "ssd", &checkpoint_layout(&ssd)));
+        assert_eq!(detect_config(&index).unwrap(), ssd);
+        // SD2's 1024-wide context is named, and refused.
+        let mut sd2 = Sd1Config::sd1();
+        sd2.context_dim = 1024;
+        let index = index_of(&sparse_checkpoint(dir.path(), "sd2", &checkpoint_layout(&sd2)));
+        let refused = detect_config(&index).unwrap_err();
+        assert!(refused.contains("Stable Diffusion 2.x"), "{refused}");
+        // A file without a UNet says what it has.
+        let layout = clip_layout(&Sd1Config::sdxl().text[1]);
+        let index = index_of(&sparse_checkpoint(dir.path(), "clip", &layout));
+        let refused = detect_config(&index).unwrap_err();
+        assert!(refused.contains("no UNet") && refused.contains("tensors"), "{refused}");
+    }
+
+    #[test]
+    fn sdxl_names_map_onto_the_networks() {
+        for cfg in [Sd1Config::sdxl(), Sd1Config::sdxl_refiner(), Sd1Config::tiny_sdxl()] {
+            let unused = super::super::candle_sd1::verify_mapping(&cfg).unwrap();
+            assert!(unused.is_empty(), "{:?}: never read: {unused:?}", cfg.family);
+        }
+        let cfg = Sd1Config::sdxl();
+        let m = |s: &str| ldm_to_candle(s, &cfg);
+        assert_eq!(
+            m("conditioner.embedders.1.model.transformer.resblocks.31.attn.in_proj_weight"),
+            Some((
+                Component::Clip(1),
+                "text_model.encoder.layers.31.self_attn.in_proj.weight".into()
+            ))
+        );
+        assert_eq!(
+            m("conditioner.embedders.0.transformer.text_model.final_layer_norm.bias"),
+            Some((Component::Clip(0), "text_model.final_layer_norm.bias".into()))
+        );
+        assert_eq!(
+            m("model.diffusion_model.label_emb.0.2.weight"),
+            Some((Component::Unet, "add_embedding.linear_2.weight".into()))
+        );
+        // The two tensors ComfyUI consumes and ignores.
+        assert_eq!(m("conditioner.embedders.1.model.logit_scale"), None);
+        assert_eq!(
+            m("conditioner.embedders.0.transformer.text_model.embeddings.position_ids"),
+            None
+        );
     }
 }

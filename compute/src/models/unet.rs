@@ -12,8 +12,8 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{layer_norm, LayerNorm, VarBuilder};
 
+use super::sd1::{Heads, Sd1Config};
 use super::working::{act, attention_scratch, conv_scratch, halved, resnet_bytes, Peak};
-use super::Sd1Config;
 use crate::attention::attention;
 use crate::conv::Conv2d;
 use crate::geglu::geglu;
@@ -21,8 +21,6 @@ use crate::interrupt::Interrupt;
 use crate::linear::Linear;
 use crate::norm::GroupNorm;
 
-/// Attention heads in every transformer block of SD1 (their width is channels / 8).
-const HEADS: usize = 8;
 /// Groups of every group norm.
 const GROUPS: usize = 32;
 
@@ -31,9 +29,11 @@ pub struct Sd1Unet {
     base_channels: usize,
     time_linear_1: Linear,
     time_linear_2: Linear,
+    /// SDXL's `label_emb`: the size-conditioning vector's projection onto the time embedding.
+    label_linears: Option<(Linear, Linear)>,
     conv_in: Conv2d,
     down: Vec<Level>,
-    mid: (ResBlock, Transformer, ResBlock),
+    mid: (ResBlock, Option<Transformer>, ResBlock),
     up: Vec<Level>,
     norm_out: GroupNorm,
     conv_out: Conv2d,
@@ -43,20 +43,26 @@ pub struct Sd1Unet {
 /// attention, then a down- or upsampling convolution except at the last level.
 struct Level {
     resnets: Vec<ResBlock>,
-    transformers: Vec<Transformer>,
+    transformers: Vec<Option<Transformer>>,
     resample: Option<Conv2d>,
+}
+
+/// What every transformer of a UNet shares: context width and head split.
+#[derive(Clone, Copy)]
+struct TransformerShape {
+    context: usize,
+    heads: Heads,
 }
 
 impl Level {
     /// One residual block per entry of `inputs` (its input channels) to `cout` channels, each
-    /// followed by a transformer when `attn`; `resample` names the resampling convolution
-    /// and its stride.
+    /// followed by a transformer of the depth `depths` gives it (none at 0); `resample` names
+    /// the resampling convolution and its stride.
     fn new(
         vb: VarBuilder,
-        inputs: &[usize],
+        (inputs, depths): (&[usize], &[usize]),
         cout: usize,
-        attn: bool,
-        context: usize,
+        shape: TransformerShape,
         time_dim: usize,
         resample: Option<(&str, usize)>,
     ) -> Result<Self> {
@@ -65,14 +71,14 @@ impl Level {
             transformers: Vec::new(),
             resample: None,
         };
-        for (j, &cin) in inputs.iter().enumerate() {
+        for (j, (&cin, &depth)) in inputs.iter().zip(depths).enumerate() {
             level
                 .resnets
                 .push(ResBlock::new(vb.pp(format!("resnets.{j}")), cin, cout, time_dim)?);
-            if attn {
-                let t = Transformer::new(vb.pp(format!("attentions.{j}")), cout, context)?;
-                level.transformers.push(t);
-            }
+            let t = (depth > 0)
+                .then(|| Transformer::new(vb.pp(format!("attentions.{j}")), cout, depth, shape))
+                .transpose()?;
+            level.transformers.push(t);
         }
         if let Some((name, stride)) = resample {
             level.resample = Some(conv3x3(vb.pp(name), cout, cout, stride)?);
@@ -96,21 +102,24 @@ impl Sd1Unet {
         let time_dim = 4 * base;
         let channels: Vec<usize> = cfg.channel_mult.iter().map(|m| m * base).collect();
         let levels = channels.len();
-        let context = cfg.context_dim;
+        let shape = TransformerShape {
+            context: cfg.context_dim,
+            heads: cfg.heads,
+        };
 
         let mut down = Vec::with_capacity(levels);
         let mut cin = base;
-        for (i, (&cout, &attn)) in channels.iter().zip(&cfg.attention).enumerate() {
+        for (i, &cout) in channels.iter().enumerate() {
             let inputs: Vec<usize> = (0..cfg.num_res_blocks)
                 .map(|j| if j == 0 { cin } else { cout })
                 .collect();
+            let depths: Vec<usize> = (0..cfg.num_res_blocks).map(|j| cfg.depth_down(i, j)).collect();
             let downsample = (i + 1 < levels).then_some(("downsamplers.0.conv", 2));
             let level = Level::new(
                 vb.pp(format!("down_blocks.{i}")),
-                &inputs,
+                (&inputs, &depths),
                 cout,
-                attn,
-                context,
+                shape,
                 time_dim,
                 downsample,
             )?;
@@ -122,7 +131,9 @@ impl Sd1Unet {
         let vb_mid = vb.pp("mid_block");
         let mid = (
             ResBlock::new(vb_mid.pp("resnets.0"), last, last, time_dim)?,
-            Transformer::new(vb_mid.pp("attentions.0"), last, context)?,
+            cfg.transformer_depth_middle
+                .map(|depth| Transformer::new(vb_mid.pp("attentions.0"), last, depth, shape))
+                .transpose()?,
             ResBlock::new(vb_mid.pp("resnets.1"), last, last, time_dim)?,
         );
 
@@ -144,14 +155,13 @@ impl Sd1Unet {
                     from + if j == cfg.num_res_blocks { skip_last } else { cout }
                 })
                 .collect();
+            let depths: Vec<usize> = (0..=cfg.num_res_blocks).map(|j| cfg.depth_up(level_index, j)).collect();
             let upsample = (i + 1 < levels).then_some(("upsamplers.0.conv", 1));
-            let attn = cfg.attention[level_index];
             let level = Level::new(
                 vb.pp(format!("up_blocks.{i}")),
-                &inputs,
+                (&inputs, &depths),
                 cout,
-                attn,
-                context,
+                shape,
                 time_dim,
                 upsample,
             )?;
@@ -163,6 +173,13 @@ impl Sd1Unet {
             base_channels: base,
             time_linear_1: Linear::new(vb.pp("time_embedding.linear_1"), base, time_dim)?,
             time_linear_2: Linear::new(vb.pp("time_embedding.linear_2"), time_dim, time_dim)?,
+            label_linears: match cfg.adm_in_channels {
+                Some(adm) => Some((
+                    Linear::new(vb.pp("add_embedding.linear_1"), adm, time_dim)?,
+                    Linear::new(vb.pp("add_embedding.linear_2"), time_dim, time_dim)?,
+                )),
+                None => None,
+            },
             conv_in: conv3x3(vb.pp("conv_in"), cfg.latent_channels, base, 1)?,
             down,
             mid,
@@ -173,9 +190,10 @@ impl Sd1Unet {
     }
 
     /// The predicted noise for `x: [b, c, h, w]` at `timestep` (the same for the whole
-    /// batch) under `context: [b, tokens, context_dim]`.
-    pub fn forward(&self, x: &Tensor, timestep: f64, context: &Tensor) -> Result<Tensor> {
-        self.forward_interruptible(x, timestep, context, Interrupt::NEVER)
+    /// batch) under `context: [b, tokens, context_dim]` and, for models with a label
+    /// embedding (SDXL), the conditioning vector `y: [b, adm_in_channels]`.
+    pub fn forward(&self, x: &Tensor, timestep: f64, context: &Tensor, y: Option<&Tensor>) -> Result<Tensor> {
+        self.forward_interruptible(x, timestep, (context, y), Interrupt::NEVER)
     }
 
     /// [`Sd1Unet::forward`], asking `stop` before every block (residual block, transformer,
@@ -185,19 +203,39 @@ impl Sd1Unet {
         &self,
         x: &Tensor,
         timestep: f64,
-        context: &Tensor,
+        (context, y): (&Tensor, Option<&Tensor>),
         stop: Interrupt<'_>,
     ) -> Result<Tensor> {
-        crate::on_workers(|| self.forward_here(x, timestep, context, stop))
+        crate::on_workers(|| self.forward_here(x, timestep, (context, y), stop))
     }
 
-    fn forward_here(&self, x: &Tensor, timestep: f64, context: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
-        stop.check()?;
+    /// The time embedding, plus the label embedding of `y` where the model has one.
+    fn embedding(&self, x: &Tensor, timestep: f64, y: Option<&Tensor>) -> Result<Tensor> {
         let batch = x.dim(0)?;
         let emb = timestep_embedding(timestep, self.base_channels, batch, x)?;
         let emb = self
             .time_linear_2
             .forward(&candle_nn::ops::silu(&self.time_linear_1.forward(&emb)?)?)?;
+        match (&self.label_linears, y) {
+            (None, None) => Ok(emb),
+            (Some((first, second)), Some(y)) => {
+                let label = second.forward(&candle_nn::ops::silu(&first.forward(&y.to_dtype(emb.dtype())?)?)?)?;
+                emb + label
+            }
+            (Some(_), None) => candle_core::bail!("this UNet needs a conditioning vector (SDXL's size conditioning)"),
+            (None, Some(_)) => candle_core::bail!("this UNet takes no conditioning vector"),
+        }
+    }
+
+    fn forward_here(
+        &self,
+        x: &Tensor,
+        timestep: f64,
+        (context, y): (&Tensor, Option<&Tensor>),
+        stop: Interrupt<'_>,
+    ) -> Result<Tensor> {
+        stop.check()?;
+        let emb = self.embedding(x, timestep, y)?;
         // Every residual block projects silu(emb); compute it once.
         let emb = candle_nn::ops::silu(&emb)?;
 
@@ -207,7 +245,7 @@ impl Sd1Unet {
             for (j, resnet) in level.resnets.iter().enumerate() {
                 stop.check()?;
                 h = resnet.forward(&h, &emb)?;
-                if let Some(t) = level.transformers.get(j) {
+                if let Some(Some(t)) = level.transformers.get(j) {
                     h = t.forward(&h, context, stop)?;
                 }
                 skips.push(h.clone());
@@ -220,7 +258,9 @@ impl Sd1Unet {
         }
         stop.check()?;
         h = self.mid.0.forward(&h, &emb)?;
-        h = self.mid.1.forward(&h, context, stop)?;
+        if let Some(t) = &self.mid.1 {
+            h = t.forward(&h, context, stop)?;
+        }
         stop.check()?;
         h = self.mid.2.forward(&h, &emb)?;
         for level in &self.up {
@@ -230,7 +270,7 @@ impl Sd1Unet {
                     .pop()
                     .ok_or_else(|| candle_core::Error::Msg("UNet: skip connections exhausted".into()))?;
                 h = resnet.forward(&Tensor::cat(&[&h, &skip], 1)?, &emb)?;
-                if let Some(t) = level.transformers.get(j) {
+                if let Some(Some(t)) = level.transformers.get(j) {
                     h = t.forward(&h, context, stop)?;
                 }
             }
@@ -267,7 +307,9 @@ impl Sd1Unet {
             sizes.push(halved(sizes[sizes.len() - 1]));
         }
         let a = |c: usize, level: usize| act(batch, c, sizes[level]);
-        let transformer = |c: usize, level: usize| transformer_bytes(batch, c, sizes[level], (tokens, cfg.context_dim));
+        let transformer = |c: usize, level: usize| {
+            transformer_bytes(batch, (c, cfg.heads.at(c)), sizes[level], (tokens, cfg.context_dim))
+        };
         let mut peak = Peak::default();
         // The input batch, its copy in the UNet's dtype, the output and the sampler's view
         // of it; the context.
@@ -276,11 +318,11 @@ impl Sd1Unet {
         peak.hold(a(base, 0));
         let mut skips = vec![(base, 0)];
         let mut cin = base;
-        for (level, (&c, &attn)) in channels.iter().zip(&cfg.attention).enumerate() {
-            for _ in 0..cfg.num_res_blocks {
+        for (level, &c) in channels.iter().enumerate() {
+            for j in 0..cfg.num_res_blocks {
                 peak.during(resnet_bytes(batch, (cin, c), sizes[level]));
                 peak.hold(a(c, level));
-                if attn {
+                if cfg.depth_down(level, j) > 0 {
                     peak.during(transformer(c, level));
                 }
                 skips.push((c, level));
@@ -295,17 +337,21 @@ impl Sd1Unet {
         let last = channels.len() - 1;
         peak.during(resnet_bytes(batch, (cin, cin), sizes[last]));
         peak.hold(a(cin, last));
-        peak.during(transformer(cin, last).max(resnet_bytes(batch, (cin, cin), sizes[last])));
+        let middle = match cfg.transformer_depth_middle {
+            Some(_) => transformer(cin, last),
+            None => 0,
+        };
+        peak.during(middle.max(resnet_bytes(batch, (cin, cin), sizes[last])));
         let (mut current, mut level) = (cin, last);
-        for (i, (&c, &attn)) in channels.iter().zip(&cfg.attention).enumerate().rev() {
-            for _ in 0..=cfg.num_res_blocks {
+        for (i, &c) in channels.iter().enumerate().rev() {
+            for j in 0..=cfg.num_res_blocks {
                 let Some((skip, _)) = skips.pop() else { break };
                 let input = current + skip;
                 peak.during(a(input, i) + resnet_bytes(batch, (input, c), sizes[i]));
                 peak.release(a(current, level) + a(skip, i));
                 peak.hold(a(c, i));
                 (current, level) = (c, i);
-                if attn {
+                if cfg.depth_up(i, j) > 0 {
                     peak.during(transformer(c, i));
                 }
             }
@@ -322,15 +368,20 @@ impl Sd1Unet {
 }
 
 /// Bytes of a spatial transformer over `batch` x `size` pixels of `c` channels while it
-/// runs, besides its input, under a context of `(tokens, width)`: during the feed-forward,
+/// runs (split into `heads`), besides its input, under a context of `(tokens, width)`: during the feed-forward,
 /// the tokens, the first norm's output (kept for the block), the 8c-wide projection, the
 /// 4c-wide GEGLU and the new tokens (15c); during self-attention, the stacked q/k/v, the
 /// heads' outputs before and after they are laid side by side and the projection (8c),
 /// with every worker's copy of one head's keys and values.
-fn transformer_bytes(batch: usize, c: usize, size: (usize, usize), (tokens, width): (usize, usize)) -> u64 {
+fn transformer_bytes(
+    batch: usize,
+    (c, heads): (usize, usize),
+    size: (usize, usize),
+    (tokens, width): (usize, usize),
+) -> u64 {
     let a = |k: usize| act(batch, k * c, size);
     let context = 2 * (batch * tokens * (c + width)) as u64 * 4;
-    let attention = a(8) + attention_scratch(size.0 * size.1, c / HEADS);
+    let attention = a(8) + attention_scratch(size.0 * size.1, c / heads);
     a(15).max(attention) + context
 }
 
@@ -389,12 +440,19 @@ impl ResBlock {
     }
 }
 
-/// Spatial transformer: group norm, 1×1 projection to tokens, one transformer block
-/// (self-attention, cross-attention on the context, GEGLU feed-forward), projection back,
+/// Spatial transformer: group norm, projection to tokens (a 1×1 convolution, or SDXL's
+/// linear layer, which is the same product), `depth` transformer blocks, projection back,
 /// residual.
 struct Transformer {
     norm: GroupNorm,
     proj_in: Conv2d,
+    blocks: Vec<TransformerBlock>,
+    proj_out: Conv2d,
+}
+
+/// Self-attention, cross-attention on the context and a GEGLU feed-forward, each pre-normed
+/// and added to its input.
+struct TransformerBlock {
     norm1: LayerNorm,
     attn1: Attention,
     norm2: LayerNorm,
@@ -402,22 +460,29 @@ struct Transformer {
     norm3: LayerNorm,
     ff_in: Linear,
     ff_out: Linear,
-    proj_out: Conv2d,
 }
 
 impl Transformer {
-    fn new(vb: VarBuilder, channels: usize, context_dim: usize) -> Result<Self> {
-        let block = vb.pp("transformer_blocks.0");
+    fn new(vb: VarBuilder, channels: usize, depth: usize, shape: TransformerShape) -> Result<Self> {
+        let heads = shape.heads.at(channels);
+        let blocks = (0..depth)
+            .map(|i| {
+                let block = vb.pp(format!("transformer_blocks.{i}"));
+                Ok(TransformerBlock {
+                    norm1: layer_norm(channels, 1e-5, block.pp("norm1"))?,
+                    attn1: Attention::new(block.pp("attn1"), channels, heads, None)?,
+                    norm2: layer_norm(channels, 1e-5, block.pp("norm2"))?,
+                    attn2: Attention::new(block.pp("attn2"), channels, heads, Some(shape.context))?,
+                    norm3: layer_norm(channels, 1e-5, block.pp("norm3"))?,
+                    ff_in: Linear::new(block.pp("ff.net.0.proj"), channels, 8 * channels)?,
+                    ff_out: Linear::new(block.pp("ff.net.2"), 4 * channels, channels)?,
+                })
+            })
+            .collect::<Result<_>>()?;
         Ok(Transformer {
             norm: GroupNorm::new(vb.pp("norm"), GROUPS, channels, 1e-6, false)?,
             proj_in: conv1x1(vb.pp("proj_in"), channels, channels)?,
-            norm1: layer_norm(channels, 1e-5, block.pp("norm1"))?,
-            attn1: Attention::new(block.pp("attn1"), channels, None)?,
-            norm2: layer_norm(channels, 1e-5, block.pp("norm2"))?,
-            attn2: Attention::new(block.pp("attn2"), channels, Some(context_dim))?,
-            norm3: layer_norm(channels, 1e-5, block.pp("norm3"))?,
-            ff_in: Linear::new(block.pp("ff.net.0.proj"), channels, 8 * channels)?,
-            ff_out: Linear::new(block.pp("ff.net.2"), 4 * channels, channels)?,
+            blocks,
             proj_out: conv1x1(vb.pp("proj_out"), channels, channels)?,
         })
     }
@@ -427,18 +492,26 @@ impl Transformer {
     fn forward(&self, x: &Tensor, context: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
         let (_, _, h, w) = x.dims4()?;
         let mut t = self.proj_in.forward_to_tokens(&self.norm.forward(x)?)?;
-        let normed = self.norm1.forward(&t)?;
-        t = self.attn1.forward(&normed, &normed, &t, stop)?;
-        stop.check()?;
-        t = self.attn2.forward(&self.norm2.forward(&t)?, context, &t, stop)?;
-        stop.check()?;
-        let projected = self.ff_in.forward(&self.norm3.forward(&t)?)?;
-        t = self.ff_out.forward_add(&geglu(&projected)?, &t)?;
+        for block in &self.blocks {
+            t = block.forward(&t, context, stop)?;
+        }
         self.proj_out.forward_from_tokens(&t, (h, w), x)
     }
 }
 
-/// Multi-head attention with [`HEADS`] heads. Self-attention stacks its query, key and value
+impl TransformerBlock {
+    fn forward(&self, t: &Tensor, context: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
+        let normed = self.norm1.forward(t)?;
+        let t = self.attn1.forward(&normed, &normed, t, stop)?;
+        stop.check()?;
+        let t = self.attn2.forward(&self.norm2.forward(&t)?, context, &t, stop)?;
+        stop.check()?;
+        let projected = self.ff_in.forward(&self.norm3.forward(&t)?)?;
+        self.ff_out.forward_add(&geglu(&projected)?, &t)
+    }
+}
+
+/// Multi-head attention. Self-attention stacks its query, key and value
 /// projections into one product; cross-attention stacks key and value (of the context).
 struct Attention {
     /// `[q | k | v]` of the input for self-attention, `q` alone for cross-attention.
@@ -447,11 +520,12 @@ struct Attention {
     to_kv: Option<Linear>,
     to_out: Linear,
     channels: usize,
+    heads: usize,
 }
 
 impl Attention {
     /// Self-attention when `context_dim` is `None`.
-    fn new(vb: VarBuilder, dim: usize, context_dim: Option<usize>) -> Result<Self> {
+    fn new(vb: VarBuilder, dim: usize, heads: usize, context_dim: Option<usize>) -> Result<Self> {
         let (to_q, to_kv) = match context_dim {
             None => {
                 let parts = [(vb.pp("to_q"), dim), (vb.pp("to_k"), dim), (vb.pp("to_v"), dim)];
@@ -470,6 +544,7 @@ impl Attention {
             to_kv,
             to_out: Linear::new(vb.pp("to_out.0"), dim, dim)?,
             channels: dim,
+            heads,
         })
     }
 
@@ -488,9 +563,9 @@ impl Attention {
                 (projected, kv.narrow(2, 0, c)?, kv.narrow(2, c, c)?)
             }
         };
-        let scale = 1.0 / ((c / HEADS) as f64).sqrt();
+        let scale = 1.0 / ((c / self.heads) as f64).sqrt();
         self.to_out
-            .forward_add(&attention(&q, &k, &v, HEADS, scale, stop)?, residual)
+            .forward_add(&attention(&q, &k, &v, self.heads, scale, stop)?, residual)
     }
 }
 
@@ -508,10 +583,10 @@ mod tests {
         let blocks = cfg
             .channel_mult
             .iter()
-            .zip(&cfg.attention)
-            .map(|(&m, &attn)| BlockConfig {
+            .enumerate()
+            .map(|(level, &m)| BlockConfig {
                 out_channels: m * cfg.model_channels,
-                use_cross_attn: attn.then_some(1),
+                use_cross_attn: cfg.level_has_attention(level).then_some(1),
                 attention_head_dim: 8,
             })
             .collect();
@@ -533,8 +608,9 @@ mod tests {
         // Three levels and two resnets per level cover every skip-connection rule; an odd
         // latent size covers the upsampling to the skip's size.
         cfg.channel_mult = vec![1, 2, 2];
-        cfg.attention = vec![true, true, false];
         cfg.num_res_blocks = 2;
+        cfg.transformer_depth = vec![1, 1, 1, 1, 0, 0];
+        cfg.transformer_depth_output = vec![1, 1, 1, 1, 1, 1, 0, 0, 0];
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
         let theirs = UNet2DConditionModel::new(vb.clone(), 4, 4, false, unet_config(&cfg)).unwrap();
@@ -543,7 +619,7 @@ mod tests {
             let x = Tensor::randn(0f32, 1.0, (2, 4, h, w), &dev).unwrap();
             let ctx = Tensor::randn(0f32, 1.0, (2, 77, cfg.context_dim), &dev).unwrap();
             let want = theirs.forward(&x, 421.0, &ctx).unwrap();
-            let got = ours.forward(&x, 421.0, &ctx).unwrap();
+            let got = ours.forward(&x, 421.0, &ctx, None).unwrap();
             assert_eq!(got.dims(), want.dims());
             let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             let diff = crate::max_abs_diff(&got, &want);

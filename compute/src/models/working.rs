@@ -169,7 +169,7 @@ mod tests {
         let (batch, h, w) = (2, 96, 80);
         let x = Tensor::randn(0f32, 1.0, (batch, 4, h, w), &Device::Cpu).unwrap();
         let ctx = Tensor::randn(0f32, 1.0, (batch, 77, cfg.context_dim), &Device::Cpu).unwrap();
-        let unet = measured_peak(|| drop(m.unet.forward(&x, 500.0, &ctx).unwrap()));
+        let unet = measured_peak(|| drop(m.unet.forward(&x, 500.0, &ctx, None).unwrap()));
         let estimate = Sd1Unet::working_bytes(cfg, batch, (h, w), 77);
         assert!(estimate >= unet, "UNet: estimated {estimate} bytes, allocated {unet}");
         assert!(

@@ -1,8 +1,10 @@
-//! `weft models`: SD1.x checkpoints on the compute engine, from the command line.
+//! `weft models`: SD1.x checkpoints on the compute engine, and test checkpoints, from the command
+//! line.
 
 use std::path::PathBuf;
 
 use clap::Subcommand;
+use weft_compute::models::random_checkpoint;
 use weft_compute::{codecs, device, diffusion, models, sampling, text_to_image};
 
 /// The `weft models` subcommands.
@@ -26,6 +28,22 @@ pub(crate) enum ModelsCommand {
         /// Seed of the random weights.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Element type of the weights: fp16, or fp32 (twice the size).
+        #[arg(long, default_value = "fp16")]
+        dtype: random_checkpoint::Precision,
+    },
+    /// Writes the deterministic random-weight checkpoint with the exact SDXL base layout (6.9 GB,
+    /// float16; seed 0 is the checkpoint of the SDXL parity checks).
+    SdxlRandom {
+        /// Output .safetensors file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Element type of the weights: fp16, or fp32 (twice the size).
+        #[arg(long, default_value = "fp16")]
+        dtype: random_checkpoint::Precision,
     },
     /// Writes a tiny random-weight standalone VAE (original layout) for `weft models tiny-sd`
     /// checkpoints, for the `vae` models folder.
@@ -113,7 +131,8 @@ impl ModelsCommand {
     pub(crate) fn run(self) -> anyhow::Result<()> {
         match self {
             ModelsCommand::TinySd { out, seed } => tiny_sd(out, seed),
-            ModelsCommand::Sd15Random { out, seed } => sd15_random(out, seed),
+            ModelsCommand::Sd15Random { out, seed, dtype } => write_recipe(&random_checkpoint::SD15, out, seed, dtype),
+            ModelsCommand::SdxlRandom { out, seed, dtype } => write_recipe(&random_checkpoint::SDXL, out, seed, dtype),
             ModelsCommand::TinyVae { out, seed } => tiny_vae(out, seed),
             ModelsCommand::TinyLora { out, seed, rank } => tiny_lora(out, seed, rank),
             ModelsCommand::TinyEmbedding { out, seed, vectors } => tiny_embedding(out, seed, vectors),
@@ -129,9 +148,14 @@ fn tiny_sd(out: PathBuf, seed: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes the SD1.5-layout random checkpoint.
-fn sd15_random(out: PathBuf, seed: u64) -> anyhow::Result<()> {
-    let written = models::sd15_random::write(&out, seed)?;
+/// Writes a random checkpoint of `recipe` (the SD1.5 or SDXL layout).
+fn write_recipe(
+    recipe: &random_checkpoint::Recipe,
+    out: PathBuf,
+    seed: u64,
+    dtype: random_checkpoint::Precision,
+) -> anyhow::Result<()> {
+    let written = recipe.write(&out, seed, dtype)?;
     println!("{}: {written:?}", out.display());
     Ok(())
 }

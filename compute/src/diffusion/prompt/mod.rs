@@ -55,6 +55,37 @@ pub fn encode_chunks_interruptible(
     chunks: &[Vec<Weighted>],
     stop: Interrupt<'_>,
 ) -> Result<Tensor, ComputeError> {
+    let spec = EncodeSpec {
+        layers,
+        norm_hidden: true,
+        pad_token: EOS,
+        pooled: false,
+    };
+    Ok(encode_with(clip, &spec, chunks, stop)?.0)
+}
+
+/// How one text encoder encodes a prompt.
+#[derive(Debug, Clone, Copy)]
+pub struct EncodeSpec {
+    /// Encoder layers whose output is the encoding.
+    pub layers: usize,
+    /// Whether the final layer norm is applied to it.
+    pub norm_hidden: bool,
+    /// The token after a chunk's end token (the end token itself, or bigG's 0).
+    pub pad_token: u32,
+    /// Whether to give the pooled output too.
+    pub pooled: bool,
+}
+
+/// ComfyUI's `encode_token_weights` on tokenized chunks (padded with the end token, as
+/// [`tokenize`] gives them) for an encoder of `spec`: `[1, 77 * chunks, width]`, and the
+/// first chunk's pooled output `[1, width]` when asked.
+pub fn encode_with(
+    clip: &ClipText,
+    spec: &EncodeSpec,
+    chunks: &[Vec<Weighted>],
+    stop: Interrupt<'_>,
+) -> Result<(Tensor, Option<Tensor>), ComputeError> {
     let failed = |e: candle_core::Error| stop.explain("text encoding", e);
     let width = clip.width();
     for (token, _) in chunks.iter().flatten() {
@@ -68,39 +99,74 @@ pub fn encode_chunks_interruptible(
         }
     }
     let weighted = chunks.iter().flatten().any(|(_, w)| *w != 1.0);
-    let mut inputs: Vec<Vec<Token>> = chunks
-        .iter()
-        .map(|c| c.iter().map(|(t, _)| t.clone()).collect())
-        .collect();
+    let mut inputs: Vec<Vec<Token>> = chunks.iter().map(|c| padded(c, spec.pad_token)).collect();
     if weighted {
-        // ComfyUI's empty prompt: start, end, padding with the end token.
+        // ComfyUI's empty prompt: start, end, padding.
         let mut empty = vec![Token::Id(BOS), Token::Id(EOS)];
-        empty.resize(CONTEXT_LENGTH, Token::Id(EOS));
+        empty.resize(CONTEXT_LENGTH, Token::Id(spec.pad_token));
         inputs.push(empty);
     }
     let tokens = inputs.first().map_or(0, Vec::len);
     let embeds = input_embeddings(clip, &inputs).map_err(failed)?;
     let device = embeds.device().clone();
-    let encoded = crate::on_workers(|| clip.forward_embeddings_interruptible(&embeds, layers, stop)).map_err(failed)?;
-    let mut values: Vec<f32> = encoded.flatten_all().and_then(|t| t.to_vec1()).map_err(failed)?;
-    let per_chunk = tokens * width;
+    let pooled_at: Option<Vec<usize>> = spec
+        .pooled
+        .then(|| inputs.iter().map(|c| pooling_position(c)).collect());
+    let encoded = crate::on_workers(|| clip.encode(&embeds, spec.layers, spec.norm_hidden, pooled_at.as_deref(), stop))
+        .map_err(failed)?;
+    let pooled = match encoded.pooled {
+        Some(p) => Some(p.narrow(0, 0, 1).map_err(failed)?),
+        None => None,
+    };
+    let mut values: Vec<f32> = encoded.hidden.flatten_all().and_then(|t| t.to_vec1()).map_err(failed)?;
     if weighted {
-        let (chunk_values, empty) = values.split_at_mut(chunks.len() * per_chunk);
-        for (chunk, z) in chunks.iter().zip(chunk_values.chunks_exact_mut(per_chunk)) {
-            for (((_, weight), row), base) in chunk
-                .iter()
-                .zip(z.chunks_exact_mut(width))
-                .zip(empty.chunks_exact(width))
-            {
-                if *weight != 1.0 {
-                    let w = *weight as f32;
-                    row.iter_mut().zip(base).for_each(|(v, &e)| *v = (*v - e) * w + e);
-                }
+        interpolate_weights(&mut values, chunks, tokens * width, width);
+        values.truncate(chunks.len() * tokens * width);
+    }
+    let hidden = Tensor::from_vec(values, (1, chunks.len() * tokens, width), &device).map_err(failed)?;
+    Ok((hidden, pooled))
+}
+
+/// `chunk`'s tokens with those after its end token replaced by `pad`.
+fn padded(chunk: &[Weighted], pad: u32) -> Vec<Token> {
+    let end = chunk.iter().position(|(t, _)| matches!(t, Token::Id(EOS)));
+    chunk
+        .iter()
+        .enumerate()
+        .map(|(i, (t, _))| match (t, end) {
+            (Token::Id(EOS), Some(e)) if i > e => Token::Id(pad),
+            _ => t.clone(),
+        })
+        .collect()
+}
+
+/// Where ComfyUI takes the pooled output: the first position of the largest token id (the
+/// end token; an embedding vector counts as 0).
+fn pooling_position(chunk: &[Token]) -> usize {
+    let id = |t: &Token| match t {
+        Token::Id(id) => *id,
+        Token::Vector(..) => 0,
+    };
+    let max = chunk.iter().map(id).max().unwrap_or(0);
+    chunk.iter().position(|t| id(t) == max).unwrap_or(0)
+}
+
+/// Each weighted token's row moved from the empty prompt's (the last `per_chunk` values
+/// after the chunks): `(z - z_empty) * w + z_empty`.
+fn interpolate_weights(values: &mut [f32], chunks: &[Vec<Weighted>], per_chunk: usize, width: usize) {
+    let (chunk_values, empty) = values.split_at_mut(chunks.len() * per_chunk);
+    for (chunk, z) in chunks.iter().zip(chunk_values.chunks_exact_mut(per_chunk)) {
+        for (((_, weight), row), base) in chunk
+            .iter()
+            .zip(z.chunks_exact_mut(width))
+            .zip(empty.chunks_exact(width))
+        {
+            if *weight != 1.0 {
+                let w = *weight as f32;
+                row.iter_mut().zip(base).for_each(|(v, &e)| *v = (*v - e) * w + e);
             }
         }
-        values.truncate(chunks.len() * per_chunk);
     }
-    Tensor::from_vec(values, (1, chunks.len() * tokens, width), &device).map_err(failed)
 }
 
 /// `[chunks, tokens, width]`: each token's vocabulary embedding, or its embedding vector.
@@ -138,7 +204,7 @@ mod tests {
     #[test]
     fn weights_interpolate_against_the_empty_prompt() {
         let (_dir, models) = tiny_test_models(11).unwrap();
-        let clip = &models.clip;
+        let clip = &models.text[0];
         let layers = clip.layer_count();
         let plain = encode_prompt(clip, layers, "a red apple", None).unwrap();
         assert_eq!(plain.dims(), &[1, 77, 32]);
@@ -167,7 +233,7 @@ mod tests {
     #[test]
     fn embedding_vectors_replace_token_embeddings() {
         let (_dir, models) = tiny_test_models(12).unwrap();
-        let clip = &models.clip;
+        let clip = &models.text[0];
         // An embedding equal to the token "apple"'s own embedding encodes as "apple".
         let apple = crate::tokenizer::ClipTokenizer::shared().encode("apple");
         let vectors: Vec<f32> = clip

@@ -410,8 +410,9 @@ impl Host for Ctx<'_> {
         let embeddings = Embeddings(self.state.library.models_dir.as_ref());
         let stop = self.stop_question();
         let encoded = encoder.encode(&text, Some(&embeddings), weft_compute::interrupt::Interrupt::new(&stop));
-        let context = attempt!(self.computed(encoded)?);
-        Ok(Ok(self.push_conditioning(Conditioning::from_context(context))?))
+        let encoded = attempt!(self.computed(encoded)?);
+        let conditioning = Conditioning::from_encoded(encoded.context, encoded.pooled, Default::default());
+        Ok(Ok(self.push_conditioning(conditioning)?))
     }
 
     fn conditioning_combine(
