@@ -23,4 +23,4 @@ pub use conditioning::{Area, CondEntry, Conditioning, SizeConditioning};
 pub use ksampler::{ksample, SampleFailure, SampleSettings};
 pub use lora::{write_random_lora, Lora};
 pub use model::DiffusionModel;
-pub use text::{Encoded, TextEncoder};
+pub use text::{Encoded, EncoderTexts, TextEncoder};

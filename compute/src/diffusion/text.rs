@@ -30,6 +30,26 @@ pub struct TextEncoder {
     patched: OnceLock<Result<Arc<Vec<ClipText>>, String>>,
 }
 
+/// The text each of SDXL's encoders reads (`CLIPTextEncodeSDXL`'s `text_l` and `text_g`).
+#[derive(Debug, Clone, Copy)]
+pub struct EncoderTexts<'a> {
+    /// For CLIP ViT-L (SD1's only encoder).
+    pub clip_l: &'a str,
+    /// For OpenCLIP bigG.
+    pub clip_g: &'a str,
+}
+
+impl<'a> EncoderTexts<'a> {
+    /// The text for the encoder ComfyUI calls `name`.
+    fn for_encoder(&self, name: &str) -> &'a str {
+        if name == "clip_g" {
+            self.clip_g
+        } else {
+            self.clip_l
+        }
+    }
+}
+
 /// A prompt's encoding.
 #[derive(Debug, Clone)]
 pub struct Encoded {
@@ -90,14 +110,18 @@ impl TextEncoder {
         embeddings: Option<&dyn EmbeddingLookup>,
         stop: Interrupt<'_>,
     ) -> Result<Encoded, ComputeError> {
-        self.encode_each(&[text], embeddings, stop)
+        let texts = EncoderTexts {
+            clip_l: text,
+            clip_g: text,
+        };
+        self.encode_each(texts, embeddings, stop)
     }
 
-    /// [`TextEncoder::encode`] with a text per encoder (`CLIPTextEncodeSDXL`'s `text_l` and
-    /// `text_g`); one text serves them all.
+    /// [`TextEncoder::encode`] with a text per encoder, as `CLIPTextEncodeSDXL` gives them.
+    /// Texts of fewer chunks are padded with the empty prompt's chunk, as ComfyUI does.
     pub fn encode_each(
         &self,
-        texts: &[&str],
+        texts: EncoderTexts<'_>,
         embeddings: Option<&dyn EmbeddingLookup>,
         stop: Interrupt<'_>,
     ) -> Result<Encoded, ComputeError> {
@@ -112,10 +136,21 @@ impl TextEncoder {
                 .map_err(|e| ComputeError::Failed(format!("text encoding: {e}")))?;
             patched
         };
+        let configs = &self.models.config.text;
+        let mut chunks = configs
+            .iter()
+            .map(|cfg| tokenize(texts.for_encoder(cfg.name), embeddings))
+            .collect::<Result<Vec<_>, _>>()?;
+        let longest = chunks.iter().map(Vec::len).max().unwrap_or(0);
+        let empty = tokenize("", None)?;
+        for each in &mut chunks {
+            while each.len() < longest {
+                each.extend(empty.iter().cloned());
+            }
+        }
         let mut contexts = Vec::with_capacity(clips.len());
         let mut pooled = None;
-        for (i, (clip, cfg)) in clips.iter().zip(&self.models.config.text).enumerate() {
-            let text = texts.get(i).or(texts.first()).copied().unwrap_or("");
+        for ((clip, cfg), chunks) in clips.iter().zip(configs).zip(&chunks) {
             let layer = self.last_layer.unwrap_or(cfg.default_layer);
             let spec = EncodeSpec {
                 layers: (cfg.layers as i32 + layer + 1).max(1) as usize,
@@ -123,12 +158,12 @@ impl TextEncoder {
                 pad_token: cfg.pad_token,
                 pooled: cfg.projection,
             };
-            let chunks = tokenize(text, embeddings)?;
-            let (hidden, this_pooled) = encode_with(clip, &spec, &chunks, stop)?;
+            let (hidden, this_pooled) = encode_with(clip, &spec, chunks, stop)?;
             contexts.push(hidden);
             pooled = pooled.or(this_pooled);
         }
-        let context = join_contexts(contexts)?;
+        let failed = |e: candle_core::Error| ComputeError::Failed(format!("text encoding: {e}"));
+        let context = Tensor::cat(&contexts, 2).map_err(failed)?;
         Ok(Encoded { context, pooled })
     }
 
@@ -148,26 +183,6 @@ impl TextEncoder {
         }
         Ok(clips)
     }
-}
-
-/// The encoders' outputs side by side along the width; texts of different chunk counts
-/// are refused (ComfyUI requires them equal too).
-fn join_contexts(contexts: Vec<Tensor>) -> Result<Tensor, ComputeError> {
-    let failed = |e: candle_core::Error| ComputeError::Failed(format!("text encoding: {e}"));
-    if contexts.len() == 1 {
-        return Ok(contexts.into_iter().next().expect("one context"));
-    }
-    let tokens: Vec<usize> = contexts
-        .iter()
-        .map(|c| c.dim(1))
-        .collect::<Result<_, _>>()
-        .map_err(failed)?;
-    if tokens.windows(2).any(|w| w[0] != w[1]) {
-        return Err(ComputeError::invalid(format!(
-            "the texts for the two encoders make {tokens:?} tokens; they must be as long in chunks of 75"
-        )));
-    }
-    Tensor::cat(&contexts, 2).map_err(failed)
 }
 
 #[cfg(test)]

@@ -19,6 +19,16 @@ pub(crate) enum ModelsCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Writes a tiny random-weight SDXL checkpoint in the single-file layout (both text
+    /// encoders, size conditioning; small widths).
+    TinySdxl {
+        /// Output .safetensors file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Writes the deterministic random-weight checkpoint with the exact SD1.5 layout (2.1 GB,
     /// float16; seed 0 is the checkpoint of the ComfyUI parity vectors).
     Sd15Random {
@@ -131,6 +141,7 @@ impl ModelsCommand {
     pub(crate) fn run(self) -> anyhow::Result<()> {
         match self {
             ModelsCommand::TinySd { out, seed } => tiny_sd(out, seed),
+            ModelsCommand::TinySdxl { out, seed } => tiny_sdxl(out, seed),
             ModelsCommand::Sd15Random { out, seed, dtype } => write_recipe(&random_checkpoint::SD15, out, seed, dtype),
             ModelsCommand::SdxlRandom { out, seed, dtype } => write_recipe(&random_checkpoint::SDXL, out, seed, dtype),
             ModelsCommand::TinyVae { out, seed } => tiny_vae(out, seed),
@@ -145,6 +156,13 @@ impl ModelsCommand {
 fn tiny_sd(out: PathBuf, seed: u64) -> anyhow::Result<()> {
     models::write_random_checkpoint(&out, &models::Sd1Config::tiny(), seed)?;
     println!("wrote a tiny random-weight SD1 checkpoint to {}", out.display());
+    Ok(())
+}
+
+/// Writes the tiny random-weight SDXL checkpoint.
+fn tiny_sdxl(out: PathBuf, seed: u64) -> anyhow::Result<()> {
+    models::write_random_checkpoint(&out, &models::Sd1Config::tiny_sdxl(), seed)?;
+    println!("wrote a tiny random-weight SDXL checkpoint to {}", out.display());
     Ok(())
 }
 

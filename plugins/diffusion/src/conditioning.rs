@@ -21,6 +21,66 @@ weft_sdk::node! {
 }
 
 weft_sdk::node! {
+    /// Encodes `text_g` with SDXL's OpenCLIP bigG and `text_l` with its CLIP ViT-L, with SDXL's size conditioning.
+    pub struct CLIPTextEncodeSDXL {
+        category: "advanced/conditioning",
+        inputs {
+            clip: Clip = input::clip(),
+            width: i64 = input::int().default(1024).min(0).max(MAX_RESOLUTION),
+            height: i64 = input::int().default(1024).min(0).max(MAX_RESOLUTION),
+            crop_w: i64 = input::int().default(0).min(0).max(MAX_RESOLUTION),
+            crop_h: i64 = input::int().default(0).min(0).max(MAX_RESOLUTION),
+            target_width: i64 = input::int().default(1024).min(0).max(MAX_RESOLUTION),
+            target_height: i64 = input::int().default(1024).min(0).max(MAX_RESOLUTION),
+            text_g: String = input::string().multiline(),
+            text_l: String = input::string().multiline(),
+        }
+        outputs { CONDITIONING: Conditioning }
+        fn execute(_, inp) {
+            let size = diffusion::SizeConditioning {
+                width: Some(inp.width as f64),
+                height: Some(inp.height as f64),
+                crop_w: Some(inp.crop_w as f64),
+                crop_h: Some(inp.crop_h as f64),
+                target_width: Some(inp.target_width as f64),
+                target_height: Some(inp.target_height as f64),
+                aesthetic_score: None,
+            };
+            let encoded = diffusion::encode_text_sdxl(inp.clip.handle(), &inp.text_g, &inp.text_l, size)?;
+            Ok((Conditioning(encoded),))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Encodes `text` with the SDXL refiner's OpenCLIP bigG, with its aesthetic score and size conditioning.
+    pub struct CLIPTextEncodeSDXLRefiner {
+        category: "advanced/conditioning",
+        inputs {
+            clip: Clip = input::clip(),
+            ascore: f64 = input::float().default(6.0).min(0.0).max(1000.0).step(0.01),
+            width: i64 = input::int().default(1024).min(0).max(MAX_RESOLUTION),
+            height: i64 = input::int().default(1024).min(0).max(MAX_RESOLUTION),
+            text: String = input::string().multiline(),
+        }
+        outputs { CONDITIONING: Conditioning }
+        fn execute(_, inp) {
+            let size = diffusion::SizeConditioning {
+                width: Some(inp.width as f64),
+                height: Some(inp.height as f64),
+                crop_w: None,
+                crop_h: None,
+                target_width: None,
+                target_height: None,
+                aesthetic_score: Some(inp.ascore),
+            };
+            let encoded = diffusion::encode_text_sdxl(inp.clip.handle(), &inp.text, &inp.text, size)?;
+            Ok((Conditioning(encoded),))
+        }
+    }
+}
+
+weft_sdk::node! {
     /// Stops the text encoder at an earlier layer (-1 is the last, -2 the one before, ...).
     pub struct CLIPSetLastLayer {
         display_name: "CLIP Set Last Layer",

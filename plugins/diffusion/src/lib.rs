@@ -10,7 +10,7 @@ mod sampling;
 mod vae;
 
 pub use conditioning::{
-    CLIPSetLastLayer, CLIPTextEncode, ConditioningAverage, ConditioningCombine, ConditioningSetArea,
+    CLIPSetLastLayer, CLIPTextEncode, CLIPTextEncodeSDXL, CLIPTextEncodeSDXLRefiner, ConditioningAverage, ConditioningCombine, ConditioningSetArea,
     ConditioningZeroOut,
 };
 pub use latent::{
@@ -30,6 +30,8 @@ weft_sdk::export_plugin!(
     LoraLoader,
     LoraLoaderModelOnly,
     CLIPTextEncode,
+    CLIPTextEncodeSDXL,
+    CLIPTextEncodeSDXLRefiner,
     CLIPSetLastLayer,
     ConditioningCombine,
     ConditioningAverage,

@@ -20,15 +20,17 @@ use wasmtime::component::{Linker, Resource};
 use weft_types::NodeErrorCode;
 
 use super::{own, CallState, Capabilities, Capability, CapabilityCtx, Own};
-use crate::runtime::bindings::v0_2::weft::node::diffusion::{add_to_linker, Area, Checkpoint, Host, SampleOptions};
+use crate::runtime::bindings::v0_2::weft::node::diffusion::{
+    add_to_linker, Area, Checkpoint, Host, SampleOptions, SizeConditioning as WitSizeConditioning,
+};
 use crate::runtime::bindings::v0_2::wit::{AssetRef, NodeError};
 use crate::runtime::call::{read_asset, AssetReader, CallContext, Interrupt, ProgressSink};
 use crate::runtime::limits::Limits;
 use crate::runtime::memory::{Charge, Held, MemoryLimit};
 use crate::runtime::value::{Handle, HandleRes, ImageRes, LatentRes, MaskRes};
 use weft_compute::diffusion::{
-    self as sd, Autoencoder, Conditioning, DiffusionModel, Lora, ModelError, SampleFailure, SampleSettings,
-    StandaloneVae, TextEncoder,
+    self as sd, Autoencoder, Conditioning, DiffusionModel, EncoderTexts, Lora, ModelError, SampleFailure,
+    SampleSettings, SizeConditioning, StandaloneVae, TextEncoder,
 };
 use weft_compute::models::{ModelCache, Sd1Models, Sd1Unet, Sd1Vae};
 use weft_compute::sampling::{SamplerKind, Scheduler, StepControl};
@@ -413,6 +415,54 @@ impl Host for Ctx<'_> {
         let encoded = attempt!(self.computed(encoded)?);
         let conditioning = Conditioning::from_encoded(encoded.context, encoded.pooled, Default::default());
         Ok(Ok(self.push_conditioning(conditioning)?))
+    }
+
+    fn encode_text_sdxl(
+        &mut self,
+        clip: Resource<HandleRes>,
+        text_g: String,
+        text_l: String,
+        size: WitSizeConditioning,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        self.core.hostcalls.charge(text_g.len() + text_l.len())?;
+        let numbers = [
+            size.width,
+            size.height,
+            size.crop_w,
+            size.crop_h,
+            size.target_width,
+            size.target_height,
+            size.aesthetic_score,
+        ];
+        if numbers.iter().flatten().any(|n| !n.is_finite()) {
+            fail!(node_error(
+                NodeErrorCode::InvalidInput,
+                "size conditioning numbers must be finite"
+            ));
+        }
+        let encoder = attempt!(self.payload::<TextEncoder>(&clip, "CLIP")?);
+        let embeddings = Embeddings(self.state.library.models_dir.as_ref());
+        let stop = self.stop_question();
+        let texts = EncoderTexts {
+            clip_l: &text_l,
+            clip_g: &text_g,
+        };
+        let encoded = encoder.encode_each(texts, Some(&embeddings), weft_compute::interrupt::Interrupt::new(&stop));
+        let encoded = attempt!(self.computed(encoded)?);
+        let size = SizeConditioning {
+            width: size.width,
+            height: size.height,
+            crop_w: size.crop_w,
+            crop_h: size.crop_h,
+            target_width: size.target_width,
+            target_height: size.target_height,
+            aesthetic_score: size.aesthetic_score,
+        };
+        Ok(Ok(self.push_conditioning(Conditioning::from_encoded(
+            encoded.context,
+            encoded.pooled,
+            size,
+        ))?))
     }
 
     fn conditioning_combine(

@@ -1,0 +1,175 @@
+//! SDXL through the real server: ComfyUI's SDXL graphs in API format run unchanged on a
+//! tiny random-weight SDXL checkpoint (`weft models tiny-sdxl`) that `CheckpointLoaderSimple`
+//! detects by its keys; `CLIPTextEncodeSDXL` and `CLIPTextEncodeSDXLRefiner` have ComfyUI's
+//! contract and their size conditioning reaches the model; conditioning from another
+//! family's CLIP is a clean node error.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use serde_json::{json, Value};
+use support::{weft_bin, Options, Server};
+
+/// The checkpoint name ComfyUI's SDXL example workflow uses.
+const SDXL: &str = "sd_xl_base_1.0.safetensors";
+/// An SD1 checkpoint beside it.
+const SD1: &str = "v1-5-pruned-emaonly.safetensors";
+
+/// Writes a tiny checkpoint with `weft models <command>`.
+fn write_tiny(command: &str, path: &Path, seed: u64) {
+    let status = Command::new(weft_bin())
+        .args(["models", command, "--seed", &seed.to_string(), "--out"])
+        .arg(path)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "weft models {command} failed");
+}
+
+/// A models directory with a tiny SDXL and a tiny SD1 checkpoint, and a server over it
+/// with the node cache off.
+fn setup() -> (tempfile::TempDir, Server) {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = dir.path().join("checkpoints");
+    std::fs::create_dir_all(&checkpoints).unwrap();
+    write_tiny("tiny-sdxl", &checkpoints.join(SDXL), 0);
+    write_tiny("tiny-sd", &checkpoints.join(SD1), 0);
+    let server = Server::with(Options {
+        args: vec![
+            "--models-dir".into(),
+            dir.path().display().to_string(),
+            "--cache-mib".into(),
+            "0".into(),
+        ],
+        ..Default::default()
+    });
+    (dir, server)
+}
+
+/// ComfyUI's SDXL text-to-image graph (the default graph on an SDXL checkpoint) with a
+/// `SaveLatent` of the sampler's output.
+fn sdxl_graph(seed: u64) -> Value {
+    json!({
+        "3": {"class_type": "KSampler", "inputs": {
+            "cfg": 8, "denoise": 1, "latent_image": ["5", 0], "model": ["4", 0], "negative": ["7", 0],
+            "positive": ["6", 0], "sampler_name": "euler", "scheduler": "normal", "seed": seed, "steps": 2}},
+        "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": SDXL}},
+        "5": {"class_type": "EmptyLatentImage", "inputs": {"batch_size": 1, "height": 64, "width": 64}},
+        "6": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["4", 1], "text": "a lighthouse at dusk, oil painting"}},
+        "7": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["4", 1], "text": "blurry"}},
+        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
+        "9": {"class_type": "SaveImage", "inputs": {"filename_prefix": "ComfyUI", "images": ["8", 0]}},
+        "10": {"class_type": "SaveLatent", "inputs": {"filename_prefix": "latents/ComfyUI", "samples": ["3", 0]}}
+    })
+}
+
+/// `CLIPTextEncodeSDXL` in place of node `id`'s `CLIPTextEncode`, with `crop_w`.
+fn sdxl_text_encode(graph: &mut Value, id: &str, crop_w: u32) {
+    let text = graph[id]["inputs"]["text"].clone();
+    graph[id] = json!({"class_type": "CLIPTextEncodeSDXL", "inputs": {
+        "clip": ["4", 1], "width": 1024, "height": 1024, "crop_w": crop_w, "crop_h": 0,
+        "target_width": 1024, "target_height": 1024, "text_g": text, "text_l": text}});
+}
+
+/// Runs `graph` and returns the bytes of its outputs, PNG first, asserting success.
+fn outputs(server: &Server, graph: Value) -> Vec<Vec<u8>> {
+    let job = server.run(graph);
+    assert_eq!(job["status"], "succeeded", "{job}");
+    let mut files: Vec<(String, Vec<u8>)> = job["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            let name = o["filename"].as_str().or(o["name"].as_str()).unwrap_or("").to_string();
+            (name, server.download(o["url"].as_str().unwrap()))
+        })
+        .collect();
+    files.sort_by_key(|(name, _)| !name.ends_with(".png"));
+    files.into_iter().map(|(_, bytes)| bytes).collect()
+}
+
+#[test]
+fn an_sdxl_checkpoint_runs_comfyuis_graph_unchanged_and_the_seed_decides_the_bytes() {
+    let (_dir, server) = setup();
+    let first = outputs(&server, sdxl_graph(42));
+    assert!(first[0].starts_with(b"\x89PNG\r\n\x1a\n"));
+    assert_eq!(first, outputs(&server, sdxl_graph(42)), "same seed, same bytes");
+    assert_ne!(
+        first[1],
+        outputs(&server, sdxl_graph(43))[1],
+        "another seed, another latent"
+    );
+}
+
+#[test]
+fn clip_text_encode_sdxl_carries_its_size_conditioning_to_the_model() {
+    let (_dir, server) = setup();
+    let latent = |graph: Value| outputs(&server, graph).pop().unwrap();
+    let plain = latent(sdxl_graph(7));
+    let mut sized = sdxl_graph(7);
+    sdxl_text_encode(&mut sized, "6", 0);
+    sdxl_text_encode(&mut sized, "7", 0);
+    let sized_latent = latent(sized.clone());
+    // The default graph conditions on the latent's size (64 pixels), this one on 1024.
+    assert_ne!(plain, sized_latent);
+    let mut cropped = sized;
+    cropped["6"]["inputs"]["crop_w"] = json!(256);
+    assert_ne!(sized_latent, latent(cropped));
+    // The refiner's node runs on a base CLIP too (the base model ignores the score).
+    let mut refiner = sdxl_graph(7);
+    refiner["6"] = json!({"class_type": "CLIPTextEncodeSDXLRefiner", "inputs": {
+        "clip": ["4", 1], "ascore": 6.0, "width": 1024, "height": 1024, "text": "a lighthouse"}});
+    latent(refiner);
+}
+
+#[test]
+fn sdxl_text_nodes_have_comfyuis_inputs_defaults_and_category() {
+    let (_dir, server) = setup();
+    let nodes: Value = server.get("/api/v2/nodes").json().unwrap();
+    let order = |class: &str| nodes[class]["input_order"]["required"].clone();
+    assert_eq!(
+        order("CLIPTextEncodeSDXL"),
+        json!([
+            "clip",
+            "width",
+            "height",
+            "crop_w",
+            "crop_h",
+            "target_width",
+            "target_height",
+            "text_g",
+            "text_l"
+        ])
+    );
+    assert_eq!(
+        order("CLIPTextEncodeSDXLRefiner"),
+        json!(["clip", "ascore", "width", "height", "text"])
+    );
+    let input = |class: &str, name: &str| nodes[class]["input"]["required"][name].clone();
+    assert_eq!(input("CLIPTextEncodeSDXL", "width")[1]["default"], json!(1024));
+    assert_eq!(input("CLIPTextEncodeSDXL", "crop_w")[1]["default"], json!(0));
+    assert_eq!(input("CLIPTextEncodeSDXL", "text_g")[1]["multiline"], json!(true));
+    assert_eq!(input("CLIPTextEncodeSDXLRefiner", "ascore")[1]["default"], json!(6.0));
+    for class in ["CLIPTextEncodeSDXL", "CLIPTextEncodeSDXLRefiner"] {
+        assert_eq!(nodes[class]["category"], "advanced/conditioning", "{class}");
+        assert_eq!(nodes[class]["output"], json!(["CONDITIONING"]), "{class}");
+    }
+}
+
+#[test]
+fn conditioning_from_another_familys_clip_is_a_clean_node_error() {
+    let (_dir, server) = setup();
+    let mut graph = sdxl_graph(1);
+    graph["11"] = json!({"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": SD1}});
+    graph["6"]["inputs"]["clip"] = json!(["11", 1]);
+    let job = server.run(graph);
+    assert_eq!(job["status"], "failed", "{job}");
+    assert_eq!(job["error"]["node_id"], "3", "{job}");
+    let message = job["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("invalid_input") && message.contains("pooled"),
+        "{message}"
+    );
+}
