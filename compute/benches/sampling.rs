@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor as CTensor};
 use candle_nn::{VarBuilder, VarMap};
-use weft_compute::models::{Sd1Config, Sd1Unet};
+use weft_compute::models::{ModelConfig, Unet};
 use weft_compute::sampling::{sample, ModelSampling, SamplerKind, Scheduler, StepControl, Tensor, ZeroNoise};
 use weft_compute::text_to_image::GuidedUnet;
 
@@ -56,14 +56,14 @@ fn randomize(varmap: &VarMap, device: &Device) -> anyhow::Result<()> {
 }
 
 /// Returns (steps per wall second, CPU seconds per step).
-fn bench_candle(name: &str, cfg: &Sd1Config, steps: usize, device: &Device) -> anyhow::Result<(f64, f64)> {
+fn bench_candle(name: &str, cfg: &ModelConfig, steps: usize, device: &Device) -> anyhow::Result<(f64, f64)> {
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, device);
     // The first construction creates the variables, the second reads them once randomised
     // (the UNet stacks some weights into new tensors as it loads).
-    Sd1Unet::new(vb.clone(), cfg)?;
+    Unet::new(vb.clone(), cfg)?;
     randomize(&varmap, device)?;
-    let unet = Sd1Unet::new(vb, cfg)?;
+    let unet = Unet::new(vb, cfg)?;
     let params: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
     let cond = CTensor::randn(0f32, 1.0, (1, 77, cfg.context_dim), device)?;
     let uncond = CTensor::randn(0f32, 1.0, (1, 77, cfg.context_dim), device)?;
@@ -110,8 +110,8 @@ fn main() -> anyhow::Result<()> {
     let python = std::env::var("WEFT_BENCH_PYTHON").ok();
     for name in models.split(',') {
         let cfg = match name {
-            "tiny" => Sd1Config::tiny(),
-            "sd15" => Sd1Config::sd1(),
+            "tiny" => ModelConfig::tiny(),
+            "sd15" => ModelConfig::sd1(),
             other => anyhow::bail!("unknown model {other}; use tiny or sd15"),
         };
         let (candle, candle_cpu) = bench_candle(name, &cfg, steps, &device)?;

@@ -11,7 +11,7 @@ use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use weft_compute::diffusion::lora::load_component;
 use weft_compute::diffusion::prompt::encode_prompt;
-use weft_compute::models::{ClipText, Component, Sd1Config};
+use weft_compute::models::{ClipText, Component, ModelConfig};
 
 mod support;
 
@@ -26,7 +26,7 @@ fn prompt() -> String {
 fn main() -> anyhow::Result<()> {
     let checkpoint = support::checkpoint()?;
     let runs = support::runs(5);
-    let cfg = Sd1Config::sd1();
+    let cfg = ModelConfig::sd1();
     let tensors = load_component(&checkpoint, &cfg, Component::Clip(0), &Device::Cpu)?;
     let clip = ClipText::new(
         VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu),

@@ -11,7 +11,7 @@
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use weft_compute::diffusion::lora::load_component;
-use weft_compute::models::{Component, Sd1Config, Sd1Vae};
+use weft_compute::models::{Component, ModelConfig, Sd1Vae};
 use weft_compute::sampling::Tensor;
 
 mod support;
@@ -30,7 +30,7 @@ fn main() -> anyhow::Result<()> {
         size >= 8 && size.is_multiple_of(8),
         "WEFT_BENCH_SIZE must be a multiple of 8"
     );
-    let cfg = Sd1Config::sd1();
+    let cfg = ModelConfig::sd1();
     let tensors = load_component(&checkpoint, &cfg, Component::Vae, &Device::Cpu)?;
     let vae = Sd1Vae::new(VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu), &cfg)?;
     let side = size / 8;

@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use candle_core::Device;
 
 use super::diffusion::{ksample, Conditioning, DiffusionModel, SampleSettings, TextEncoder};
-use super::models::{load_sd1, random_checkpoint, SafetensorsIndex, Sd1Models, DEFAULT_MAX_HEADER};
+use super::models::{load_sd1, random_checkpoint, CheckpointModels, SafetensorsIndex, DEFAULT_MAX_HEADER};
 use super::sampling::StepControl;
 use super::text_to_image::{text_to_latent, TextToImage};
 use super::vae;
@@ -107,7 +107,7 @@ fn sd15_dpm_adaptive_matches_comfyui() -> Result<()> {
     every_sampler_and_scheduler_matches_comfyui(&models, &checkpoint, |sampler| sampler == SLOW_SAMPLER)
 }
 
-fn default_graph_matches_comfyui(models: &Sd1Models) -> Result<()> {
+fn default_graph_matches_comfyui(models: &CheckpointModels) -> Result<()> {
     for name in ["a", "c"] {
         let req = request(name)?;
         let latent = text_to_latent(models, &req, &mut |_| StepControl::Continue)?;
@@ -165,7 +165,7 @@ fn default_graph_matches_comfyui(models: &Sd1Models) -> Result<()> {
 fn sd15_weighted_long_prompt_matches_the_reference() -> Result<()> {
     use crate::diffusion::lora::load_component;
     use crate::diffusion::prompt::{encode_chunks, tokenize, Token};
-    use crate::models::{ClipText, Component, Sd1Config};
+    use crate::models::{ClipText, Component, ModelConfig};
 
     let reference: serde_json::Value = serde_json::from_slice(&std::fs::read(fixtures().join("weighted_long.json"))?)?;
     let prompt = reference["prompt"].as_str().context("prompt")?;
@@ -185,7 +185,7 @@ fn sd15_weighted_long_prompt_matches_the_reference() -> Result<()> {
     assert_eq!(ours, theirs, "tokens and weights");
 
     let checkpoint = random_checkpoint::SD15.cached_seed0(&random_checkpoint::cache_dir())?;
-    let cfg = Sd1Config::sd1();
+    let cfg = ModelConfig::sd1();
     let tensors = load_component(&checkpoint, &cfg, Component::Clip(0), &Device::Cpu)?;
     let vb = candle_nn::VarBuilder::from_tensors(tensors, candle_core::DType::F32, &Device::Cpu);
     let clip = ClipText::new(vb, &cfg.text[0])?;
@@ -216,7 +216,7 @@ fn sd15_weighted_long_prompt_matches_the_reference() -> Result<()> {
 /// The sampler sweep: `sampler-sweep.json` holds ComfyUI's final latents (see the README).
 /// Runs the cases whose sampler `select` accepts.
 fn every_sampler_and_scheduler_matches_comfyui(
-    models: &Arc<Sd1Models>,
+    models: &Arc<CheckpointModels>,
     checkpoint: &Path,
     select: impl Fn(&str) -> bool,
 ) -> Result<()> {

@@ -97,7 +97,7 @@ mod tests {
     fn forward_passes_stop_part_way_when_their_interrupt_fires() {
         use crate::diffusion::{vae, Autoencoder, Conditioning, DiffusionModel, SampleFailure, TextEncoder};
         use candle_core::{Device, Tensor};
-        let (dir, m) = crate::models::candle_sd1::tiny_test_models(6).unwrap();
+        let (dir, m) = crate::models::loader::tiny_test_models(6).unwrap();
         let x = Tensor::randn(0f32, 1.0, (2, 4, 16, 16), &Device::Cpu).unwrap();
         let ctx = Tensor::randn(0f32, 1.0, (2, 77, 32), &Device::Cpu).unwrap();
         for checks in [0, 3, 8] {

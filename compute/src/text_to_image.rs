@@ -10,7 +10,7 @@ use candle_core::{DType, Tensor as CTensor};
 use super::diffusion::conditioning::repeat_to_common_length;
 use super::diffusion::prompt::encode_prompt;
 use super::image::ImageBatch;
-use super::models::{Sd1Models, Sd1Unet};
+use super::models::{CheckpointModels, Unet};
 use super::sampling::{
     cfg, default_noise, ksampler_sigmas, sample, seeded_noise, ModelSampling, SamplerKind, Scheduler, StepControl,
     StepInfo, Tensor,
@@ -58,7 +58,7 @@ impl Default for TextToImage {
 
 /// Encodes `text` (ComfyUI's prompt syntax, no embeddings folder) with the models' whole
 /// CLIP text encoder: `[1, 77 * chunks, context_dim]`.
-pub fn encode_text(models: &Sd1Models, text: &str) -> Result<CTensor> {
+pub fn encode_text(models: &CheckpointModels, text: &str) -> Result<CTensor> {
     Ok(encode_prompt(
         &models.text[0],
         models.text[0].layer_count(),
@@ -68,14 +68,14 @@ pub fn encode_text(models: &Sd1Models, text: &str) -> Result<CTensor> {
 }
 
 /// The pixel-to-latent scale of the models' VAE (8 for SD1: one per downsampling level).
-pub fn vae_scale(models: &Sd1Models) -> u32 {
+pub fn vae_scale(models: &CheckpointModels) -> u32 {
     1 << (models.config.vae_mult.len() - 1)
 }
 
 /// A denoiser over SD1's UNet with classifier-free guidance, for [`sample`]: EPS prediction,
 /// `c_in = 1 / sqrt(sigma^2 + 1)`, timestep = nearest sigma of the SD1 table.
 pub struct GuidedUnet<'a> {
-    unet: &'a Sd1Unet,
+    unet: &'a Unet,
     ms: ModelSampling,
     /// `[2, tokens, d]`: uncond then cond, repeated to a common length (or cond alone,
     /// `[1, tokens, d]`, when `scale == 1`).
@@ -86,7 +86,7 @@ pub struct GuidedUnet<'a> {
 impl<'a> GuidedUnet<'a> {
     /// Guidance of `cond` against `uncond` (both `[1, 77 * chunks, d]`, on the UNet's device)
     /// at `scale`.
-    pub fn new(unet: &'a Sd1Unet, cond: &CTensor, uncond: &CTensor, scale: f32) -> Result<Self> {
+    pub fn new(unet: &'a Unet, cond: &CTensor, uncond: &CTensor, scale: f32) -> Result<Self> {
         let context = if scale == 1.0 {
             cond.clone()
         } else {
@@ -135,7 +135,7 @@ impl<'a> GuidedUnet<'a> {
 /// Runs the whole pipeline; `callback` sees every step (return [`StepControl::Stop`] to
 /// cancel).
 pub fn text_to_image(
-    models: &Sd1Models,
+    models: &CheckpointModels,
     req: &TextToImage,
     callback: &mut dyn FnMut(&StepInfo<'_>) -> StepControl,
 ) -> Result<ImageBatch> {
@@ -145,7 +145,7 @@ pub fn text_to_image(
 /// The pipeline up to the sampler's result: the latent `VAEDecode` receives, in the VAE's
 /// space (ComfyUI's `LATENT`, as its `SaveLatent` writes it).
 pub fn text_to_latent(
-    models: &Sd1Models,
+    models: &CheckpointModels,
     req: &TextToImage,
     callback: &mut dyn FnMut(&StepInfo<'_>) -> StepControl,
 ) -> Result<Tensor> {
@@ -184,7 +184,7 @@ pub fn text_to_latent(
 mod tests {
     use super::*;
     use crate::codecs;
-    use crate::models::candle_sd1::tiny_test_models;
+    use crate::models::loader::tiny_test_models;
 
     /// Generations running at once share rayon's workers, which run each other's tasks
     /// while they wait: each must still get the image it gets alone.

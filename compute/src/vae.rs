@@ -8,7 +8,7 @@ use candle_core::{Device, Tensor as CTensor};
 
 use super::image::ImageBatch;
 use super::interrupt::Interrupt;
-use super::models::{Sd1Models, Sd1Vae};
+use super::models::{CheckpointModels, Sd1Vae};
 use super::sampling::Tensor;
 
 /// SD1.x latent scale factor.
@@ -33,7 +33,7 @@ pub fn from_candle(t: &CTensor) -> Result<Tensor> {
 
 /// Decodes VAE-space latents `[batch, 4, h, w]` into an `8w` x `8h` image batch:
 /// `clamp((decoder(latent) + 1) / 2, 0, 1)`.
-pub fn decode(models: &Sd1Models, latent: &Tensor) -> Result<ImageBatch> {
+pub fn decode(models: &CheckpointModels, latent: &Tensor) -> Result<ImageBatch> {
     decode_with(&models.vae, &models.device, models.config.latent_channels, latent)
 }
 
@@ -74,7 +74,7 @@ pub fn decode_interruptible(
 
 /// Encodes an RGB image batch (sides multiples of 8) into VAE-space latents: the mean of the
 /// posterior of `encoder(2 * image - 1)`, as ComfyUI's `VAEEncode` does.
-pub fn encode(models: &Sd1Models, image: &ImageBatch) -> Result<Tensor> {
+pub fn encode(models: &CheckpointModels, image: &ImageBatch) -> Result<Tensor> {
     encode_with(&models.vae, &models.device, image)
 }
 
@@ -113,7 +113,7 @@ pub fn encode_interruptible(vae: &Sd1Vae, device: &Device, image: &ImageBatch, s
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::candle_sd1::tiny_test_models;
+    use crate::models::loader::tiny_test_models;
 
     #[test]
     fn round_trip_shapes_and_determinism() -> Result<()> {

@@ -5,7 +5,7 @@ use candle_core::Tensor;
 
 use super::conditioning::{CondEntry, SizeConditioning};
 use super::latent::PIXELS_PER_CELL;
-use crate::models::sd1::{Family, ADM_SIZE_WIDTH};
+use crate::models::layout::{Family, ADM_SIZE_WIDTH};
 use crate::ComputeError;
 
 /// Whether the entry belongs to the positive or the negative prompt (the refiner's default

@@ -14,16 +14,16 @@ use super::checkpoint::ModelError;
 use crate::image::ImageBatch;
 use crate::interrupt::Interrupt;
 use crate::models::autoencoder::Sd1Vae;
+use crate::models::layout::{ldm_to_candle, vae_layout, Component, ModelConfig, VAE_PREFIX};
 use crate::models::safetensors::{SafetensorsIndex, DEFAULT_MAX_HEADER};
-use crate::models::sd1::{ldm_to_candle, vae_layout, Component, Sd1Config, VAE_PREFIX};
-use crate::models::Sd1Models;
+use crate::models::CheckpointModels;
 use crate::sampling::Tensor;
 use crate::vae;
 
 /// Where a `VAE` handle's networks come from.
 pub enum Autoencoder {
     /// A checkpoint's autoencoder.
-    Checkpoint(Arc<Sd1Models>),
+    Checkpoint(Arc<CheckpointModels>),
     /// A standalone VAE file.
     File(Arc<StandaloneVae>),
 }
@@ -33,7 +33,7 @@ pub struct StandaloneVae {
     vae: Sd1Vae,
     device: Device,
     latent_channels: usize,
-    config: Sd1Config,
+    config: ModelConfig,
 }
 
 impl Autoencoder {
@@ -60,7 +60,7 @@ impl Autoencoder {
     }
 
     /// The layout of these networks.
-    pub fn config(&self) -> &Sd1Config {
+    pub fn config(&self) -> &ModelConfig {
         match self {
             Autoencoder::Checkpoint(models) => &models.config,
             Autoencoder::File(own) => &own.config,
@@ -85,8 +85,8 @@ impl StandaloneVae {
             .get(&format!("{VAE_PREFIX}encoder.conv_in.weight"))
             .and_then(|k| index.tensors[*k].shape.first().copied());
         let cfg = match width {
-            Some(128) => Sd1Config::sd1(),
-            Some(32) => Sd1Config::tiny(),
+            Some(128) => ModelConfig::sd1(),
+            Some(32) => ModelConfig::tiny(),
             _ => {
                 return Err(ModelError::Invalid(format!(
                     "{name}: not an SD1 VAE in the original layout (encoder.conv_in.weight missing or of another width)"
@@ -115,7 +115,7 @@ impl StandaloneVae {
 
     fn build(
         path: &Path,
-        cfg: &Sd1Config,
+        cfg: &ModelConfig,
         by_name: &HashMap<String, &str>,
         device: &Device,
     ) -> anyhow::Result<StandaloneVae> {
@@ -140,7 +140,7 @@ impl StandaloneVae {
 }
 
 /// Writes a random-weight standalone VAE of layout `cfg` (original names, no prefix).
-pub fn write_random_vae(path: &Path, cfg: &Sd1Config, seed: u64) -> std::io::Result<()> {
+pub fn write_random_vae(path: &Path, cfg: &ModelConfig, seed: u64) -> std::io::Result<()> {
     let mut g = crate::sampling::TorchGenerator::new(seed);
     let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = vae_layout(cfg)
         .into_iter()
@@ -165,7 +165,7 @@ mod tests {
     fn standalone_vae_files_load_decode_and_encode() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny-vae.safetensors");
-        write_random_vae(&path, &Sd1Config::tiny(), 4).unwrap();
+        write_random_vae(&path, &ModelConfig::tiny(), 4).unwrap();
         let own = Autoencoder::File(Arc::new(
             StandaloneVae::load(&path, "tiny-vae.safetensors", &Device::Cpu).unwrap(),
         ));
@@ -177,7 +177,7 @@ mod tests {
         assert_eq!(back.shape, vec![1, 4, 4, 8]);
         // A checkpoint's `first_stage_model.` tensors load as a VAE too.
         let ckpt = dir.path().join("tiny.safetensors");
-        crate::models::write_random_checkpoint(&ckpt, &Sd1Config::tiny(), 1).unwrap();
+        crate::models::write_random_checkpoint(&ckpt, &ModelConfig::tiny(), 1).unwrap();
         assert!(StandaloneVae::load(&ckpt, "tiny.safetensors", &Device::Cpu).is_ok());
         let junk = dir.path().join("junk.safetensors");
         std::fs::write(&junk, b"junk").unwrap();

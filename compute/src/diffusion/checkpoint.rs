@@ -4,9 +4,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::models::layout::{detect_config, open_checkpoint, ModelConfig};
 use crate::models::safetensors::{CheckpointError, SafetensorsIndex, DEFAULT_MAX_HEADER};
-use crate::models::sd1::{detect_config, open_sd1, Sd1Config};
-use crate::models::{ModelCache, Sd1Models};
+use crate::models::{CheckpointModels, ModelCache};
 
 /// Why a model file could not be used. Messages name the file as the workflow did, never
 /// the operator's path.
@@ -57,7 +57,7 @@ impl ModelError {
 /// depths the file has, so distilled SDXL models load too), the SDXL refiner, or weft's tiny
 /// test layouts (`weft models tiny-sd`). Other families and incomplete files are
 /// [`CheckpointError`]s that say what was found.
-pub fn detect_layout(path: &Path) -> Result<Sd1Config, CheckpointError> {
+pub fn detect_layout(path: &Path) -> Result<ModelConfig, CheckpointError> {
     let index = SafetensorsIndex::open(path, DEFAULT_MAX_HEADER)?;
     let unsupported = |detail: String| CheckpointError::WrongArch {
         path: path.to_path_buf(),
@@ -66,8 +66,8 @@ pub fn detect_layout(path: &Path) -> Result<Sd1Config, CheckpointError> {
     match detect_config(&index) {
         Ok(config) => Ok(config),
         Err(found) => {
-            for tiny in [Sd1Config::tiny(), Sd1Config::tiny_sdxl()] {
-                match open_sd1(path, &tiny, DEFAULT_MAX_HEADER) {
+            for tiny in [ModelConfig::tiny(), ModelConfig::tiny_sdxl()] {
+                match open_checkpoint(path, &tiny, DEFAULT_MAX_HEADER) {
                     Ok(_) => return Ok(tiny),
                     Err(CheckpointError::MissingKeys { .. }) => {}
                     Err(e) => return Err(e),
@@ -80,7 +80,7 @@ pub fn detect_layout(path: &Path) -> Result<Sd1Config, CheckpointError> {
 
 /// The networks of the checkpoint at `path` (called `name` in messages), from `cache` or
 /// loaded into it.
-pub fn load_checkpoint(cache: &ModelCache, path: &Path, name: &str) -> Result<Arc<Sd1Models>, ModelError> {
+pub fn load_checkpoint(cache: &ModelCache, path: &Path, name: &str) -> Result<Arc<CheckpointModels>, ModelError> {
     let layout = detect_layout(path).map_err(|e| ModelError::from_checkpoint(&e, path, name))?;
     cache
         .get(path, &layout)
@@ -96,8 +96,8 @@ mod tests {
     fn bad_files_are_named_errors() {
         let dir = tempfile::tempdir().unwrap();
         let good = dir.path().join("tiny.safetensors");
-        write_random_checkpoint(&good, &Sd1Config::tiny(), 3).unwrap();
-        assert_eq!(detect_layout(&good).unwrap(), Sd1Config::tiny());
+        write_random_checkpoint(&good, &ModelConfig::tiny(), 3).unwrap();
+        assert_eq!(detect_layout(&good).unwrap(), ModelConfig::tiny());
 
         let cache = ModelCache::new(u64::MAX, candle_core::Device::Cpu);
         let error = |path: &Path, name: &str| load_checkpoint(&cache, path, name).err().expect("a load error");

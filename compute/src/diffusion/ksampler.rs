@@ -411,7 +411,7 @@ mod tests {
     use super::*;
     use crate::diffusion::latent;
     use crate::diffusion::SizeConditioning;
-    use crate::models::candle_sd1::tiny_test_models;
+    use crate::models::loader::tiny_test_models;
     use crate::text_to_image::{text_to_image, TextToImage};
 
     fn settings(seed: u64) -> SampleSettings {
@@ -634,7 +634,7 @@ mod tests {
     fn a_tiny_sdxl_samples_with_its_size_conditioning() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny-sdxl.safetensors");
-        let cfg = crate::models::Sd1Config::tiny_sdxl();
+        let cfg = crate::models::ModelConfig::tiny_sdxl();
         crate::models::write_random_checkpoint(&path, &cfg, 4).unwrap();
         assert_eq!(crate::diffusion::detect_layout(&path).unwrap(), cfg);
         let cache = crate::models::ModelCache::new(u64::MAX, candle_core::Device::Cpu);

@@ -10,8 +10,8 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 
 use super::checkpoint::ModelError;
+use crate::models::layout::{checkpoint_layout, fit_to_network, ldm_to_candle, Component, ModelConfig, UNET_PREFIX};
 use crate::models::safetensors::{SafetensorsIndex, DEFAULT_MAX_HEADER};
-use crate::models::sd1::{checkpoint_layout, fit_to_network, ldm_to_candle, Component, Sd1Config, UNET_PREFIX};
 use crate::sampling::TorchGenerator;
 
 /// One weight's low-rank update.
@@ -85,7 +85,7 @@ impl Lora {
     }
 
     /// An error unless some of this LoRA's patches fit a model of layout `cfg`.
-    pub fn check_fits(&self, cfg: &Sd1Config) -> Result<(), ModelError> {
+    pub fn check_fits(&self, cfg: &ModelConfig) -> Result<(), ModelError> {
         let targets = targets(cfg);
         if self.patches.keys().any(|k| targets.contains_key(k)) {
             Ok(())
@@ -103,7 +103,7 @@ impl Lora {
         &self,
         strength: f64,
         component: Component,
-        cfg: &Sd1Config,
+        cfg: &ModelConfig,
         tensors: &mut HashMap<String, Tensor>,
     ) -> Result<usize, ModelError> {
         let fail = |e: candle_core::Error| ModelError::Failed(format!("{}: applying: {e}", self.name));
@@ -153,7 +153,7 @@ fn key_part(name: &str) -> Option<String> {
 }
 
 /// The LoRA keys the weights of layout `cfg` answer to, with their component and candle name.
-fn targets(cfg: &Sd1Config) -> HashMap<String, (Component, String)> {
+fn targets(cfg: &ModelConfig) -> HashMap<String, (Component, String)> {
     let mut out = HashMap::new();
     for (ldm, _) in checkpoint_layout(cfg) {
         let Some((component, candle)) = ldm_to_candle(&ldm, cfg) else {
@@ -188,7 +188,7 @@ fn targets(cfg: &Sd1Config) -> HashMap<String, (Component, String)> {
 /// The tensors of `component` in the checkpoint at `path`, by candle name, float32 on `device`.
 pub fn load_component(
     path: &Path,
-    cfg: &Sd1Config,
+    cfg: &ModelConfig,
     component: Component,
     device: &Device,
 ) -> anyhow::Result<HashMap<String, Tensor>> {
@@ -210,7 +210,7 @@ pub fn load_component(
 /// Writes a random kohya-layout LoRA of rank `rank` for layout `cfg`: every linear and 1x1
 /// convolution weight of the UNet's transformer blocks and of the text encoder's layers,
 /// `alpha` equal to the rank.
-pub fn write_random_lora(path: &Path, cfg: &Sd1Config, seed: u64, rank: usize) -> std::io::Result<()> {
+pub fn write_random_lora(path: &Path, cfg: &ModelConfig, seed: u64, rank: usize) -> std::io::Result<()> {
     let mut g = TorchGenerator::new(seed);
     let mut tensors = Vec::new();
     for (ldm, shape) in checkpoint_layout(cfg) {
@@ -257,18 +257,18 @@ mod tests {
     fn random_loras_fit_their_layout_and_not_another() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny-lora.safetensors");
-        write_random_lora(&path, &Sd1Config::tiny(), 1, 4).unwrap();
+        write_random_lora(&path, &ModelConfig::tiny(), 1, 4).unwrap();
         let lora = Lora::read(&path, "tiny-lora.safetensors").unwrap();
-        lora.check_fits(&Sd1Config::tiny()).unwrap();
+        lora.check_fits(&ModelConfig::tiny()).unwrap();
         assert_eq!(
-            lora.check_fits(&Sd1Config::sd1()).map_err(|e| e.code()),
+            lora.check_fits(&ModelConfig::sd1()).map_err(|e| e.code()),
             Ok(()),
             "names are shared"
         );
 
         let ckpt = dir.path().join("tiny.safetensors");
-        crate::models::write_random_checkpoint(&ckpt, &Sd1Config::tiny(), 2).unwrap();
-        let cfg = Sd1Config::tiny();
+        crate::models::write_random_checkpoint(&ckpt, &ModelConfig::tiny(), 2).unwrap();
+        let cfg = ModelConfig::tiny();
         let mut unet = load_component(&ckpt, &cfg, Component::Unet, &Device::Cpu).unwrap();
         let before = unet.clone();
         let changed = lora.apply(1.0, Component::Unet, &cfg, &mut unet).unwrap();
@@ -284,7 +284,7 @@ mod tests {
         assert!(same.iter().all(|(k, v)| crate::max_abs_diff(v, &before[k]) == 0.0));
         // Shapes of another layout are refused.
         let sd1_shaped = dir.path().join("sd1-lora.safetensors");
-        write_random_lora(&sd1_shaped, &Sd1Config::sd1(), 1, 1).unwrap();
+        write_random_lora(&sd1_shaped, &ModelConfig::sd1(), 1, 1).unwrap();
         let other = Lora::read(&sd1_shaped, "sd1-lora.safetensors").unwrap();
         let mut unet = before.clone();
         assert_eq!(

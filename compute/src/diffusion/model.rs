@@ -9,23 +9,23 @@ use candle_nn::VarBuilder;
 
 use super::checkpoint::ModelError;
 use super::lora::{load_component, Lora};
-use crate::models::sd1::Component;
-use crate::models::{Sd1Models, Sd1Unet};
+use crate::models::layout::Component;
+use crate::models::{CheckpointModels, Unet};
 
 /// A checkpoint's UNet with the LoRAs applied to it, in order.
 pub struct DiffusionModel {
     /// The checkpoint's networks (layout, device, and the UNet when no LoRA is applied).
-    pub checkpoint: Arc<Sd1Models>,
+    pub checkpoint: Arc<CheckpointModels>,
     /// The checkpoint file, to rebuild the UNet from.
     pub source: PathBuf,
     /// The LoRAs applied, with their strengths.
     pub loras: Vec<(Arc<Lora>, f64)>,
-    patched: Option<Sd1Unet>,
+    patched: Option<Unet>,
 }
 
 impl DiffusionModel {
     /// The checkpoint's own UNet.
-    pub fn new(checkpoint: Arc<Sd1Models>, source: PathBuf) -> Self {
+    pub fn new(checkpoint: Arc<CheckpointModels>, source: PathBuf) -> Self {
         DiffusionModel {
             checkpoint,
             source,
@@ -35,7 +35,7 @@ impl DiffusionModel {
     }
 
     /// The UNet to sample with.
-    pub fn unet(&self) -> &Sd1Unet {
+    pub fn unet(&self) -> &Unet {
         self.patched.as_ref().unwrap_or(&self.checkpoint.unet)
     }
 
@@ -52,7 +52,7 @@ impl DiffusionModel {
         for (lora, strength) in &loras {
             lora.apply(*strength, Component::Unet, cfg, &mut tensors)?;
         }
-        let unet = Sd1Unet::new(VarBuilder::from_tensors(tensors, DType::F32, device), cfg).map_err(|e| failed(&e))?;
+        let unet = Unet::new(VarBuilder::from_tensors(tensors, DType::F32, device), cfg).map_err(|e| failed(&e))?;
         Ok(DiffusionModel {
             checkpoint: self.checkpoint.clone(),
             source: self.source.clone(),
@@ -66,15 +66,15 @@ impl DiffusionModel {
 mod tests {
     use super::*;
     use crate::diffusion::lora::write_random_lora;
-    use crate::models::candle_sd1::tiny_test_models;
-    use crate::models::Sd1Config;
+    use crate::models::loader::tiny_test_models;
+    use crate::models::ModelConfig;
 
     #[test]
     fn a_lora_changes_the_unet_and_strength_zero_does_not() {
         let (dir, m) = tiny_test_models(8).unwrap();
         let base = DiffusionModel::new(Arc::new(m), dir.path().join("tiny.safetensors"));
         let path = dir.path().join("lora.safetensors");
-        write_random_lora(&path, &Sd1Config::tiny(), 3, 4).unwrap();
+        write_random_lora(&path, &ModelConfig::tiny(), 3, 4).unwrap();
         let lora = Arc::new(Lora::read(&path, "lora.safetensors").unwrap());
         let x = candle_core::Tensor::ones((1, 4, 4, 4), DType::F32, &candle_core::Device::Cpu).unwrap();
         let ctx = candle_core::Tensor::ones((1, 77, 32), DType::F32, &candle_core::Device::Cpu).unwrap();

@@ -12,14 +12,14 @@ use super::checkpoint::ModelError;
 use super::lora::{load_component, Lora};
 use super::prompt::{encode_with, tokenize, EmbeddingLookup, EncodeSpec};
 use crate::interrupt::Interrupt;
-use crate::models::sd1::Component;
-use crate::models::{ClipText, Sd1Models};
+use crate::models::layout::Component;
+use crate::models::{CheckpointModels, ClipText};
 use crate::ComputeError;
 
 /// A checkpoint's text encoders, run up to one of their layers, with LoRAs applied.
 pub struct TextEncoder {
     /// The checkpoint's networks.
-    pub models: Arc<Sd1Models>,
+    pub models: Arc<CheckpointModels>,
     /// The checkpoint file, to build encoders patched with LoRAs from.
     pub source: PathBuf,
     /// The last layer used by every encoder (`CLIPSetLastLayer`): -1 is the last one, -2 the
@@ -61,7 +61,7 @@ pub struct Encoded {
 
 impl TextEncoder {
     /// The whole encoder of `models`, loaded from `source`.
-    pub fn new(models: Arc<Sd1Models>, source: PathBuf) -> Self {
+    pub fn new(models: Arc<CheckpointModels>, source: PathBuf) -> Self {
         TextEncoder {
             models,
             source,
@@ -188,7 +188,7 @@ impl TextEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::candle_sd1::tiny_test_models;
+    use crate::models::loader::tiny_test_models;
 
     #[test]
     fn earlier_layers_give_other_encodings() {

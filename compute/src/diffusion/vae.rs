@@ -185,7 +185,7 @@ fn grow(mask: &[f32], planes: usize, h: usize, w: usize, size: usize) -> Vec<f32
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::candle_sd1::tiny_test_models;
+    use crate::models::loader::tiny_test_models;
 
     #[test]
     fn growth_dilates_the_mask() {

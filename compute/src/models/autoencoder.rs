@@ -16,7 +16,7 @@ use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::working::{act, attention_scratch, conv_scratch, halved, resnet_bytes, Peak};
-use super::Sd1Config;
+use super::ModelConfig;
 use crate::attention::attention;
 use crate::conv::Conv2d;
 use crate::interrupt::Interrupt;
@@ -39,7 +39,7 @@ pub struct Sd1Vae {
 impl Sd1Vae {
     /// Builds the autoencoder of `cfg` from `vb` (diffusers names: `encoder.down_blocks.0...`,
     /// `decoder.up_blocks.0...`, `quant_conv`, `post_quant_conv`).
-    pub fn new(vb: VarBuilder, cfg: &Sd1Config) -> Result<Self> {
+    pub fn new(vb: VarBuilder, cfg: &ModelConfig) -> Result<Self> {
         let z = cfg.latent_channels;
         Ok(Sd1Vae {
             encoder: Encoder::new(vb.pp("encoder"), cfg)?,
@@ -89,7 +89,7 @@ impl Sd1Vae {
     /// copies the whole of its keys and values: 1,024 floats per cell for SD1), then each
     /// level's residual blocks and the upsampling (the input, its nearest-neighbour copy at
     /// twice the size and the convolution's output), the widest levels at full size.
-    pub fn decode_working_bytes(cfg: &Sd1Config, batch: usize, (height, width): (usize, usize)) -> u64 {
+    pub fn decode_working_bytes(cfg: &ModelConfig, batch: usize, (height, width): (usize, usize)) -> u64 {
         let channels: Vec<usize> = cfg.vae_mult.iter().rev().map(|m| m * cfg.vae_channels).collect();
         let lc = cfg.latent_channels;
         let mut size = (height, width);
@@ -126,7 +126,7 @@ impl Sd1Vae {
     /// `width` pixels: the scaled input, each level's residual blocks, the downsampling
     /// (two zero-padded copies, the column matrix of the stride-2 convolution and its
     /// output), and the mid block's attention over the smallest level's pixels.
-    pub fn encode_working_bytes(cfg: &Sd1Config, batch: usize, (height, width): (usize, usize)) -> u64 {
+    pub fn encode_working_bytes(cfg: &ModelConfig, batch: usize, (height, width): (usize, usize)) -> u64 {
         let channels: Vec<usize> = cfg.vae_mult.iter().map(|m| m * cfg.vae_channels).collect();
         let mut size = (height, width);
         let mut peak = Peak::default();
@@ -183,7 +183,7 @@ struct Encoder {
 }
 
 impl Encoder {
-    fn new(vb: VarBuilder, cfg: &Sd1Config) -> Result<Self> {
+    fn new(vb: VarBuilder, cfg: &ModelConfig) -> Result<Self> {
         let channels: Vec<usize> = cfg.vae_mult.iter().map(|m| m * cfg.vae_channels).collect();
         let mut down = Vec::with_capacity(channels.len());
         let mut cin = cfg.vae_channels;
@@ -244,7 +244,7 @@ struct Decoder {
 }
 
 impl Decoder {
-    fn new(vb: VarBuilder, cfg: &Sd1Config) -> Result<Self> {
+    fn new(vb: VarBuilder, cfg: &ModelConfig) -> Result<Self> {
         let channels: Vec<usize> = cfg.vae_mult.iter().rev().map(|m| m * cfg.vae_channels).collect();
         let top = channels[0];
         let mut up = Vec::with_capacity(channels.len());
@@ -406,10 +406,10 @@ mod tests {
     #[test]
     fn matches_candle_transformers_vae() {
         let dev = Device::Cpu;
-        let cfg = Sd1Config::tiny();
+        let cfg = ModelConfig::tiny();
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
-        let theirs = AutoEncoderKL::new(vb, 3, 3, super::super::candle_sd1::vae_config(&cfg)).unwrap();
+        let theirs = AutoEncoderKL::new(vb, 3, 3, super::super::loader::vae_config(&cfg)).unwrap();
         // Random biases and norm parameters too, so that every term is exercised; candle's
         // posterior keeps its mean private, so its log-variance is pinned at -1e4 (a zero
         // standard deviation: sampling gives the mean). Ours reads only the mean's half.

@@ -9,21 +9,21 @@ use std::time::SystemTime;
 use anyhow::{Context, Result};
 use candle_core::Device;
 
-use super::candle_sd1::{load_sd1_with_config, Sd1Models};
-use super::sd1::Sd1Config;
+use super::layout::ModelConfig;
+use super::loader::{load_models, CheckpointModels};
 
 #[derive(Debug, Clone, PartialEq)]
 struct Key {
     path: PathBuf,
     len: u64,
     modified: Option<SystemTime>,
-    config: Sd1Config,
+    config: ModelConfig,
 }
 
 struct Entry {
     key: Key,
     bytes: u64,
-    models: Arc<Sd1Models>,
+    models: Arc<CheckpointModels>,
 }
 
 /// Loaded networks, least recently used first out, within `budget` bytes of weights.
@@ -47,7 +47,7 @@ impl ModelCache {
 
     /// The networks in `path` with layout `config`, loading them on a miss. The lock is not
     /// held while loading, so two callers may load the same file once each.
-    pub fn get(&self, path: &Path, config: &Sd1Config) -> Result<Arc<Sd1Models>> {
+    pub fn get(&self, path: &Path, config: &ModelConfig) -> Result<Arc<CheckpointModels>> {
         let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
         let key = Key {
             path: path.to_path_buf(),
@@ -64,7 +64,7 @@ impl ModelCache {
                 return Ok(models);
             }
         }
-        let models = Arc::new(load_sd1_with_config(path, config, &self.device)?);
+        let models = Arc::new(load_models(path, config, &self.device)?);
         let bytes = models.bytes;
         let mut entries = self.entries.lock().expect("model cache lock");
         entries.retain(|e| e.key.path != key.path || e.key.config != key.config);
@@ -107,12 +107,12 @@ impl ModelCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::sd1::write_random_checkpoint;
+    use crate::models::layout::write_random_checkpoint;
 
     #[test]
     fn lru_by_bytes() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let cfg = Sd1Config::tiny();
+        let cfg = ModelConfig::tiny();
         let paths: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("m{i}.safetensors"))).collect();
         for (i, p) in paths.iter().enumerate() {
             write_random_checkpoint(p, &cfg, i as u64)?;

@@ -4,14 +4,14 @@
 //! of the pooled output. Unlike candle-transformers' `ClipTextTransformer` it takes input embeddings
 //! (textual-inversion vectors stand in for tokens there) and stops after any layer without
 //! building a second model (`CLIPSetLastLayer`). Weights are read under candle's names, so
-//! the checkpoint mapping of `sd1.rs` serves both.
+//! the checkpoint mapping of `layout.rs` serves both.
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{layer_norm, LayerNorm, VarBuilder};
 
 use crate::interrupt::Interrupt;
 use crate::linear::Linear;
-use crate::models::sd1::{ClipActivation, ClipConfig};
+use crate::models::layout::{ClipActivation, ClipConfig};
 
 /// CLIP's layer-norm epsilon.
 const EPS: f64 = 1e-5;
@@ -270,7 +270,7 @@ fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, heads: us
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::candle_sd1::tiny_test_models;
+    use crate::models::loader::tiny_test_models;
     use candle_core::DType;
     use candle_transformers::models::clip::text_model::{Activation, ClipTextConfig, ClipTextTransformer};
 

@@ -533,7 +533,7 @@ mod tests {
         let parameters: usize = entries.iter().map(Entry::elements).sum();
         assert_eq!(parameters, 1_066_235_307);
         assert!(entries.windows(2).all(|w| w[0].key < w[1].key), "sorted by name");
-        let sd15 = super::super::checkpoint_layout(&super::super::Sd1Config::sd1());
+        let sd15 = super::super::checkpoint_layout(&super::super::ModelConfig::sd1());
         for (key, shape) in sd15 {
             assert_eq!(entry(&entries, &key).shape, shape, "{key}");
         }

@@ -12,7 +12,7 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{layer_norm, LayerNorm, VarBuilder};
 
-use super::sd1::{Heads, Sd1Config};
+use super::layout::{Heads, ModelConfig};
 use super::working::{act, attention_scratch, conv_scratch, halved, resnet_bytes, Peak};
 use crate::attention::attention;
 use crate::conv::Conv2d;
@@ -25,7 +25,7 @@ use crate::norm::GroupNorm;
 const GROUPS: usize = 32;
 
 /// The UNet: `forward(latent, timestep, context) -> eps`.
-pub struct Sd1Unet {
+pub struct Unet {
     base_channels: usize,
     time_linear_1: Linear,
     time_linear_2: Linear,
@@ -95,9 +95,9 @@ fn conv1x1(vb: VarBuilder, cin: usize, cout: usize) -> Result<Conv2d> {
     Conv2d::new(vb, cin, cout, 1, 1, 0)
 }
 
-impl Sd1Unet {
+impl Unet {
     /// Builds the UNet of `cfg` from `vb` (diffusers names: `conv_in`, `down_blocks.0...`).
-    pub fn new(vb: VarBuilder, cfg: &Sd1Config) -> Result<Self> {
+    pub fn new(vb: VarBuilder, cfg: &ModelConfig) -> Result<Self> {
         let base = cfg.model_channels;
         let time_dim = 4 * base;
         let channels: Vec<usize> = cfg.channel_mult.iter().map(|m| m * base).collect();
@@ -169,7 +169,7 @@ impl Sd1Unet {
             prev = cout;
         }
 
-        Ok(Sd1Unet {
+        Ok(Unet {
             base_channels: base,
             time_linear_1: Linear::new(vb.pp("time_embedding.linear_1"), base, time_dim)?,
             time_linear_2: Linear::new(vb.pp("time_embedding.linear_2"), time_dim, time_dim)?,
@@ -196,7 +196,7 @@ impl Sd1Unet {
         self.forward_interruptible(x, timestep, (context, y), Interrupt::NEVER)
     }
 
-    /// [`Sd1Unet::forward`], asking `stop` before every block (residual block, transformer,
+    /// [`Unet::forward`], asking `stop` before every block (residual block, transformer,
     /// resampling convolution) and inside attention; once it fires, the pass ends with its
     /// error (see [`Interrupt::requested`]).
     pub fn forward_interruptible(
@@ -290,7 +290,7 @@ impl Sd1Unet {
     }
 }
 
-impl Sd1Unet {
+impl Unet {
     /// Bytes a forward pass of the UNet of `cfg` allocates at its peak (weights aside) for
     /// `batch` latents of `height` x `width` cells under `tokens` context tokens: its input
     /// and output, the skip connections held from the down path to the up path, the largest
@@ -299,7 +299,7 @@ impl Sd1Unet {
     /// an up-path residual block reads the concatenation of its input and a skip), and the
     /// convolution and attention kernels' scratch. Attention never holds its score matrix
     /// (see [`crate::attention`]), so the count grows with the pixels, not their square.
-    pub fn working_bytes(cfg: &Sd1Config, batch: usize, (height, width): (usize, usize), tokens: usize) -> u64 {
+    pub fn working_bytes(cfg: &ModelConfig, batch: usize, (height, width): (usize, usize), tokens: usize) -> u64 {
         let (base, lc) = (cfg.model_channels, cfg.latent_channels);
         let channels: Vec<usize> = cfg.channel_mult.iter().map(|m| m * base).collect();
         let mut sizes = vec![(height, width)];
@@ -579,7 +579,7 @@ mod tests {
     };
 
     /// candle-transformers' configuration of the same UNet.
-    fn unet_config(cfg: &Sd1Config) -> UNet2DConditionModelConfig {
+    fn unet_config(cfg: &ModelConfig) -> UNet2DConditionModelConfig {
         let blocks = cfg
             .channel_mult
             .iter()
@@ -604,7 +604,7 @@ mod tests {
     #[test]
     fn matches_candle_transformers_unet() {
         let dev = Device::Cpu;
-        let mut cfg = Sd1Config::tiny();
+        let mut cfg = ModelConfig::tiny();
         // Three levels and two resnets per level cover every skip-connection rule; an odd
         // latent size covers the upsampling to the skip's size.
         cfg.channel_mult = vec![1, 2, 2];
@@ -614,7 +614,7 @@ mod tests {
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
         let theirs = UNet2DConditionModel::new(vb.clone(), 4, 4, false, unet_config(&cfg)).unwrap();
-        let ours = Sd1Unet::new(vb, &cfg).unwrap();
+        let ours = Unet::new(vb, &cfg).unwrap();
         for (h, w) in [(16, 16), (13, 10)] {
             let x = Tensor::randn(0f32, 1.0, (2, 4, h, w), &dev).unwrap();
             let ctx = Tensor::randn(0f32, 1.0, (2, 77, cfg.context_dim), &dev).unwrap();
@@ -634,6 +634,6 @@ mod tests {
     #[test]
     fn missing_weights_are_an_error() {
         let vb = VarBuilder::from_tensors(Default::default(), DType::F32, &Device::Cpu);
-        assert!(Sd1Unet::new(vb, &Sd1Config::tiny()).is_err());
+        assert!(Unet::new(vb, &ModelConfig::tiny()).is_err());
     }
 }

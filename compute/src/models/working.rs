@@ -119,8 +119,8 @@ mod tests {
 
     use candle_core::{Device, Tensor};
 
-    use crate::models::candle_sd1::tiny_test_models;
-    use crate::models::{Sd1Config, Sd1Unet, Sd1Vae};
+    use crate::models::loader::tiny_test_models;
+    use crate::models::{ModelConfig, Sd1Vae, Unet};
 
     /// The system allocator, counting the bytes allocated now and at most since the last
     /// [`reset_peak`]: the test binary's global allocator.
@@ -170,7 +170,7 @@ mod tests {
         let x = Tensor::randn(0f32, 1.0, (batch, 4, h, w), &Device::Cpu).unwrap();
         let ctx = Tensor::randn(0f32, 1.0, (batch, 77, cfg.context_dim), &Device::Cpu).unwrap();
         let unet = measured_peak(|| drop(m.unet.forward(&x, 500.0, &ctx, None).unwrap()));
-        let estimate = Sd1Unet::working_bytes(cfg, batch, (h, w), 77);
+        let estimate = Unet::working_bytes(cfg, batch, (h, w), 77);
         assert!(estimate >= unet, "UNet: estimated {estimate} bytes, allocated {unet}");
         assert!(
             estimate <= 4 * unet,
@@ -202,8 +202,8 @@ mod tests {
 
     #[test]
     fn the_estimates_grow_with_the_pixels_and_the_batch() {
-        for cfg in [Sd1Config::tiny(), Sd1Config::sd1()] {
-            let unet = |b, side| Sd1Unet::working_bytes(&cfg, b, (side, side), 77);
+        for cfg in [ModelConfig::tiny(), ModelConfig::sd1()] {
+            let unet = |b, side| Unet::working_bytes(&cfg, b, (side, side), 77);
             let ratio = unet(2, 512) as f64 / unet(2, 256) as f64;
             assert!((3.5..4.5).contains(&ratio), "UNet: 4x the cells, {ratio}x the bytes");
             assert!(unet(4, 256) > unet(2, 256) * 3 / 2);
@@ -214,9 +214,9 @@ mod tests {
         }
         // SD1 at 512x512 (a 64x64 latent, the CFG batch of 2): hundreds of MiB, not GiB;
         // at 16384x16384 far past any job's budget.
-        let sd1 = Sd1Config::sd1();
-        let normal = Sd1Unet::working_bytes(&sd1, 2, (64, 64), 77);
+        let sd1 = ModelConfig::sd1();
+        let normal = Unet::working_bytes(&sd1, 2, (64, 64), 77);
         assert!((200 << 20..2 << 30).contains(&normal), "{normal}");
-        assert!(Sd1Unet::working_bytes(&sd1, 2, (2048, 2048), 77) > 64 << 30);
+        assert!(Unet::working_bytes(&sd1, 2, (2048, 2048), 77) > 64 << 30);
     }
 }

@@ -154,14 +154,14 @@ impl ModelsCommand {
 
 /// Writes the tiny random-weight checkpoint.
 fn tiny_sd(out: PathBuf, seed: u64) -> anyhow::Result<()> {
-    models::write_random_checkpoint(&out, &models::Sd1Config::tiny(), seed)?;
+    models::write_random_checkpoint(&out, &models::ModelConfig::tiny(), seed)?;
     println!("wrote a tiny random-weight SD1 checkpoint to {}", out.display());
     Ok(())
 }
 
 /// Writes the tiny random-weight SDXL checkpoint.
 fn tiny_sdxl(out: PathBuf, seed: u64) -> anyhow::Result<()> {
-    models::write_random_checkpoint(&out, &models::Sd1Config::tiny_sdxl(), seed)?;
+    models::write_random_checkpoint(&out, &models::ModelConfig::tiny_sdxl(), seed)?;
     println!("wrote a tiny random-weight SDXL checkpoint to {}", out.display());
     Ok(())
 }
@@ -180,21 +180,21 @@ fn write_recipe(
 
 /// Writes the tiny random standalone VAE.
 fn tiny_vae(out: PathBuf, seed: u64) -> anyhow::Result<()> {
-    diffusion::write_random_vae(&out, &models::Sd1Config::tiny(), seed)?;
+    diffusion::write_random_vae(&out, &models::ModelConfig::tiny(), seed)?;
     println!("wrote a tiny random-weight VAE to {}", out.display());
     Ok(())
 }
 
 /// Writes the tiny random LoRA.
 fn tiny_lora(out: PathBuf, seed: u64, rank: usize) -> anyhow::Result<()> {
-    diffusion::write_random_lora(&out, &models::Sd1Config::tiny(), seed, rank.max(1))?;
+    diffusion::write_random_lora(&out, &models::ModelConfig::tiny(), seed, rank.max(1))?;
     println!("wrote a tiny random LoRA to {}", out.display());
     Ok(())
 }
 
 /// Writes the tiny random embedding.
 fn tiny_embedding(out: PathBuf, seed: u64, vectors: usize) -> anyhow::Result<()> {
-    let width = models::Sd1Config::tiny().context_dim;
+    let width = models::ModelConfig::tiny().context_dim;
     diffusion::prompt::write_random_embedding(&out, width, vectors.clamp(1, 75), seed)?;
     println!("wrote a tiny random embedding to {}", out.display());
     Ok(())
@@ -203,12 +203,12 @@ fn tiny_embedding(out: PathBuf, seed: u64, vectors: usize) -> anyhow::Result<()>
 /// Loads the checkpoint, runs text to image with progress on stderr, and writes the PNG.
 fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let layout = if args.tiny {
-        models::Sd1Config::tiny()
+        models::ModelConfig::tiny()
     } else {
-        models::Sd1Config::sd1()
+        models::ModelConfig::sd1()
     };
     let device = device::select_device();
-    let m = models::load_sd1_with_config(&args.checkpoint, &layout, &device)?;
+    let m = models::load_models(&args.checkpoint, &layout, &device)?;
     let req = text_to_image::TextToImage {
         prompt: args.prompt,
         negative: args.negative,

@@ -198,7 +198,7 @@ fn input_embeddings(clip: &ClipText, inputs: &[Vec<Token>]) -> candle_core::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::candle_sd1::tiny_test_models;
+    use crate::models::loader::tiny_test_models;
     use std::sync::Arc;
 
     #[test]

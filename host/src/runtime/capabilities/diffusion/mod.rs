@@ -32,7 +32,7 @@ use weft_compute::diffusion::{
     self as sd, Autoencoder, Conditioning, DiffusionModel, EncoderTexts, Lora, ModelError, SampleFailure,
     SampleSettings, SizeConditioning, StandaloneVae, TextEncoder,
 };
-use weft_compute::models::{ModelCache, Sd1Models, Sd1Unet, Sd1Vae};
+use weft_compute::models::{CheckpointModels, ModelCache, Sd1Vae, Unet};
 use weft_compute::sampling::{SamplerKind, Scheduler, StepControl};
 use weft_compute::values::{LatentBatch, Opaque};
 use weft_compute::{device, ComputeError};
@@ -100,7 +100,7 @@ impl Library {
 
     /// The networks of checkpoint file `path` (called `name`), loaded once however many
     /// calls ask for it at the same time.
-    fn checkpoint(&self, path: &Path, name: &str) -> Result<Arc<Sd1Models>, ModelError> {
+    fn checkpoint(&self, path: &Path, name: &str) -> Result<Arc<CheckpointModels>, ModelError> {
         let gate = self
             .loading
             .lock()
@@ -324,7 +324,7 @@ fn tensor_bytes(shape: &[u64]) -> u64 {
     shape.iter().product::<u64>() * 4
 }
 
-/// Working memory of one UNet call of a sampling run on `latent` ([`Sd1Unet::working_bytes`]):
+/// Working memory of one UNet call of a sampling run on `latent` ([`Unet::working_bytes`]):
 /// every latent of the batch once per conditioning entry (positive and, with guidance,
 /// negative ones run in one batch), under the longest context.
 fn unet_working_bytes(model: &DiffusionModel, shape: [u32; 4], conds: &[&Conditioning]) -> u64 {
@@ -336,7 +336,7 @@ fn unet_working_bytes(model: &DiffusionModel, shape: [u32; 4], conds: &[&Conditi
         .map(|e| e.context.dim(1).unwrap_or(0))
         .max()
         .unwrap_or(0);
-    Sd1Unet::working_bytes(&model.checkpoint.config, b * entries.max(1), (h, w), tokens)
+    Unet::working_bytes(&model.checkpoint.config, b * entries.max(1), (h, w), tokens)
 }
 
 impl Host for Ctx<'_> {
@@ -772,13 +772,13 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(root.path().join("checkpoints")).unwrap();
         let path = root.path().join("checkpoints/tiny.safetensors");
-        weft_compute::models::write_random_checkpoint(&path, &weft_compute::models::Sd1Config::tiny(), 1).unwrap();
+        weft_compute::models::write_random_checkpoint(&path, &weft_compute::models::ModelConfig::tiny(), 1).unwrap();
         let library = Library::new(&DiffusionConfig {
             models_dir: Some(root.path().to_path_buf()),
             ..DiffusionConfig::default()
         });
         let resolved = library.resolve("checkpoints", "tiny.safetensors").unwrap();
-        let loaded: Vec<Arc<Sd1Models>> = std::thread::scope(|scope| {
+        let loaded: Vec<Arc<CheckpointModels>> = std::thread::scope(|scope| {
             let runs: Vec<_> = (0..3)
                 .map(|_| {
                     scope.spawn(|| {

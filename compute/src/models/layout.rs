@@ -160,7 +160,7 @@ impl ClipConfig {
 
 /// Hyper-parameters that determine a checkpoint's tensor layout and how its networks run.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sd1Config {
+pub struct ModelConfig {
     /// The model family.
     pub family: Family,
     /// UNet base channels (320).
@@ -204,10 +204,10 @@ fn per_block(depths: &[usize], blocks: usize) -> Vec<usize> {
     depths.iter().flat_map(|&d| std::iter::repeat_n(d, blocks)).collect()
 }
 
-impl Sd1Config {
+impl ModelConfig {
     /// Stable Diffusion 1.x.
     pub fn sd1() -> Self {
-        Sd1Config {
+        ModelConfig {
             family: Family::Sd1,
             model_channels: 320,
             channel_mult: vec![1, 2, 4, 4],
@@ -229,7 +229,7 @@ impl Sd1Config {
 
     /// SDXL base 1.0 (ComfyUI's `SDXL`).
     pub fn sdxl() -> Self {
-        Sd1Config {
+        ModelConfig {
             family: Family::Sdxl,
             channel_mult: vec![1, 2, 4],
             transformer_depth: per_block(&[0, 2, 10], 2),
@@ -243,14 +243,14 @@ impl Sd1Config {
                 ClipConfig::vit_l_sdxl(SDXL_CLIP_L_PREFIX),
                 ClipConfig::big_g(SDXL_CLIP_G_PREFIX),
             ],
-            ..Sd1Config::sd1()
+            ..ModelConfig::sd1()
         }
     }
 
     /// The SDXL refiner (ComfyUI's `SDXLRefiner`): four levels of 384 channels, OpenCLIP
     /// bigG alone under `conditioner.embedders.0.model.`, aesthetic-score conditioning.
     pub fn sdxl_refiner() -> Self {
-        Sd1Config {
+        ModelConfig {
             family: Family::SdxlRefiner,
             model_channels: 384,
             transformer_depth: per_block(&[0, 4, 4, 0], 2),
@@ -261,7 +261,7 @@ impl Sd1Config {
             adm_in_channels: Some(2560),
             context_dim: 1280,
             text: vec![ClipConfig::big_g(REFINER_CLIP_G_PREFIX)],
-            ..Sd1Config::sd1()
+            ..ModelConfig::sd1()
         }
     }
 
@@ -276,7 +276,7 @@ impl Sd1Config {
             intermediate: 64,
             ..ClipConfig::vit_l(CLIP_PREFIX)
         };
-        Sd1Config {
+        ModelConfig {
             family: Family::Sd1,
             model_channels: 32,
             channel_mult: vec![1, 2],
@@ -314,7 +314,7 @@ impl Sd1Config {
             intermediate: 96,
             ..ClipConfig::big_g(SDXL_CLIP_G_PREFIX)
         };
-        Sd1Config {
+        ModelConfig {
             family: Family::Sdxl,
             model_channels: 32,
             channel_mult: vec![1, 2, 2],
@@ -327,7 +327,7 @@ impl Sd1Config {
             adm_in_channels: Some(48 + 6 * ADM_SIZE_WIDTH),
             context_dim: 32 + 48,
             text: vec![clip_l, clip_g],
-            ..Sd1Config::tiny()
+            ..ModelConfig::tiny()
         }
     }
 
@@ -433,7 +433,7 @@ fn unet_transformer(out: &mut Layout, p: &str, c: usize, ctx: usize, depth: usiz
 
 /// The UNet tensors of an original checkpoint (names without the `model.diffusion_model.`
 /// prefix) with their shapes.
-pub fn unet_layout(cfg: &Sd1Config) -> Layout {
+pub fn unet_layout(cfg: &ModelConfig) -> Layout {
     let mut out = Vec::new();
     let ch = cfg.model_channels;
     let temb = 4 * ch;
@@ -525,7 +525,7 @@ fn vae_mid(out: &mut Layout, p: &str, c: usize) {
 }
 
 /// The VAE tensors (names without `first_stage_model.`) with their shapes.
-pub fn vae_layout(cfg: &Sd1Config) -> Layout {
+pub fn vae_layout(cfg: &ModelConfig) -> Layout {
     let mut out = Vec::new();
     let ch = cfg.vae_channels;
     let z = cfg.latent_channels;
@@ -638,7 +638,7 @@ fn open_clip_layout(clip: &ClipConfig) -> Layout {
 }
 
 /// Every tensor of an original-layout checkpoint with full names and shapes.
-pub fn checkpoint_layout(cfg: &Sd1Config) -> Vec<(String, Vec<usize>)> {
+pub fn checkpoint_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let mut all = Vec::new();
     for (n, s) in unet_layout(cfg) {
         all.push((format!("{UNET_PREFIX}{n}"), s));
@@ -657,7 +657,7 @@ pub fn checkpoint_layout(cfg: &Sd1Config) -> Vec<(String, Vec<usize>)> {
 /// Maps an original (LDM) checkpoint tensor name to its component and the diffusers-style name
 /// weft's networks read; `None` for tensors the models do not use (EMA weights, buffers,
 /// `logit_scale`).
-pub fn ldm_to_candle(name: &str, cfg: &Sd1Config) -> Option<(Component, String)> {
+pub fn ldm_to_candle(name: &str, cfg: &ModelConfig) -> Option<(Component, String)> {
     if let Some(rest) = name.strip_prefix(UNET_PREFIX) {
         return unet_name(rest, cfg).map(|n| (Component::Unet, n));
     }
@@ -757,7 +757,7 @@ fn split_idx(s: &str) -> Option<(usize, &str)> {
     Some((num.parse().ok()?, rest))
 }
 
-fn unet_name(rest: &str, cfg: &Sd1Config) -> Option<String> {
+fn unet_name(rest: &str, cfg: &ModelConfig) -> Option<String> {
     let simple = [
         ("time_embed.0.", "time_embedding.linear_1."),
         ("time_embed.2.", "time_embedding.linear_2."),
@@ -822,7 +822,7 @@ fn unet_name(rest: &str, cfg: &Sd1Config) -> Option<String> {
     None
 }
 
-fn vae_name(rest: &str, cfg: &Sd1Config) -> Option<String> {
+fn vae_name(rest: &str, cfg: &ModelConfig) -> Option<String> {
     let levels = cfg.vae_mult.len();
     let (part, r) = rest.split_once('.').unwrap_or((rest, ""));
     if part == "quant_conv" || part == "post_quant_conv" {
@@ -943,11 +943,11 @@ pub fn detect_arch(index: &SafetensorsIndex) -> Arch {
 /// The configuration of the checkpoint `index` describes: its family's, with the
 /// transformer depths counted from the file for the SDXL family (so distilled SDXL models
 /// such as SSD-1B and Vega load too). An error names the family found when weft cannot run it.
-pub fn detect_config(index: &SafetensorsIndex) -> Result<Sd1Config, String> {
+pub fn detect_config(index: &SafetensorsIndex) -> Result<ModelConfig, String> {
     let mut cfg = match detect_arch(index) {
-        Arch::Sd1 => return Ok(Sd1Config::sd1()),
-        Arch::Sdxl => Sd1Config::sdxl(),
-        Arch::SdxlRefiner => Sd1Config::sdxl_refiner(),
+        Arch::Sd1 => return Ok(ModelConfig::sd1()),
+        Arch::Sdxl => ModelConfig::sdxl(),
+        Arch::SdxlRefiner => ModelConfig::sdxl_refiner(),
         other => {
             return Err(format!(
                 "{other}; weft runs Stable Diffusion 1.x, SDXL and the SDXL refiner"
@@ -971,7 +971,7 @@ fn transformer_blocks(index: &SafetensorsIndex, block: &str) -> usize {
 }
 
 /// Sets `cfg`'s transformer depths to those the file has.
-fn count_transformer_depths(index: &SafetensorsIndex, cfg: &mut Sd1Config) {
+fn count_transformer_depths(index: &SafetensorsIndex, cfg: &mut ModelConfig) {
     let (levels, blocks) = (cfg.channel_mult.len(), cfg.num_res_blocks);
     for level in 0..levels {
         for j in 0..blocks {
@@ -990,9 +990,9 @@ fn count_transformer_depths(index: &SafetensorsIndex, cfg: &mut Sd1Config) {
 
 /// Checks that `path` is a complete original-layout checkpoint of layout `cfg`; returns its
 /// index.
-pub fn open_sd1(path: &Path, cfg: &Sd1Config, max_header: u64) -> Result<SafetensorsIndex, CheckpointError> {
+pub fn open_checkpoint(path: &Path, cfg: &ModelConfig, max_header: u64) -> Result<SafetensorsIndex, CheckpointError> {
     let index = SafetensorsIndex::open(path, max_header)?;
-    let stock = [Sd1Config::sd1(), Sd1Config::sdxl(), Sd1Config::sdxl_refiner()];
+    let stock = [ModelConfig::sd1(), ModelConfig::sdxl(), ModelConfig::sdxl_refiner()];
     if stock
         .iter()
         .any(|s| s.family == cfg.family && s.model_channels == cfg.model_channels)
@@ -1051,7 +1051,7 @@ pub fn open_sd1(path: &Path, cfg: &Sd1Config, max_header: u64) -> Result<Safeten
 
 /// Writes a random-weight checkpoint in the original single-file layout for `cfg`
 /// (weights ~ N(0, 0.02) from torch's seeded generator; norms at 1 / 0).
-pub fn write_random_checkpoint(path: &Path, cfg: &Sd1Config, seed: u64) -> std::io::Result<()> {
+pub fn write_random_checkpoint(path: &Path, cfg: &ModelConfig, seed: u64) -> std::io::Result<()> {
     let mut g = super::super::sampling::TorchGenerator::new(seed);
     let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = checkpoint_layout(cfg)
         .into_iter()
@@ -1081,14 +1081,14 @@ mod tests {
 
     #[test]
     fn sd1_layout_size() {
-        let layout = checkpoint_layout(&Sd1Config::sd1());
-        let unet: usize = unet_layout(&Sd1Config::sd1())
+        let layout = checkpoint_layout(&ModelConfig::sd1());
+        let unet: usize = unet_layout(&ModelConfig::sd1())
             .iter()
             .map(|(_, s)| s.iter().product::<usize>())
             .sum();
         // SD1.x UNet has 859,520,964 parameters.
         assert_eq!(unet, 859_520_964);
-        let vae: usize = vae_layout(&Sd1Config::sd1())
+        let vae: usize = vae_layout(&ModelConfig::sd1())
             .iter()
             .map(|(_, s)| s.iter().product::<usize>())
             .sum();
@@ -1099,14 +1099,14 @@ mod tests {
 
     #[test]
     fn names_map_uniquely() {
-        for cfg in [Sd1Config::sd1(), Sd1Config::tiny()] {
+        for cfg in [ModelConfig::sd1(), ModelConfig::tiny()] {
             let mut seen = std::collections::BTreeSet::new();
             for (name, _) in checkpoint_layout(&cfg) {
                 let (c, n) = ldm_to_candle(&name, &cfg).unwrap_or_else(|| panic!("unmapped {name}"));
                 assert!(seen.insert((c, n.clone())), "duplicate target {n} from {name}");
             }
         }
-        let cfg = Sd1Config::sd1();
+        let cfg = ModelConfig::sd1();
         let m = |s: &str| ldm_to_candle(s, &cfg).unwrap().1;
         assert_eq!(
             m("model.diffusion_model.input_blocks.3.0.op.weight"),
@@ -1139,12 +1139,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("weft-sd1-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("tiny.safetensors");
-        let cfg = Sd1Config::tiny();
+        let cfg = ModelConfig::tiny();
         write_random_checkpoint(&p, &cfg, 1).unwrap();
-        let idx = open_sd1(&p, &cfg, super::super::safetensors::DEFAULT_MAX_HEADER).unwrap();
+        let idx = open_checkpoint(&p, &cfg, super::super::safetensors::DEFAULT_MAX_HEADER).unwrap();
         assert_eq!(idx.tensors.len(), checkpoint_layout(&cfg).len());
         // The full SD1 check rejects it (wrong shapes / arch).
-        assert!(open_sd1(&p, &Sd1Config::sd1(), 1 << 30).is_err());
+        assert!(open_checkpoint(&p, &ModelConfig::sd1(), 1 << 30).is_err());
     }
 
     /// A float16 checkpoint with `layout`'s header whose data is a hole in the file: the
@@ -1181,9 +1181,9 @@ mod tests {
     fn sdxl_layouts_have_the_real_models_sizes() {
         let params = |layout: Layout| layout.iter().map(|(_, s)| s.iter().product::<usize>()).sum::<usize>();
         // ComfyUI's SDXL UNet (with its label embedding) and refiner UNet.
-        assert_eq!(params(unet_layout(&Sd1Config::sdxl())), 2_567_463_684);
-        assert_eq!(params(unet_layout(&Sd1Config::sdxl_refiner())), 2_259_526_660);
-        let sdxl = Sd1Config::sdxl();
+        assert_eq!(params(unet_layout(&ModelConfig::sdxl())), 2_567_463_684);
+        assert_eq!(params(unet_layout(&ModelConfig::sdxl_refiner())), 2_259_526_660);
+        let sdxl = ModelConfig::sdxl();
         // CLIP ViT-L's text tower without a projection, and bigG's with its projection.
         assert_eq!(params(clip_layout(&sdxl.text[0])), 123_060_480);
         assert_eq!(params(clip_layout(&sdxl.text[1])), 694_659_840);
@@ -1194,28 +1194,28 @@ mod tests {
     fn families_are_detected_from_keys_and_shapes() {
         let dir = tempfile::tempdir().unwrap();
         for (name, cfg, arch) in [
-            ("sd1", Sd1Config::sd1(), Arch::Sd1),
-            ("sdxl", Sd1Config::sdxl(), Arch::Sdxl),
-            ("refiner", Sd1Config::sdxl_refiner(), Arch::SdxlRefiner),
+            ("sd1", ModelConfig::sd1(), Arch::Sd1),
+            ("sdxl", ModelConfig::sdxl(), Arch::Sdxl),
+            ("refiner", ModelConfig::sdxl_refiner(), Arch::SdxlRefiner),
         ] {
             let index = index_of(&sparse_checkpoint(dir.path(), name, &checkpoint_layout(&cfg)));
             assert_eq!(detect_arch(&index), arch, "{name}");
             assert_eq!(detect_config(&index).unwrap(), cfg, "{name}");
         }
         // A distilled SDXL (SSD-1B's depths): the depths come from the file.
-        let mut ssd = Sd1Config::sdxl();
+        let mut ssd = ModelConfig::sdxl();
         ssd.transformer_depth = vec![0, 0, 2, 2, 4, 4];
         ssd.transformer_depth_output = vec![0, 0, 0, 1, 1, 2, 10, 4, 4];
         let index = index_of(&sparse_checkpoint(dir.path(), "ssd", &checkpoint_layout(&ssd)));
         assert_eq!(detect_config(&index).unwrap(), ssd);
         // SD2's 1024-wide context is named, and refused.
-        let mut sd2 = Sd1Config::sd1();
+        let mut sd2 = ModelConfig::sd1();
         sd2.context_dim = 1024;
         let index = index_of(&sparse_checkpoint(dir.path(), "sd2", &checkpoint_layout(&sd2)));
         let refused = detect_config(&index).unwrap_err();
         assert!(refused.contains("Stable Diffusion 2.x"), "{refused}");
         // A file without a UNet says what it has.
-        let layout = clip_layout(&Sd1Config::sdxl().text[1]);
+        let layout = clip_layout(&ModelConfig::sdxl().text[1]);
         let index = index_of(&sparse_checkpoint(dir.path(), "clip", &layout));
         let refused = detect_config(&index).unwrap_err();
         assert!(refused.contains("no UNet") && refused.contains("tensors"), "{refused}");
@@ -1223,11 +1223,15 @@ mod tests {
 
     #[test]
     fn sdxl_names_map_onto_the_networks() {
-        for cfg in [Sd1Config::sdxl(), Sd1Config::sdxl_refiner(), Sd1Config::tiny_sdxl()] {
-            let unused = super::super::candle_sd1::verify_mapping(&cfg).unwrap();
+        for cfg in [
+            ModelConfig::sdxl(),
+            ModelConfig::sdxl_refiner(),
+            ModelConfig::tiny_sdxl(),
+        ] {
+            let unused = super::super::loader::verify_mapping(&cfg).unwrap();
             assert!(unused.is_empty(), "{:?}: never read: {unused:?}", cfg.family);
         }
-        let cfg = Sd1Config::sdxl();
+        let cfg = ModelConfig::sdxl();
         let m = |s: &str| ldm_to_candle(s, &cfg);
         assert_eq!(
             m("conditioner.embedders.1.model.transformer.resblocks.31.attn.in_proj_weight"),

@@ -1,7 +1,7 @@
 //! Loads an original-layout checkpoint (SD1.x, SDXL, the SDXL refiner) into weft's UNet,
 //! autoencoder and CLIP text transformers (float32, on the device chosen by [`crate::device::select_device`]).
 //!
-//! The checkpoint is validated by [`open_sd1`] first (header cap, bounds, shapes, dtypes, arch),
+//! The checkpoint is validated by [`open_checkpoint`] first (header cap, bounds, shapes, dtypes, arch),
 //! then read tensor by tensor; tensors are renamed with [`ldm_to_candle`]. Errors from validation are
 //! [`CheckpointError`](crate::models::CheckpointError)s inside the returned
 //! `anyhow::Error` (use `downcast_ref`).
@@ -15,21 +15,21 @@ use candle_nn::VarBuilder;
 
 use crate::models::autoencoder::Sd1Vae;
 use crate::models::clip_text::ClipText;
+use crate::models::layout::{fit_to_network, ldm_to_candle, network_shape, open_checkpoint, Component, ModelConfig};
 use crate::models::safetensors::DEFAULT_MAX_HEADER;
-use crate::models::sd1::{fit_to_network, ldm_to_candle, network_shape, open_sd1, Component, Sd1Config};
-use crate::models::unet::Sd1Unet;
+use crate::models::unet::Unet;
 
 /// A checkpoint's networks.
-pub struct Sd1Models {
+pub struct CheckpointModels {
     /// Denoising UNet (EPS prediction).
-    pub unet: Sd1Unet,
+    pub unet: Unet,
     /// KL autoencoder (encoding gives the posterior's mean, as ComfyUI's).
     pub vae: Sd1Vae,
     /// The text encoders, in the order of the configuration's `text` (SD1: ViT-L; SDXL:
     /// ViT-L and bigG; smaller for test layouts).
     pub text: Vec<ClipText>,
     /// The layout these networks were built from.
-    pub config: Sd1Config,
+    pub config: ModelConfig,
     /// The device holding the weights.
     pub device: Device,
     /// Bytes of float32 weights held.
@@ -39,7 +39,7 @@ pub struct Sd1Models {
 /// candle-transformers' configuration of the autoencoder of `cfg` (the reference of weft's
 /// autoencoder in tests).
 #[cfg(test)]
-pub(crate) fn vae_config(cfg: &Sd1Config) -> candle_transformers::models::stable_diffusion::vae::AutoEncoderKLConfig {
+pub(crate) fn vae_config(cfg: &ModelConfig) -> candle_transformers::models::stable_diffusion::vae::AutoEncoderKLConfig {
     candle_transformers::models::stable_diffusion::vae::AutoEncoderKLConfig {
         block_out_channels: cfg.vae_mult.iter().map(|m| m * cfg.vae_channels).collect(),
         layers_per_block: cfg.vae_res_blocks,
@@ -51,13 +51,13 @@ pub(crate) fn vae_config(cfg: &Sd1Config) -> candle_transformers::models::stable
 }
 
 /// Loads the stock SD1.x networks from `path`.
-pub fn load_sd1(path: &Path, device: &Device) -> Result<Sd1Models> {
-    load_sd1_with_config(path, &Sd1Config::sd1(), device)
+pub fn load_sd1(path: &Path, device: &Device) -> Result<CheckpointModels> {
+    load_models(path, &ModelConfig::sd1(), device)
 }
 
 /// Loads networks of layout `cfg` from `path` (float32).
-pub fn load_sd1_with_config(path: &Path, cfg: &Sd1Config, device: &Device) -> Result<Sd1Models> {
-    let index = open_sd1(path, cfg, DEFAULT_MAX_HEADER)?;
+pub fn load_models(path: &Path, cfg: &ModelConfig, device: &Device) -> Result<CheckpointModels> {
+    let index = open_checkpoint(path, cfg, DEFAULT_MAX_HEADER)?;
     // Tensor by tensor, read and converted in parallel: the file is not mapped, so only its
     // float32 copy counts against the process's memory, not the float16 pages as well.
     let mut parts: HashMap<Component, HashMap<String, Tensor>> = HashMap::new();
@@ -75,7 +75,7 @@ pub fn load_sd1_with_config(path: &Path, cfg: &Sd1Config, device: &Device) -> Re
     }
     let mut take = |c: Component| parts.remove(&c).unwrap_or_default();
     let unet_vb = VarBuilder::from_tensors(take(Component::Unet), DType::F32, device);
-    let unet = Sd1Unet::new(unet_vb, cfg).context("building the UNet")?;
+    let unet = Unet::new(unet_vb, cfg).context("building the UNet")?;
     let vae_vb = VarBuilder::from_tensors(take(Component::Vae), DType::F32, device);
     let vae = Sd1Vae::new(vae_vb, cfg).context("building the VAE")?;
     let text = cfg
@@ -87,7 +87,7 @@ pub fn load_sd1_with_config(path: &Path, cfg: &Sd1Config, device: &Device) -> Re
             ClipText::new(vb, clip).with_context(|| format!("building {}", clip.name))
         })
         .collect::<Result<_>>()?;
-    Ok(Sd1Models {
+    Ok(CheckpointModels {
         unet,
         vae,
         text,
@@ -100,10 +100,10 @@ pub fn load_sd1_with_config(path: &Path, cfg: &Sd1Config, device: &Device) -> Re
 /// Checks the LDM -> candle name mapping of layout `cfg` against the names and shapes
 /// candle-transformers actually requests when building the networks, without allocating
 /// weights (every tensor is a broadcast zero). Returns the layout tensors candle never asked for.
-pub fn verify_mapping(cfg: &Sd1Config) -> Result<Vec<String>> {
+pub fn verify_mapping(cfg: &ModelConfig) -> Result<Vec<String>> {
     use std::sync::{Arc, Mutex};
 
-    use crate::models::sd1::checkpoint_layout;
+    use crate::models::layout::checkpoint_layout;
 
     type Served = HashMap<String, (Vec<usize>, String)>;
     struct Layout {
@@ -166,7 +166,7 @@ pub fn verify_mapping(cfg: &Sd1Config) -> Result<Vec<String>> {
         );
         match c {
             Component::Unet => {
-                Sd1Unet::new(vb, cfg)?;
+                Unet::new(vb, cfg)?;
             }
             Component::Vae => {
                 Sd1Vae::new(vb, cfg)?;
@@ -189,12 +189,12 @@ pub fn verify_mapping(cfg: &Sd1Config) -> Result<Vec<String>> {
 /// The tiny model written with `seed` into a fresh directory and loaded on the CPU, for
 /// tests; the directory holds the mapped file and must outlive the models.
 #[cfg(test)]
-pub(crate) fn tiny_test_models(seed: u64) -> Result<(tempfile::TempDir, Sd1Models)> {
+pub(crate) fn tiny_test_models(seed: u64) -> Result<(tempfile::TempDir, CheckpointModels)> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("tiny.safetensors");
-    let cfg = Sd1Config::tiny();
-    super::sd1::write_random_checkpoint(&path, &cfg, seed)?;
-    let models = load_sd1_with_config(&path, &cfg, &Device::Cpu)?;
+    let cfg = ModelConfig::tiny();
+    super::layout::write_random_checkpoint(&path, &cfg, seed)?;
+    let models = load_models(&path, &cfg, &Device::Cpu)?;
     Ok((dir, models))
 }
 
@@ -204,17 +204,17 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::models::layout::{checkpoint_layout, write_random_checkpoint};
     use crate::models::safetensors::{write_f32_safetensors, CheckpointError};
-    use crate::models::sd1::{checkpoint_layout, write_random_checkpoint};
 
     fn tiny_file(dir: &tempfile::TempDir) -> Result<PathBuf> {
         let p = dir.path().join("tiny.safetensors");
-        write_random_checkpoint(&p, &Sd1Config::tiny(), 3)?;
+        write_random_checkpoint(&p, &ModelConfig::tiny(), 3)?;
         Ok(p)
     }
 
-    fn load_err(path: &Path, cfg: &Sd1Config) -> CheckpointError {
-        match load_sd1_with_config(path, cfg, &Device::Cpu) {
+    fn load_err(path: &Path, cfg: &ModelConfig) -> CheckpointError {
+        match load_models(path, cfg, &Device::Cpu) {
             Ok(_) => panic!("{} loaded", path.display()),
             Err(e) => match e.downcast::<CheckpointError>() {
                 Ok(c) => c,
@@ -241,9 +241,9 @@ mod tests {
 
     #[test]
     fn full_sd1_mapping_matches_candle() -> Result<()> {
-        let unused = verify_mapping(&Sd1Config::sd1())?;
+        let unused = verify_mapping(&ModelConfig::sd1())?;
         assert!(unused.is_empty(), "layout tensors candle never requested: {unused:?}");
-        let unused = verify_mapping(&Sd1Config::tiny())?;
+        let unused = verify_mapping(&ModelConfig::tiny())?;
         assert!(unused.is_empty(), "{unused:?}");
         Ok(())
     }
@@ -252,9 +252,9 @@ mod tests {
     fn tiny_checkpoint_runs() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let p = tiny_file(&dir)?;
-        let cfg = Sd1Config::tiny();
+        let cfg = ModelConfig::tiny();
         let dev = Device::Cpu;
-        let m = load_sd1_with_config(&p, &cfg, &dev)?;
+        let m = load_models(&p, &cfg, &dev)?;
         let x = Tensor::randn(0f32, 1.0, (1, 4, 8, 8), &dev)?;
         let ids = Tensor::new(&[[49406u32, 320, 1125, 49407]], &dev)?;
         let ctx = m.text[0].forward(&ids)?;
@@ -279,7 +279,7 @@ mod tests {
         let t = dir.path().join("truncated.safetensors");
         for cut in [bytes.len() - 1, bytes.len() / 2, 20, 5, 0] {
             std::fs::write(&t, &bytes[..cut])?;
-            let e = load_err(&t, &Sd1Config::tiny());
+            let e = load_err(&t, &ModelConfig::tiny());
             assert!(
                 matches!(e, CheckpointError::Truncated { .. } | CheckpointError::Malformed { .. }),
                 "{cut}: {e}"
@@ -300,11 +300,11 @@ mod tests {
         let mut bytes = (200u64 * 1024 * 1024).to_le_bytes().to_vec();
         bytes.extend_from_slice(b"{}");
         std::fs::write(&p, &bytes)?;
-        let e = load_err(&p, &Sd1Config::tiny());
+        let e = load_err(&p, &ModelConfig::tiny());
         assert!(matches!(e, CheckpointError::Malformed { .. }), "{e}");
         // An absurd length (u64::MAX) is rejected the same way, without allocating.
         std::fs::write(&p, u64::MAX.to_le_bytes())?;
-        let e = load_err(&p, &Sd1Config::tiny());
+        let e = load_err(&p, &ModelConfig::tiny());
         assert!(
             matches!(e, CheckpointError::Malformed { .. } | CheckpointError::Truncated { .. }),
             "{e}"
@@ -322,13 +322,13 @@ mod tests {
             // Same byte length (4 bytes per element), integer type.
             h[victim]["dtype"] = "I32".into();
         });
-        let e = load_err(&bad, &Sd1Config::tiny());
+        let e = load_err(&bad, &ModelConfig::tiny());
         assert!(matches!(e, CheckpointError::MissingKeys { count: 1, .. }), "{e}");
         assert!(e.to_string().contains("I32"), "{e}");
         // A dtype whose size does not match the stored bytes is malformed.
         rewrite_header(&p, &bad, |h| h[victim]["dtype"] = "F16".into());
         assert!(matches!(
-            load_err(&bad, &Sd1Config::tiny()),
+            load_err(&bad, &ModelConfig::tiny()),
             CheckpointError::Malformed { .. }
         ));
         Ok(())
@@ -337,7 +337,7 @@ mod tests {
     #[test]
     fn missing_keys() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let cfg = Sd1Config::tiny();
+        let cfg = ModelConfig::tiny();
         let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = checkpoint_layout(&cfg)
             .into_iter()
             .filter(|(n, _)| !n.starts_with("first_stage_model.decoder."))
@@ -375,14 +375,14 @@ mod tests {
             let p = dir.path().join(format!("other{i}.safetensors"));
             let len = shape.iter().product();
             write_f32_safetensors(&p, &[(name.to_string(), shape, vec![1.0; len])], &BTreeMap::new())?;
-            let e = load_err(&p, &Sd1Config::sd1());
+            let e = load_err(&p, &ModelConfig::sd1());
             assert!(matches!(e, CheckpointError::WrongArch { .. }), "{name}: {e}");
             assert!(e.to_string().contains("unsupported model family"), "{e}");
         }
         // The tiny layout is not mistaken for a full SD1 checkpoint either.
         let p = tiny_file(&dir)?;
         assert!(matches!(
-            load_err(&p, &Sd1Config::sd1()),
+            load_err(&p, &ModelConfig::sd1()),
             CheckpointError::WrongArch { .. }
         ));
         Ok(())
