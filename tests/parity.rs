@@ -1,10 +1,12 @@
 //! Parity with ComfyUI through the job API: the workflows that ComfyUI itself ran for
-//! `tests/fixtures/sd15-parity/` (its default graph plus `SaveLatent`, on the seed-0
-//! random-weight SD1.5 checkpoint) are submitted unchanged to `POST /api/v2/jobs`, and the
-//! saved PNG and latent must equal ComfyUI's within the fixture README's tolerances.
+//! `tests/fixtures/sd15-parity/` and `tests/fixtures/sdxl-parity/` (its default graph plus
+//! `SaveLatent` on the seed-0 random-weight SD1.5 and SDXL checkpoints, and SDXL's
+//! `CLIPTextEncodeSDXL`) are submitted unchanged to `POST /api/v2/jobs`, and the saved PNG
+//! and latent must equal ComfyUI's within the fixture READMEs' tolerances.
 //!
-//! The 2.1 GB checkpoint is written once per machine into weft's cache directory (by
-//! `weft models sd15-random`, when missing) and hard-linked into a models folder beside it.
+//! The checkpoints (2.1 and 6.9 GB) are written once per machine into weft's cache directory
+//! (by `weft models sd15-random` / `sdxl-random`, when missing) and hard-linked into a models
+//! folder beside it.
 
 mod support;
 
@@ -15,13 +17,81 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::{weft_bin, Options, Server};
 
-/// The file name the workflows load and the cache keeps.
-const CHECKPOINT: &str = "sd15-random-s0.safetensors";
-/// Its sha256, from the fixture's README.
-const CHECKPOINT_SHA256: &str = "aa64b29d75cc3581c40496e21560f885b40078d8af1910f2f2282424b1636fe9";
+/// One family's parity fixtures: ComfyUI's workflows and outputs on a seed-0 random-weight
+/// checkpoint that `weft models <command>` writes.
+struct Family {
+    /// The fixture folder under `tests/fixtures/`.
+    fixtures: &'static str,
+    /// The file name the workflows load.
+    checkpoint: &'static str,
+    /// The `weft models` subcommand that writes it.
+    command: &'static str,
+    /// Its sha256, from the fixture's README.
+    sha256: &'static str,
+    /// The cases of `cases.json` to run.
+    cases: &'static [&'static str],
+}
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sd15-parity")
+const SD15: Family = Family {
+    fixtures: "sd15-parity",
+    checkpoint: "sd15-random-s0.safetensors",
+    command: "sd15-random",
+    sha256: "aa64b29d75cc3581c40496e21560f885b40078d8af1910f2f2282424b1636fe9",
+    cases: &["a", "c"],
+};
+
+const SDXL: Family = Family {
+    fixtures: "sdxl-parity",
+    checkpoint: "sdxl-random-s0.safetensors",
+    command: "sdxl-random",
+    sha256: "937a6c69eb0d36f381b7b3c4ea9240014ffa8d2173f23ea7054488c8b8c968c8",
+    cases: &["a", "c", "x"],
+};
+
+impl Family {
+    fn fixtures(&self) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures")
+            .join(self.fixtures)
+    }
+
+    /// A models folder whose `checkpoints/` holds the cached checkpoint as a hard link (a
+    /// symlink leaving the folder would be refused), writing the checkpoint first if missing.
+    fn models_dir(&self) -> PathBuf {
+        let cache = cache_dir();
+        // Kept under a name with its content hash, the name `weft-compute`'s tests use too.
+        let stem = self.checkpoint.trim_end_matches(".safetensors");
+        let cached = cache.join(format!("{stem}-{}.safetensors", &self.sha256[..12]));
+        if !cached.is_file() {
+            std::fs::create_dir_all(&cache).unwrap();
+            let tmp = cached.with_extension(format!("{}.tmp", std::process::id()));
+            let out = Command::new(weft_bin())
+                .args(["models", self.command, "--seed", "0", "--out"])
+                .arg(&tmp)
+                .output()
+                .unwrap();
+            let printed = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && printed.contains(self.sha256),
+                "weft models {} failed: {printed}",
+                self.command
+            );
+            std::fs::rename(&tmp, &cached).unwrap();
+        }
+        let models = cache.join(format!("{}-models", self.fixtures));
+        let linked = models.join("checkpoints").join(self.checkpoint);
+        std::fs::create_dir_all(linked.parent().unwrap()).unwrap();
+        let same = |a: &Path, b: &Path| {
+            use std::os::unix::fs::MetadataExt;
+            let (a, b) = (std::fs::metadata(a), std::fs::metadata(b));
+            matches!((a, b), (Ok(a), Ok(b)) if a.ino() == b.ino() && a.dev() == b.dev())
+        };
+        if !same(&cached, &linked) {
+            let _ = std::fs::remove_file(&linked);
+            std::fs::hard_link(&cached, &linked).unwrap();
+        }
+        models
+    }
 }
 
 /// weft's per-machine cache directory, found as `weft` finds it.
@@ -31,42 +101,6 @@ fn cache_dir() -> PathBuf {
         .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("weft")))
         .or_else(|| var("HOME").map(|d| d.join(".cache").join("weft")))
         .unwrap_or_else(|| std::env::temp_dir().join("weft"))
-}
-
-/// A models folder whose `checkpoints/` holds the cached checkpoint as a hard link (a
-/// symlink leaving the folder would be refused), writing the checkpoint first if missing.
-fn models_dir() -> PathBuf {
-    let cache = cache_dir();
-    // Kept under a name with its content hash, the name `weft-compute`'s tests use too.
-    let cached = cache.join(format!("sd15-random-s0-{}.safetensors", &CHECKPOINT_SHA256[..12]));
-    if !cached.is_file() {
-        std::fs::create_dir_all(&cache).unwrap();
-        let tmp = cached.with_extension(format!("{}.tmp", std::process::id()));
-        let out = Command::new(weft_bin())
-            .args(["models", "sd15-random", "--seed", "0", "--out"])
-            .arg(&tmp)
-            .output()
-            .unwrap();
-        let printed = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && printed.contains(CHECKPOINT_SHA256),
-            "weft models sd15-random failed: {printed}"
-        );
-        std::fs::rename(&tmp, &cached).unwrap();
-    }
-    let models = cache.join("sd15-parity-models");
-    let linked = models.join("checkpoints").join(CHECKPOINT);
-    std::fs::create_dir_all(linked.parent().unwrap()).unwrap();
-    let same = |a: &Path, b: &Path| {
-        use std::os::unix::fs::MetadataExt;
-        let (a, b) = (std::fs::metadata(a), std::fs::metadata(b));
-        matches!((a, b), (Ok(a), Ok(b)) if a.ino() == b.ino() && a.dev() == b.dev())
-    };
-    if !same(&cached, &linked) {
-        let _ = std::fs::remove_file(&linked);
-        std::fs::hard_link(&cached, &linked).unwrap();
-    }
-    models
 }
 
 /// Submits `workflow` and waits for it; the full-size checkpoint takes a while on a busy
@@ -118,13 +152,25 @@ fn rgb(png: &[u8]) -> Vec<u8> {
 
 #[test]
 fn comfyuis_own_workflows_give_comfyuis_latent_and_png_through_the_job_api() {
-    let models = models_dir();
+    runs_like_comfyui(&SD15);
+}
+
+#[test]
+fn comfyuis_own_sdxl_workflows_give_comfyuis_latent_and_png_through_the_job_api() {
+    runs_like_comfyui(&SDXL);
+}
+
+/// Runs `family`'s cases through the job API and compares what they save with ComfyUI's
+/// files, within the fixture README's tolerances.
+fn runs_like_comfyui(family: &Family) {
+    let models = family.models_dir();
     let server = Server::with(Options {
         args: vec!["--models-dir".into(), models.display().to_string()],
         ..Default::default()
     });
-    let cases: Value = serde_json::from_slice(&std::fs::read(fixtures().join("cases.json")).unwrap()).unwrap();
-    for name in ["a", "c"] {
+    let fixtures = family.fixtures();
+    let cases: Value = serde_json::from_slice(&std::fs::read(fixtures.join("cases.json")).unwrap()).unwrap();
+    for &name in family.cases {
         let job = run(&server, cases["cases"][name]["workflow"].clone());
         assert_eq!(job["status"], "succeeded", "case {name}: {job}");
         let outputs: Vec<(String, Vec<u8>)> = job["outputs"]
@@ -146,7 +192,7 @@ fn comfyuis_own_workflows_give_comfyuis_latent_and_png_through_the_job_api() {
             .unwrap_or_else(|| panic!("case {name}: no PNG among {job}"));
 
         let (shape, ours) = latent_values(&latent.1);
-        let (want_shape, want) = latent_values(&std::fs::read(fixtures().join(format!("case_{name}.latent"))).unwrap());
+        let (want_shape, want) = latent_values(&std::fs::read(fixtures.join(format!("case_{name}.latent"))).unwrap());
         assert_eq!(shape, want_shape, "case {name}: latent shape");
         let n = want.len() as f64;
         let mean = want.iter().map(|&v| v as f64).sum::<f64>() / n;
@@ -175,7 +221,7 @@ fn comfyuis_own_workflows_give_comfyuis_latent_and_png_through_the_job_api() {
 
         let (ours, theirs) = (
             rgb(&png.1),
-            rgb(&std::fs::read(fixtures().join(format!("case_{name}.png"))).unwrap()),
+            rgb(&std::fs::read(fixtures.join(format!("case_{name}.png"))).unwrap()),
         );
         assert_eq!(ours.len(), theirs.len(), "case {name}: image size");
         let worst = ours

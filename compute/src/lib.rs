@@ -21,6 +21,8 @@ mod attention;
 pub mod codecs;
 #[cfg(test)]
 mod comfyui_parity;
+#[cfg(test)]
+mod comfyui_parity_sdxl;
 mod conv;
 pub mod device;
 pub mod diffusion;

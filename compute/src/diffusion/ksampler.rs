@@ -1,7 +1,8 @@
 //! ComfyUI's `KSampler` / `KSamplerAdvanced` on SD1 and SDXL networks: the schedule cut to the
 //! requested steps, the seed's noise per batch index, classifier-free guidance over every
 //! conditioning entry (areas and strengths weighted as ComfyUI's `calc_cond_batch` does),
-//! SDXL's size conditioning, and inpainting by noise mask.
+//! SDXL's size conditioning, inpainting by noise mask, and the model's sampling patches
+//! (another model sampling or latent format, `RescaleCFG`).
 
 use candle_core::{DType, Tensor as CTensor};
 
@@ -11,8 +12,8 @@ use super::model::DiffusionModel;
 use super::resize::{resize_planes, Mode};
 use crate::interrupt::Interrupt;
 use crate::sampling::{
-    cfg, default_noise, ksampler_sigmas, sample, seeded_noise, ModelSampling, SampleError, SamplerKind, Scheduler,
-    StepControl, StepInfo, Tensor, TorchGenerator,
+    cfg, default_noise, ksampler_sigmas, rescale_cfg, sample, seeded_noise, ModelSampling, SampleError, SamplerKind,
+    Scheduler, StepControl, StepInfo, Tensor, TorchGenerator,
 };
 use crate::values::LatentBatch;
 use crate::ComputeError;
@@ -91,7 +92,7 @@ pub fn ksample(
         )
         .into());
     }
-    let ms = ModelSampling::sd1();
+    let ms = model.model_sampling();
     let sigmas = schedule(&ms, settings);
     if sigmas.len() <= 1 {
         return Ok(latent.clone());
@@ -101,8 +102,8 @@ pub fn ksample(
     } else {
         vec![0.0; latent.data.len()]
     };
-    let scale_factor = models.config.latent_scale();
-    let latent_in: Vec<f32> = latent.data.iter().map(|v| v * scale_factor).collect();
+    let plane = shape[2] * shape[3];
+    let latent_in = model.process_latent_in(&latent.data, plane);
     let mask = latent.noise_mask.as_ref().map(|m| {
         let planes = resize_planes(
             &m.data,
@@ -129,6 +130,7 @@ pub fn ksample(
         positive,
         negative,
         scale: settings.cfg as f32,
+        rescale: model.cfg_rescale(),
         stop,
     };
     let mut denoiser = |x: &Tensor, sigma: f32| -> anyhow::Result<Tensor> {
@@ -171,7 +173,7 @@ pub fn ksample(
         other => SampleFailure::Compute(ComputeError::Failed(other.to_string())),
     })?;
     Ok(LatentBatch {
-        data: samples.data.iter().map(|v| v / scale_factor).collect(),
+        data: model.process_latent_out(&samples.data, plane),
         ..latent.clone()
     })
 }
@@ -217,6 +219,8 @@ struct Guidance<'a> {
     positive: &'a Conditioning,
     negative: &'a Conditioning,
     scale: f32,
+    /// `RescaleCFG`'s multiplier, when the model has one.
+    rescale: Option<f64>,
     stop: Interrupt<'a>,
 }
 
@@ -273,14 +277,25 @@ impl Guidance<'_> {
     /// `D(x, sigma)` with guidance, for the sampler-space batch `x`. As in ComfyUI's
     /// `sampling_function`, the positive and negative entries go through one
     /// `calc_cond_batch`, so that entries of both that may be batched share a UNet call.
+    /// Without guidance (scale 1) the negative is not run; `RescaleCFG` then reads an
+    /// unconditional prediction of zeros, as ComfyUI's does.
     fn denoise(&self, x: &[f32], sigma: f32) -> anyhow::Result<Vec<f32>> {
         let with_uncond = (self.scale - 1.0).abs() > 1e-9;
-        if !with_uncond {
+        let (cond, uncond) = if with_uncond {
+            let [cond, uncond] = self.predict([&self.positive.0, &self.negative.0], x, sigma)?;
+            (cond, Some(uncond))
+        } else {
             let [cond] = self.predict([&self.positive.0], x, sigma)?;
-            return Ok(cond);
-        }
-        let [cond, uncond] = self.predict([&self.positive.0, &self.negative.0], x, sigma)?;
-        Ok(cfg(&uncond, &cond, self.scale))
+            (cond, None)
+        };
+        Ok(match (self.rescale, uncond) {
+            (None, None) => cond,
+            (None, Some(uncond)) => cfg(&uncond, &cond, self.scale),
+            (Some(multiplier), uncond) => {
+                let uncond = uncond.unwrap_or_else(|| vec![0.0; x.len()]);
+                rescale_cfg(x, &cond, &uncond, self.scale, sigma, multiplier, self.shape[0])
+            }
+        })
     }
 
     /// For each conditioning of `conds`, the weighted mean of its entries' denoised
@@ -361,8 +376,7 @@ impl Guidance<'_> {
     ) -> anyhow::Result<Vec<f32>> {
         let device = &self.model.checkpoint.device;
         let b = shape[0];
-        let scale = (sigma * sigma + 1.0).sqrt();
-        let scaled: Vec<f32> = crop.iter().map(|v| v / scale).collect();
+        let scaled = self.ms.calculate_input(sigma, crop);
         let input = CTensor::from_slice(&scaled, shape.as_slice(), device)?;
         let input = CTensor::cat(&vec![&input; members.len()], 0)?;
         let contexts = members
@@ -372,14 +386,14 @@ impl Guidance<'_> {
         let context = CTensor::cat(&repeat_to_common_length(&contexts)?, 0)?;
         let y = self.adm(members, b)?;
         let t = self.ms.timestep(sigma) as f64;
-        let eps = self
+        let output = self
             .model
             .unet()
             .forward_interruptible(&input, t, (&context, y.as_ref()), self.stop)?;
-        let eps = eps.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        Ok(eps
+        let output = output.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        Ok(output
             .chunks_exact(crop.len())
-            .flat_map(|e| crop.iter().zip(e).map(|(&xv, &ev)| xv - ev * sigma))
+            .flat_map(|out| self.ms.calculate_denoised(sigma, out, crop))
             .collect())
     }
 }

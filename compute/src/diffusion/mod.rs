@@ -22,5 +22,5 @@ pub use checkpoint::{detect_layout, load_checkpoint, ModelError};
 pub use conditioning::{Area, CondEntry, Conditioning, SizeConditioning};
 pub use ksampler::{ksample, SampleFailure, SampleSettings};
 pub use lora::{write_random_lora, Lora};
-pub use model::DiffusionModel;
+pub use model::{DiffusionModel, LatentFormat};
 pub use text::{Encoded, EncoderTexts, TextEncoder};

@@ -1,5 +1,7 @@
 //! The denoising model behind a `MODEL` handle: a checkpoint's UNet, or one rebuilt from the
-//! checkpoint with LoRAs added to its weights.
+//! checkpoint with LoRAs added to its weights, with the patches ComfyUI's model nodes add
+//! to it: another model sampling (`ModelSamplingDiscrete`, `ModelSamplingContinuousEDM`),
+//! its latent format, and `RescaleCFG` guidance.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,8 +13,28 @@ use super::checkpoint::ModelError;
 use super::lora::{load_component, Lora};
 use crate::models::layout::Component;
 use crate::models::{CheckpointModels, Unet};
+use crate::sampling::{DiscreteSampling, EdmSampling, ModelSampling};
+use crate::ComputeError;
 
-/// A checkpoint's UNet with the LoRAs applied to it, in order.
+/// How sampling reads and writes a model's latents (ComfyUI's `latent_format`
+/// `process_in` / `process_out`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LatentFormat {
+    /// The checkpoint's own: latents times its scale factor.
+    Checkpoint,
+    /// Playground v2.5's: per channel, `(latent - mean) * 0.5 / std`.
+    Playground25,
+}
+
+/// Playground v2.5's latent channel means.
+const PLAYGROUND_MEAN: [f32; 4] = [-1.6574, 1.886, -1.383, 2.5155];
+/// Playground v2.5's latent channel standard deviations.
+const PLAYGROUND_STD: [f32; 4] = [8.4927, 5.9022, 6.5498, 5.2299];
+/// Playground v2.5's latent scale factor.
+const PLAYGROUND_SCALE: f32 = 0.5;
+
+/// A checkpoint's UNet with the LoRAs applied to it, in order, and the sampling patches.
+#[derive(Clone)]
 pub struct DiffusionModel {
     /// The checkpoint's networks (layout, device, and the UNet when no LoRA is applied).
     pub checkpoint: Arc<CheckpointModels>,
@@ -20,7 +42,12 @@ pub struct DiffusionModel {
     pub source: PathBuf,
     /// The LoRAs applied, with their strengths.
     pub loras: Vec<(Arc<Lora>, f64)>,
-    patched: Option<Unet>,
+    patched: Option<Arc<Unet>>,
+    /// Another model sampling than the checkpoint's, from a model-sampling node.
+    sampling: Option<Arc<ModelSampling>>,
+    latent_format: LatentFormat,
+    /// `RescaleCFG`'s multiplier.
+    cfg_rescale: Option<f64>,
 }
 
 impl DiffusionModel {
@@ -31,16 +58,37 @@ impl DiffusionModel {
             source,
             loras: Vec::new(),
             patched: None,
+            sampling: None,
+            latent_format: LatentFormat::Checkpoint,
+            cfg_rescale: None,
         }
     }
 
     /// The UNet to sample with.
     pub fn unet(&self) -> &Unet {
-        self.patched.as_ref().unwrap_or(&self.checkpoint.unet)
+        self.patched.as_deref().unwrap_or(&self.checkpoint.unet)
+    }
+
+    /// The model sampling to sample with: a node's patch, or the checkpoint's own (SD1 and
+    /// SDXL: the discrete linear schedule with EPS prediction).
+    pub fn model_sampling(&self) -> Arc<ModelSampling> {
+        self.sampling
+            .clone()
+            .unwrap_or_else(|| Arc::new(ModelSampling::sd1()))
+    }
+
+    /// How sampling reads and writes latents.
+    pub fn latent_format(&self) -> LatentFormat {
+        self.latent_format
+    }
+
+    /// `RescaleCFG`'s multiplier, when the model has one.
+    pub fn cfg_rescale(&self) -> Option<f64> {
+        self.cfg_rescale
     }
 
     /// This model with `lora` added at `strength` (`LoraLoader`): the UNet is rebuilt from the
-    /// checkpoint with every LoRA so far.
+    /// checkpoint with every LoRA so far; the sampling patches stay.
     pub fn with_lora(&self, lora: Arc<Lora>, strength: f64) -> Result<DiffusionModel, ModelError> {
         let cfg = &self.checkpoint.config;
         lora.check_fits(cfg)?;
@@ -54,12 +102,105 @@ impl DiffusionModel {
         }
         let unet = Unet::new(VarBuilder::from_tensors(tensors, DType::F32, device), cfg).map_err(|e| failed(&e))?;
         Ok(DiffusionModel {
-            checkpoint: self.checkpoint.clone(),
-            source: self.source.clone(),
             loras,
-            patched: Some(unet),
+            patched: Some(Arc::new(unet)),
+            ..self.clone()
         })
     }
+
+    /// This model sampled as ComfyUI's `ModelSamplingDiscrete` patches it: `sampling`'s
+    /// prediction over the discrete schedule, rescaled to zero terminal SNR when `zsnr`.
+    pub fn with_discrete_sampling(&self, sampling: DiscreteSampling, zsnr: bool) -> DiffusionModel {
+        DiffusionModel {
+            sampling: Some(Arc::new(ModelSampling::discrete(sampling, zsnr))),
+            ..self.clone()
+        }
+    }
+
+    /// This model sampled as ComfyUI's `ModelSamplingContinuousEDM` patches it: continuous
+    /// sigmas from `sigma_min` to `sigma_max` with `sampling`'s prediction; Playground v2.5's
+    /// choice also sets its latent format (other choices keep the model's). The range must be
+    /// finite with `0 < sigma_min < sigma_max`.
+    pub fn with_continuous_edm(
+        &self,
+        sampling: EdmSampling,
+        sigma_min: f64,
+        sigma_max: f64,
+    ) -> Result<DiffusionModel, ComputeError> {
+        let table = ModelSampling::continuous_edm(sampling, sigma_min, sigma_max).map_err(ComputeError::Invalid)?;
+        let latent_format = match sampling {
+            EdmSampling::EdmPlayground25 => LatentFormat::Playground25,
+            _ => self.latent_format,
+        };
+        if latent_format == LatentFormat::Playground25 && self.checkpoint.config.latent_channels != 4 {
+            return Err(ComputeError::invalid(
+                "Playground v2.5's latent format needs a model of 4 latent channels",
+            ));
+        }
+        Ok(DiffusionModel {
+            sampling: Some(Arc::new(table)),
+            latent_format,
+            ..self.clone()
+        })
+    }
+
+    /// This model guided as ComfyUI's `RescaleCFG` patches it, with `multiplier` in 0..=1.
+    pub fn with_cfg_rescale(&self, multiplier: f64) -> Result<DiffusionModel, ComputeError> {
+        if !(0.0..=1.0).contains(&multiplier) {
+            return Err(ComputeError::invalid(format!(
+                "the RescaleCFG multiplier must be between 0 and 1, got {multiplier}"
+            )));
+        }
+        Ok(DiffusionModel {
+            cfg_rescale: Some(multiplier),
+            ..self.clone()
+        })
+    }
+
+    /// Latents as the model samples them (`process_latent_in`), `plane` values per channel.
+    pub fn process_latent_in(&self, data: &[f32], plane: usize) -> Vec<f32> {
+        let scale = self.checkpoint.config.latent_scale();
+        self.latent_format.process_in(data, plane, scale)
+    }
+
+    /// Sampled latents as the VAE reads them (`process_latent_out`), `plane` values per
+    /// channel.
+    pub fn process_latent_out(&self, data: &[f32], plane: usize) -> Vec<f32> {
+        let scale = self.checkpoint.config.latent_scale();
+        self.latent_format.process_out(data, plane, scale)
+    }
+}
+
+impl LatentFormat {
+    /// `process_in` of row-major latents with `plane` values per channel; `scale` is the
+    /// checkpoint's own scale factor.
+    pub fn process_in(self, data: &[f32], plane: usize, scale: f32) -> Vec<f32> {
+        match self {
+            LatentFormat::Checkpoint => data.iter().map(|v| v * scale).collect(),
+            LatentFormat::Playground25 => per_channel(data, plane, |v, c| {
+                (v - PLAYGROUND_MEAN[c]) * PLAYGROUND_SCALE / PLAYGROUND_STD[c]
+            }),
+        }
+    }
+
+    /// `process_out`, the inverse of [`LatentFormat::process_in`].
+    pub fn process_out(self, data: &[f32], plane: usize, scale: f32) -> Vec<f32> {
+        match self {
+            LatentFormat::Checkpoint => data.iter().map(|v| v / scale).collect(),
+            LatentFormat::Playground25 => per_channel(data, plane, |v, c| {
+                v * PLAYGROUND_STD[c] / PLAYGROUND_SCALE + PLAYGROUND_MEAN[c]
+            }),
+        }
+    }
+}
+
+/// `f(value, channel)` over 4-channel latents of `plane` values per channel.
+fn per_channel(data: &[f32], plane: usize, f: impl Fn(f32, usize) -> f32) -> Vec<f32> {
+    let plane = plane.max(1);
+    data.iter()
+        .enumerate()
+        .map(|(i, &v)| f(v, (i / plane) % PLAYGROUND_MEAN.len()))
+        .collect()
 }
 
 #[cfg(test)]

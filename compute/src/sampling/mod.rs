@@ -1,5 +1,6 @@
-//! Numeric core of ComfyUI-compatible sampling: SD1 model sampling, schedulers, k-diffusion
-//! samplers and torch-identical seeded noise, all in float32 with torch's operation order.
+//! Numeric core of ComfyUI-compatible sampling: model sampling (sigma tables, timesteps and
+//! prediction types), schedulers, k-diffusion samplers, `RescaleCFG` guidance and
+//! torch-identical seeded noise, all in float32 with torch's operation order.
 //!
 //! Everything is checked against reference vectors produced by ComfyUI itself; see
 //! [`check_vectors`].
@@ -13,17 +14,21 @@ mod beta_dist;
 mod brownian;
 mod model_sampling;
 mod noise;
+mod prediction;
+mod rescale_cfg;
 mod sampler;
 mod scheduler;
 mod vectors;
 
 pub use beta_dist::{beta_cdf, beta_ppf};
 pub use brownian::BrownianTreeNoise;
-pub use model_sampling::ModelSampling;
+pub use model_sampling::{DiscreteSampling, EdmSampling, ModelSampling, UnknownSampling};
 pub use noise::{
     default_noise, seeded_noise, seeded_noise_with_kernel, ListNoise, Mt19937, NoiseSource, NormalKernel,
     TorchGenerator, TorchNoise, ZeroNoise,
 };
+pub use prediction::Prediction;
+pub use rescale_cfg::rescale_cfg;
 pub use sampler::{sample, SampleError, SamplerKind, StepControl, StepInfo};
 pub use scheduler::{exponential, karras, kl_optimal, ksampler_sigmas, sigmas, Scheduler, UnknownName};
 pub use vectors::{check_vectors, CaseResult, CaseStatus, VectorReport};

@@ -176,8 +176,8 @@ fn ddim_uniform(ms: &ModelSampling, mut steps: usize) -> Vec<f32> {
 }
 
 fn normal(ms: &ModelSampling, mut steps: usize, sgm: bool) -> Vec<f32> {
-    let start = ms.timestep(ms.sigma_max()) as f32;
-    let end = ms.timestep(ms.sigma_min()) as f32;
+    let start = ms.timestep(ms.sigma_max());
+    let end = ms.timestep(ms.sigma_min());
     let mut append_zero = true;
     let timesteps = if sgm {
         let mut t = linspace_f32(start, end, steps + 1);

@@ -65,7 +65,8 @@ pub(crate) enum ModelsCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
-    /// Writes a tiny random LoRA (kohya layout) that fits `weft models tiny-sd` checkpoints.
+    /// Writes a tiny random LoRA (kohya layout) that fits `weft models tiny-sd` checkpoints,
+    /// or with `--sdxl` `weft models tiny-sdxl` ones.
     TinyLora {
         /// Output .safetensors file.
         #[arg(long)]
@@ -76,6 +77,10 @@ pub(crate) enum ModelsCommand {
         /// Rank of every patch.
         #[arg(long, default_value_t = 4)]
         rank: usize,
+        /// Fit the tiny SDXL instead, with kohya's SDXL names: the UNet's original names with
+        /// LoCon convolutions, `lora_te1_` and `lora_te2_` for its two text encoders.
+        #[arg(long)]
+        sdxl: bool,
     },
     /// Writes a tiny random textual-inversion embedding (A1111 `emb_params` layout) that
     /// fits `weft models tiny-sd` checkpoints, for the `embeddings` models folder.
@@ -145,7 +150,7 @@ impl ModelsCommand {
             ModelsCommand::Sd15Random { out, seed, dtype } => write_recipe(&random_checkpoint::SD15, out, seed, dtype),
             ModelsCommand::SdxlRandom { out, seed, dtype } => write_recipe(&random_checkpoint::SDXL, out, seed, dtype),
             ModelsCommand::TinyVae { out, seed } => tiny_vae(out, seed),
-            ModelsCommand::TinyLora { out, seed, rank } => tiny_lora(out, seed, rank),
+            ModelsCommand::TinyLora { out, seed, rank, sdxl } => tiny_lora(out, seed, rank, sdxl),
             ModelsCommand::TinyEmbedding { out, seed, vectors } => tiny_embedding(out, seed, vectors),
             ModelsCommand::Generate(args) => generate(args),
         }
@@ -185,10 +190,14 @@ fn tiny_vae(out: PathBuf, seed: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes the tiny random LoRA.
-fn tiny_lora(out: PathBuf, seed: u64, rank: usize) -> anyhow::Result<()> {
-    diffusion::write_random_lora(&out, &models::ModelConfig::tiny(), seed, rank.max(1))?;
-    println!("wrote a tiny random LoRA to {}", out.display());
+/// Writes the tiny random LoRA, for the tiny SD1 checkpoint or with `sdxl` the tiny SDXL one.
+fn tiny_lora(out: PathBuf, seed: u64, rank: usize, sdxl: bool) -> anyhow::Result<()> {
+    let (cfg, family) = match sdxl {
+        true => (models::ModelConfig::tiny_sdxl(), "SDXL"),
+        false => (models::ModelConfig::tiny(), "SD1"),
+    };
+    diffusion::write_random_lora(&out, &cfg, seed, rank.max(1))?;
+    println!("wrote a tiny random {family} LoRA to {}", out.display());
     Ok(())
 }
 
