@@ -20,6 +20,8 @@
 mod attention;
 pub mod codecs;
 #[cfg(test)]
+mod comfyui_components;
+#[cfg(test)]
 mod comfyui_parity;
 #[cfg(test)]
 mod comfyui_parity_sdxl;

@@ -72,9 +72,7 @@ impl DiffusionModel {
     /// The model sampling to sample with: a node's patch, or the checkpoint's own (SD1 and
     /// SDXL: the discrete linear schedule with EPS prediction).
     pub fn model_sampling(&self) -> Arc<ModelSampling> {
-        self.sampling
-            .clone()
-            .unwrap_or_else(|| Arc::new(ModelSampling::sd1()))
+        self.sampling.clone().unwrap_or_else(|| Arc::new(ModelSampling::sd1()))
     }
 
     /// How sampling reads and writes latents.

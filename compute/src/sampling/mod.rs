@@ -12,6 +12,8 @@
 
 mod beta_dist;
 mod brownian;
+#[cfg(test)]
+mod model_patches_tests;
 mod model_sampling;
 mod noise;
 mod prediction;

@@ -108,7 +108,10 @@ fn unet_keys(out: &mut BTreeMap<String, Target>, ldm: &str, candle: &str, shape:
         part: Part::Whole,
         shape: shape.to_vec(),
     };
-    let mut keys = vec![format!("lora_unet_{}", flat(original)), format!("diffusion_model.{original}")];
+    let mut keys = vec![
+        format!("lora_unet_{}", flat(original)),
+        format!("diffusion_model.{original}"),
+    ];
     let mut names = vec![diffusers.to_string()];
     // ComfyUI's diffusers map names the label embedding both ways.
     if let Some(rest) = diffusers.strip_prefix("add_embedding.") {
@@ -156,7 +159,10 @@ fn clip_keys(encoder: &str, has_clip_l: bool, hf: &str) -> Vec<String> {
     let mut keys = vec![format!("text_encoders.{encoder}.transformer.{hf}")];
     if hf == "text_projection" {
         match encoder {
-            "clip_g" => keys.extend(["lora_prior_te_text_projection".into(), "lora_te2_text_projection".into()]),
+            "clip_g" => keys.extend([
+                "lora_prior_te_text_projection".into(),
+                "lora_te2_text_projection".into(),
+            ]),
             _ => keys.push("lora_te1_text_projection".into()),
         }
         return keys;

@@ -190,7 +190,9 @@ impl Lora {
                 Some(kind) => format!("it holds {kind}, which weft does not apply"),
                 None => "no lora_up / lora_down weights".to_string(),
             };
-            return Err(ModelError::Invalid(format!("{name}: not a LoRA weft can apply ({detail})")));
+            return Err(ModelError::Invalid(format!(
+                "{name}: not a LoRA weft can apply ({detail})"
+            )));
         }
         Ok(Lora {
             name: name.to_string(),

@@ -75,15 +75,19 @@ fn kohya_sdxl_modules(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         &["lora_te_text_model_"]
     };
     let original = |key: &str| {
-        key.strip_prefix("lora_unet_")
-            .is_some_and(|n| ["input_blocks_", "middle_block_", "output_blocks_"].iter().any(|b| n.starts_with(b)))
+        key.strip_prefix("lora_unet_").is_some_and(|n| {
+            ["input_blocks_", "middle_block_", "output_blocks_"]
+                .iter()
+                .any(|b| n.starts_with(b))
+        })
     };
     targets(cfg)
         .into_iter()
         .filter(|(key, target)| match target.component {
             Component::Unet => {
                 let transformer = target.tensor.contains(".attentions.") && target.shape.len() == 2;
-                let conv = target.tensor.contains(".resnets.") && target.shape.len() == 4 && target.shape[2..] == [3, 3];
+                let conv =
+                    target.tensor.contains(".resnets.") && target.shape.len() == 4 && target.shape[2..] == [3, 3];
                 original(key) && (transformer || conv)
             }
             Component::Clip(_) => text_prefixes.iter().any(|p| key.starts_with(p)),

@@ -121,15 +121,20 @@ fn kohya_diffusers_and_generic_key_forms_map_for_sdxl() {
         target("lora_unet_input_blocks_7_1_transformer_blocks_9_attn2_to_k").1,
         "down_blocks.2.attentions.0.transformer_blocks.9.attn2.to_k.weight"
     );
-    assert_eq!(target("unet.up_blocks.0.attentions.2.transformer_blocks.9.attn1.processor.to_out").1,
-        "up_blocks.0.attentions.2.transformer_blocks.9.attn1.to_out.0.weight");
+    assert_eq!(
+        target("unet.up_blocks.0.attentions.2.transformer_blocks.9.attn1.processor.to_out").1,
+        "up_blocks.0.attentions.2.transformer_blocks.9.attn1.to_out.0.weight"
+    );
     // The linear projections, and LoCon's convolutions.
     assert_eq!(map["lora_unet_middle_block_1_proj_in"].shape, vec![1280, 1280]);
     assert_eq!(
         target("lora_unet_input_blocks_1_0_in_layers_2").1,
         "down_blocks.0.resnets.0.conv1.weight"
     );
-    assert_eq!(map["lora_unet_down_blocks_0_resnets_0_conv1"].shape, vec![320, 320, 3, 3]);
+    assert_eq!(
+        map["lora_unet_down_blocks_0_resnets_0_conv1"].shape,
+        vec![320, 320, 3, 3]
+    );
     // No attention at SDXL's first level.
     assert!(!map.contains_key("lora_unet_down_blocks_0_attentions_0_proj_in"));
 
@@ -195,7 +200,10 @@ fn a_te2_q_proj_patch_changes_exactly_the_q_rows_of_in_proj() {
     assert_eq!(changed(&before, &after), BTreeSet::from([in_proj.to_string()]));
     let rows = |t: &Tensor, from: usize| t.narrow(0, from, d).unwrap();
     for third in [1, 2] {
-        assert_eq!(crate::max_abs_diff(&rows(&after[in_proj], third * d), &rows(&before[in_proj], third * d)), 0.0);
+        assert_eq!(
+            crate::max_abs_diff(&rows(&after[in_proj], third * d), &rows(&before[in_proj], third * d)),
+            0.0
+        );
     }
     // strength 0.5, alpha 1 over rank 2: a quarter of up @ down.
     let up = Tensor::from_slice(&up, (d, 2), &Device::Cpu).unwrap();
@@ -241,7 +249,10 @@ fn a_tiny_sdxl_lora_changes_the_unet_and_both_encoders_and_strength_zero_does_no
     let path = dir.path().join("sdxl-lora.safetensors");
     write_random_lora(&path, &cfg, 1, 4).unwrap();
     let lora = Lora::read(&path, "sdxl-lora.safetensors").unwrap();
-    assert!(lora.patches.keys().any(|k| k.starts_with("lora_unet_input_blocks_4_1_")));
+    assert!(lora
+        .patches
+        .keys()
+        .any(|k| k.starts_with("lora_unet_input_blocks_4_1_")));
     assert!(lora.patches.keys().any(|k| k.starts_with("lora_te2_")));
     lora.check_fits(&cfg).unwrap();
     for component in [Component::Unet, Component::Clip(0), Component::Clip(1)] {
@@ -276,11 +287,20 @@ fn loras_of_one_family_are_refused_by_the_other() {
         Lora::read(&path, name).unwrap()
     };
     for (lora, model) in [
-        (write("tiny-sd1.safetensors", &ModelConfig::tiny(), 4), ModelConfig::tiny_sdxl()),
-        (write("tiny-sdxl.safetensors", &ModelConfig::tiny_sdxl(), 4), ModelConfig::tiny()),
+        (
+            write("tiny-sd1.safetensors", &ModelConfig::tiny(), 4),
+            ModelConfig::tiny_sdxl(),
+        ),
+        (
+            write("tiny-sdxl.safetensors", &ModelConfig::tiny_sdxl(), 4),
+            ModelConfig::tiny(),
+        ),
         (write("sd1.safetensors", &ModelConfig::sd1(), 1), ModelConfig::sdxl()),
         (write("sdxl.safetensors", &ModelConfig::sdxl(), 1), ModelConfig::sd1()),
-        (write("refiner.safetensors", &ModelConfig::sdxl_refiner(), 1), ModelConfig::sdxl()),
+        (
+            write("refiner.safetensors", &ModelConfig::sdxl_refiner(), 1),
+            ModelConfig::sdxl(),
+        ),
     ] {
         let refused = lora.check_fits(&model).unwrap_err();
         assert_eq!(refused.code(), "invalid_model");
@@ -338,7 +358,17 @@ fn peft_names_alpha_and_locon_convolutions_patch_as_comfyui_does() {
     let mut after = before.clone();
     lora.apply(1.0, Component::Unet, &cfg, &mut after).unwrap();
     let moved = (&after[conv] - &before[conv]).unwrap();
-    let got: f32 = moved.get(3).unwrap().get(2).unwrap().get(1).unwrap().get(0).unwrap().to_scalar().unwrap();
+    let got: f32 = moved
+        .get(3)
+        .unwrap()
+        .get(2)
+        .unwrap()
+        .get(1)
+        .unwrap()
+        .get(0)
+        .unwrap()
+        .to_scalar()
+        .unwrap();
     let expected = up[3] * down[2 * 9 + 3];
     assert!((got - expected).abs() < 1e-6, "{got} vs {expected}");
 }
