@@ -14,6 +14,8 @@ use support::{weft_bin, Options, Server};
 
 /// The checkpoint name ComfyUI's SDXL example workflow uses.
 const SDXL: &str = "sd_xl_base_1.0.safetensors";
+/// The refiner's, in ComfyUI's example.
+const REFINER: &str = "sd_xl_refiner_1.0.safetensors";
 /// An SD1 checkpoint beside it.
 const SD1: &str = "v1-5-pruned-emaonly.safetensors";
 
@@ -170,6 +172,77 @@ fn conditioning_from_another_familys_clip_is_a_clean_node_error() {
     let message = job["error"]["message"].as_str().unwrap();
     assert!(
         message.contains("invalid_input") && message.contains("pooled"),
+        "{message}"
+    );
+}
+
+/// ComfyUI's SDXL base-plus-refiner example: the base model's `KSamplerAdvanced` stops
+/// early with its leftover noise, and the refiner's finishes without adding noise, each
+/// prompt encoded by its own model's CLIP (`CLIPTextEncodeSDXLRefiner` for the refiner).
+fn base_and_refiner_graph(seed: u64) -> Value {
+    let sampler = |model: &str,
+                   positive: &str,
+                   negative: &str,
+                   latent: Value,
+                   add: &str,
+                   start: u32,
+                   end: u32,
+                   leftover: &str| {
+        json!({"class_type": "KSamplerAdvanced", "inputs": {
+            "add_noise": add, "noise_seed": seed, "steps": 4, "cfg": 8, "sampler_name": "euler",
+            "scheduler": "normal", "start_at_step": start, "end_at_step": end,
+            "return_with_leftover_noise": leftover, "model": [model, 0], "positive": [positive, 0],
+            "negative": [negative, 0], "latent_image": latent}})
+    };
+    let refiner_text = |text: &str, ascore: f64| {
+        json!({"class_type": "CLIPTextEncodeSDXLRefiner", "inputs": {
+            "clip": ["12", 1], "ascore": ascore, "width": 1024, "height": 1024, "text": text}})
+    };
+    let mut graph = sdxl_graph(seed);
+    graph["12"] = json!({"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": REFINER}});
+    graph["3"] = sampler("4", "6", "7", json!(["5", 0]), "enable", 0, 2, "enable");
+    graph["13"] = refiner_text("a lighthouse at dusk, oil painting", 6.0);
+    graph["14"] = refiner_text("blurry", 2.5);
+    graph["15"] = sampler("12", "13", "14", json!(["3", 0]), "disable", 2, 10000, "disable");
+    graph["8"]["inputs"] = json!({"samples": ["15", 0], "vae": ["12", 2]});
+    graph["10"]["inputs"]["samples"] = json!(["15", 0]);
+    graph
+}
+
+#[test]
+fn the_base_and_refiner_hand_off_runs_and_the_refiner_scores_its_prompts() {
+    let (dir, server) = setup();
+    write_tiny("tiny-sdxl-refiner", &dir.path().join("checkpoints").join(REFINER), 0);
+    let refined = outputs(&server, base_and_refiner_graph(5));
+    assert!(refined[0].starts_with(b"\x89PNG\r\n\x1a\n"));
+    assert_ne!(
+        refined[1],
+        outputs(&server, sdxl_graph(5))[1],
+        "the refiner changed the latent"
+    );
+    let mut rescored = base_and_refiner_graph(5);
+    rescored["13"]["inputs"]["ascore"] = json!(9.0);
+    assert_ne!(
+        refined[1],
+        outputs(&server, rescored)[1],
+        "the aesthetic score reaches the refiner"
+    );
+}
+
+#[test]
+fn a_truncated_sdxl_checkpoint_is_a_clean_node_error() {
+    let (dir, server) = setup();
+    let checkpoints = dir.path().join("checkpoints");
+    let whole = std::fs::read(checkpoints.join(SDXL)).unwrap();
+    std::fs::write(checkpoints.join("cut.safetensors"), &whole[..whole.len() * 2 / 3]).unwrap();
+    let mut graph = sdxl_graph(1);
+    graph["4"]["inputs"]["ckpt_name"] = json!("cut.safetensors");
+    let job = server.run(graph);
+    assert_eq!(job["status"], "failed", "{job}");
+    assert_eq!(job["error"]["node_id"], "4", "{job}");
+    let message = job["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("invalid_model") && message.contains("cut.safetensors"),
         "{message}"
     );
 }

@@ -47,21 +47,21 @@ fn request(name: &str) -> Result<TextToImage> {
 }
 
 /// The 8-bit RGB values of a PNG.
-pub(crate) fn png_values(bytes: &[u8]) -> Result<Vec<u8>> {
+fn png_values(bytes: &[u8]) -> Result<Vec<u8>> {
     Ok(image::load_from_memory(bytes)?.to_rgb8().into_raw())
 }
 
 /// How far a latent is from ComfyUI's, against the README's tolerances relative to ComfyUI's
 /// own latent: max |diff| <= 1e-3 x max |ComfyUI| and mean |diff| <= 1e-4 x std(ComfyUI).
-pub(crate) struct LatentGap {
-    pub(crate) max_diff: f64,
-    pub(crate) mean_diff: f64,
-    pub(crate) max_limit: f64,
-    pub(crate) mean_limit: f64,
+struct LatentGap {
+    max_diff: f64,
+    mean_diff: f64,
+    max_limit: f64,
+    mean_limit: f64,
 }
 
 impl LatentGap {
-    pub(crate) fn measure(ours: &[f32], want: &[f32]) -> Self {
+    fn measure(ours: &[f32], want: &[f32]) -> Self {
         let n = want.len() as f64;
         let mean = want.iter().map(|&v| v as f64).sum::<f64>() / n;
         let std = (want.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
@@ -79,7 +79,7 @@ impl LatentGap {
         }
     }
 
-    pub(crate) fn within(&self) -> bool {
+    fn within(&self) -> bool {
         self.max_diff <= self.max_limit && self.mean_diff <= self.mean_limit
     }
 }

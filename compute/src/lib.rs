@@ -23,8 +23,6 @@ pub mod codecs;
 mod comfyui_components;
 #[cfg(test)]
 mod comfyui_parity;
-#[cfg(test)]
-mod comfyui_parity_sdxl;
 mod conv;
 pub mod device;
 pub mod diffusion;

@@ -66,7 +66,11 @@ pub fn detect_layout(path: &Path) -> Result<ModelConfig, CheckpointError> {
     match detect_config(&index) {
         Ok(config) => Ok(config),
         Err(found) => {
-            for tiny in [ModelConfig::tiny(), ModelConfig::tiny_sdxl()] {
+            for tiny in [
+                ModelConfig::tiny(),
+                ModelConfig::tiny_sdxl(),
+                ModelConfig::tiny_sdxl_refiner(),
+            ] {
                 match open_checkpoint(path, &tiny, DEFAULT_MAX_HEADER) {
                     Ok(_) => return Ok(tiny),
                     Err(CheckpointError::MissingKeys { .. }) => {}

@@ -642,6 +642,50 @@ mod tests {
         assert_eq!(noise, seeded_noise(9, &[2, 4, 8, 16]).data);
     }
 
+    /// Every model patch samples (finite latents) and moves the result, except the `eps`
+    /// patch without zsnr, which is the model's own sampling bit for bit.
+    #[test]
+    fn model_patches_change_the_sampling_and_eps_is_the_default() {
+        use crate::sampling::{DiscreteSampling, EdmSampling};
+        let (dir, m) = tiny_test_models(5).unwrap();
+        let m = std::sync::Arc::new(m);
+        let model = DiffusionModel::new(m.clone(), dir.path().join("tiny.safetensors"));
+        let encode = |t: &str| crate::text_to_image::encode_text(&m, t).unwrap();
+        let pos = Conditioning::from_context(encode("a lighthouse"));
+        let neg = Conditioning::from_context(encode("blurry"));
+        let empty = latent::empty(32, 16, 1).unwrap();
+        let run = |model: &DiffusionModel, cfg: f64| {
+            let mut s = settings(42);
+            s.cfg = cfg;
+            let out = ksample(model, &pos, &neg, &empty, &s, &mut |_| StepControl::Continue, Interrupt::NEVER);
+            let out = out.unwrap();
+            assert!(out.data.iter().all(|v| v.is_finite()));
+            out.data
+        };
+        let plain = run(&model, 7.5);
+        let eps = model.with_discrete_sampling(DiscreteSampling::Eps, false);
+        assert_eq!(run(&eps, 7.5), plain, "eps without zsnr is the default");
+        let mut patched: Vec<(String, DiffusionModel)> = DiscreteSampling::ALL
+            .iter()
+            .flat_map(|&s| [(s, false), (s, true)])
+            .filter(|&(s, zsnr)| s != DiscreteSampling::Eps || zsnr)
+            .map(|(s, zsnr)| (format!("{s} zsnr {zsnr}"), model.with_discrete_sampling(s, zsnr)))
+            .collect();
+        for s in EdmSampling::ALL {
+            patched.push((format!("edm {s}"), model.with_continuous_edm(s, 0.002, 120.0).unwrap()));
+        }
+        patched.push(("rescale".into(), model.with_cfg_rescale(0.7).unwrap()));
+        for (name, model) in &patched {
+            assert_ne!(run(model, 7.5), plain, "{name}");
+        }
+        // Without guidance RescaleCFG reads zeros for the unconditional prediction: it still
+        // runs, and at multiplier 0 it is plain guidance up to rounding.
+        let unguided = run(&model, 1.0);
+        let zero = run(&model.with_cfg_rescale(0.0).unwrap(), 1.0);
+        let worst = zero.iter().zip(&unguided).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-3, "{worst}");
+    }
+
     /// A tiny SDXL: both encoders, the pooled output and the size conditioning reach the
     /// UNet, and the sizes change the result.
     #[test]

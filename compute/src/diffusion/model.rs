@@ -229,4 +229,81 @@ mod tests {
         assert_eq!(twice.loras.len(), 2);
         assert!(crate::max_abs_diff(&plain, &run(&twice)) < moved / 10.0);
     }
+
+    fn floats(v: &serde_json::Value) -> Vec<f32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
+    }
+
+    #[test]
+    fn playground_latents_are_processed_as_comfyui_does() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/sdxl-components/model_patches.json"
+        );
+        let root: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let want = &root["playground_latents"];
+        let latent = floats(&want["latent"]);
+        let plane = 4;
+        let format = LatentFormat::Playground25;
+        let close = |got: &[f32], key: &str| {
+            for (g, w) in got.iter().zip(floats(&want[key])) {
+                assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{key}: {g} vs {w}");
+            }
+        };
+        close(&format.process_in(&latent, plane, 0.13025), "process_in");
+        close(&format.process_out(&latent, plane, 0.13025), "process_out");
+        let back = format.process_out(&format.process_in(&latent, plane, 1.0), plane, 1.0);
+        assert!(back.iter().zip(&latent).all(|(a, b)| (a - b).abs() < 1e-5));
+    }
+
+    #[test]
+    fn patches_stack_and_survive_a_lora_and_bad_settings_are_invalid_input() {
+        let (dir, m) = tiny_test_models(8).unwrap();
+        let base = DiffusionModel::new(Arc::new(m), dir.path().join("tiny.safetensors"));
+        assert_eq!(base.model_sampling().sigmas(), ModelSampling::sd1().sigmas());
+        assert_eq!(base.latent_format(), LatentFormat::Checkpoint);
+        let v = base.with_discrete_sampling(DiscreteSampling::VPrediction, true);
+        let guided = v.with_cfg_rescale(0.7).unwrap();
+        assert_eq!(guided.cfg_rescale(), Some(0.7));
+        assert_eq!(guided.model_sampling().prediction(), crate::sampling::Prediction::V);
+        let playground = guided
+            .with_continuous_edm(EdmSampling::EdmPlayground25, 0.002, 80.0)
+            .unwrap();
+        assert_eq!(playground.latent_format(), LatentFormat::Playground25);
+        assert_eq!(playground.cfg_rescale(), Some(0.7));
+        // Another model sampling keeps the latent format, as ComfyUI's object patches do.
+        let again = playground.with_discrete_sampling(DiscreteSampling::Eps, false);
+        assert_eq!(again.latent_format(), LatentFormat::Playground25);
+        let path = dir.path().join("lora.safetensors");
+        write_random_lora(&path, &ModelConfig::tiny(), 3, 4).unwrap();
+        let lora = Arc::new(Lora::read(&path, "lora.safetensors").unwrap());
+        let with_lora = playground.with_lora(lora, 1.0).unwrap();
+        assert_eq!(with_lora.latent_format(), LatentFormat::Playground25);
+        assert_eq!(with_lora.cfg_rescale(), Some(0.7));
+        assert_eq!(
+            with_lora.model_sampling().sigma_max(),
+            playground.model_sampling().sigma_max()
+        );
+        for (min, max) in [
+            (0.0, 120.0),
+            (-1.0, 1.0),
+            (5.0, 1.0),
+            (1.0, 1.0),
+            (f64::NAN, 1.0),
+            (0.1, f64::INFINITY),
+        ] {
+            let bad = base.with_continuous_edm(EdmSampling::Eps, min, max);
+            assert!(matches!(bad, Err(ComputeError::Invalid(_))), "{min} {max}");
+        }
+        for multiplier in [-0.1, 1.5, f64::NAN] {
+            assert!(matches!(
+                base.with_cfg_rescale(multiplier),
+                Err(ComputeError::Invalid(_))
+            ));
+        }
+    }
 }

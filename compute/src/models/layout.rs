@@ -331,6 +331,28 @@ impl ModelConfig {
         }
     }
 
+    /// A tiny SDXL refiner (for tests): the refiner's structure (four levels, attention in
+    /// the middle two, bigG alone under the refiner's prefix, aesthetic-score conditioning)
+    /// at small widths; its text encoder is `tiny_sdxl`'s bigG.
+    pub fn tiny_sdxl_refiner() -> Self {
+        let sdxl = ModelConfig::tiny_sdxl();
+        let clip_g = ClipConfig {
+            prefix: REFINER_CLIP_G_PREFIX,
+            ..sdxl.text[1].clone()
+        };
+        ModelConfig {
+            family: Family::SdxlRefiner,
+            channel_mult: vec![1, 2, 2, 2],
+            transformer_depth: per_block(&[0, 1, 1, 0], 2),
+            transformer_depth_middle: Some(1),
+            transformer_depth_output: per_block(&[0, 1, 1, 0], 3),
+            adm_in_channels: Some(clip_g.width + 5 * ADM_SIZE_WIDTH),
+            context_dim: clip_g.width,
+            text: vec![clip_g],
+            ..sdxl
+        }
+    }
+
     /// Whether the UNet's down path has attention at `level`.
     pub fn level_has_attention(&self, level: usize) -> bool {
         let blocks = self.num_res_blocks;

@@ -29,6 +29,15 @@ pub(crate) enum ModelsCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Writes a tiny random-weight SDXL refiner checkpoint in the single-file layout.
+    TinySdxlRefiner {
+        /// Output .safetensors file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Writes the deterministic random-weight checkpoint with the exact SD1.5 layout (2.1 GB,
     /// float16; seed 0 is the checkpoint of the ComfyUI parity vectors).
     Sd15Random {
@@ -145,8 +154,11 @@ impl ModelsCommand {
     /// Runs the subcommand.
     pub(crate) fn run(self) -> anyhow::Result<()> {
         match self {
-            ModelsCommand::TinySd { out, seed } => tiny_sd(out, seed),
-            ModelsCommand::TinySdxl { out, seed } => tiny_sdxl(out, seed),
+            ModelsCommand::TinySd { out, seed } => tiny(&models::ModelConfig::tiny(), "SD1", out, seed),
+            ModelsCommand::TinySdxl { out, seed } => tiny(&models::ModelConfig::tiny_sdxl(), "SDXL", out, seed),
+            ModelsCommand::TinySdxlRefiner { out, seed } => {
+                tiny(&models::ModelConfig::tiny_sdxl_refiner(), "SDXL refiner", out, seed)
+            }
             ModelsCommand::Sd15Random { out, seed, dtype } => write_recipe(&random_checkpoint::SD15, out, seed, dtype),
             ModelsCommand::SdxlRandom { out, seed, dtype } => write_recipe(&random_checkpoint::SDXL, out, seed, dtype),
             ModelsCommand::TinyVae { out, seed } => tiny_vae(out, seed),
@@ -157,17 +169,10 @@ impl ModelsCommand {
     }
 }
 
-/// Writes the tiny random-weight checkpoint.
-fn tiny_sd(out: PathBuf, seed: u64) -> anyhow::Result<()> {
-    models::write_random_checkpoint(&out, &models::ModelConfig::tiny(), seed)?;
-    println!("wrote a tiny random-weight SD1 checkpoint to {}", out.display());
-    Ok(())
-}
-
-/// Writes the tiny random-weight SDXL checkpoint.
-fn tiny_sdxl(out: PathBuf, seed: u64) -> anyhow::Result<()> {
-    models::write_random_checkpoint(&out, &models::ModelConfig::tiny_sdxl(), seed)?;
-    println!("wrote a tiny random-weight SDXL checkpoint to {}", out.display());
+/// Writes a tiny random-weight checkpoint of layout `config` (family `what`).
+fn tiny(config: &models::ModelConfig, what: &str, out: PathBuf, seed: u64) -> anyhow::Result<()> {
+    models::write_random_checkpoint(&out, config, seed)?;
+    println!("wrote a tiny random-weight {what} checkpoint to {}", out.display());
     Ok(())
 }
 

@@ -96,7 +96,7 @@ impl Patch {
         rank > 0
             && up.iter().skip(1).product::<usize>() == rank
             && shape.first() == Some(&rows)
-            && rows * cols == shape.iter().product::<usize>()
+            && rows.checked_mul(cols) == Some(shape.iter().product::<usize>())
     }
 
     /// `strength * alpha / rank * up @ down` as a `[out, in * k * k]` matrix.
