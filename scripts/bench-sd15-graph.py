@@ -252,9 +252,14 @@ def via_comfyui(root, python, device_args, ckpt, workflow, steps):
             # Four polls a second: under 0.3% of ComfyUI's run, and little CPU taken from it.
             while True:
                 note_progress_bar(log.name, steps, step_times)
-                history = request(f"{base}/history/{prompt_id}")
+                try:
+                    history = request(f"{base}/history/{prompt_id}")
+                except ConnectionResetError:  # a busy server may drop a poll; the next one asks again
+                    history = {}
                 if prompt_id in history:
                     break
+                if server.poll() is not None:
+                    sys.exit(f"ComfyUI exited with status {server.returncode}")
                 time.sleep(0.25)
             took = time.perf_counter() - began
             status = history[prompt_id].get("status", {})

@@ -657,7 +657,15 @@ mod tests {
         let run = |model: &DiffusionModel, cfg: f64| {
             let mut s = settings(42);
             s.cfg = cfg;
-            let out = ksample(model, &pos, &neg, &empty, &s, &mut |_| StepControl::Continue, Interrupt::NEVER);
+            let out = ksample(
+                model,
+                &pos,
+                &neg,
+                &empty,
+                &s,
+                &mut |_| StepControl::Continue,
+                Interrupt::NEVER,
+            );
             let out = out.unwrap();
             assert!(out.data.iter().all(|v| v.is_finite()));
             out.data
@@ -682,7 +690,11 @@ mod tests {
         // runs, and at multiplier 0 it is plain guidance up to rounding.
         let unguided = run(&model, 1.0);
         let zero = run(&model.with_cfg_rescale(0.0).unwrap(), 1.0);
-        let worst = zero.iter().zip(&unguided).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let worst = zero
+            .iter()
+            .zip(&unguided)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
         assert!(worst < 1e-3, "{worst}");
     }
 

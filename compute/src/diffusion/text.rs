@@ -10,7 +10,7 @@ use candle_nn::VarBuilder;
 
 use super::checkpoint::ModelError;
 use super::lora::{load_component, Lora};
-use super::prompt::{encode_with, tokenize, EmbeddingLookup, EncodeSpec};
+use super::prompt::{encode_with, tokenize, tokenize_for, EmbeddingLookup, EncodeSpec};
 use crate::interrupt::Interrupt;
 use crate::models::layout::Component;
 use crate::models::{CheckpointModels, ClipText};
@@ -139,7 +139,7 @@ impl TextEncoder {
         let configs = &self.models.config.text;
         let mut chunks = configs
             .iter()
-            .map(|cfg| tokenize(texts.for_encoder(cfg.name), embeddings))
+            .map(|cfg| tokenize_for(texts.for_encoder(cfg.name), embeddings, cfg.name))
             .collect::<Result<Vec<_>, _>>()?;
         let longest = chunks.iter().map(Vec::len).max().unwrap_or(0);
         let empty = tokenize("", None)?;
@@ -211,5 +211,41 @@ mod tests {
         assert_eq!(crate::max_abs_diff(&a, &same), 0.0);
         assert!(full.with_last_layer(0).is_err());
         assert!(full.with_last_layer(-3).is_err());
+    }
+
+    /// An SDXL embedding holds a `clip_l` and a `clip_g` tensor; each encoder reads its own.
+    #[test]
+    fn sdxl_embeddings_give_each_encoder_its_own_vectors() {
+        use crate::diffusion::prompt::Embedding;
+        use crate::models::safetensors::write_f32_safetensors;
+        struct Folder(std::path::PathBuf);
+        impl EmbeddingLookup for Folder {
+            fn find_for(&self, name: &str, key: &str) -> Result<Option<Embedding>, ComputeError> {
+                Embedding::load(&self.0.join(format!("{name}.safetensors")), name, key).map(Some)
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny-sdxl.safetensors");
+        let cfg = crate::models::ModelConfig::tiny_sdxl();
+        crate::models::write_random_checkpoint(&path, &cfg, 2).unwrap();
+        let models = crate::models::load_models(&path, &cfg, &candle_core::Device::Cpu).unwrap();
+        let encoder = TextEncoder::new(Arc::new(models), path);
+        let tensors = vec![
+            ("clip_l".to_string(), vec![1, 32], vec![0.01; 32]),
+            ("clip_g".to_string(), vec![1, 48], vec![0.02; 48]),
+        ];
+        write_f32_safetensors(&dir.path().join("style.safetensors"), &tensors, &Default::default()).unwrap();
+        let folder = Folder(dir.path().to_path_buf());
+        let with = encoder
+            .encode("a embedding:style", Some(&folder), Interrupt::NEVER)
+            .unwrap();
+        let without = encoder.encode("a", Some(&folder), Interrupt::NEVER).unwrap();
+        assert_eq!(with.context.dims(), &[1, 77, 80]);
+        assert!(crate::max_abs_diff(&with.context, &without.context) > 0.0);
+        // A file with ViT-L vectors alone does not fit bigG: a clear error, not a panic.
+        let only_l = vec![("clip_l".to_string(), vec![1, 32], vec![0.01; 32])];
+        write_f32_safetensors(&dir.path().join("sd1.safetensors"), &only_l, &Default::default()).unwrap();
+        let refused = encoder.encode("a embedding:sd1", Some(&folder), Interrupt::NEVER);
+        assert!(matches!(refused, Err(ComputeError::Invalid(_))), "{:?}", refused.err());
     }
 }

@@ -6,6 +6,7 @@
 mod conditioning;
 mod latent;
 mod loaders;
+mod model_patches;
 mod sampling;
 mod vae;
 
@@ -18,6 +19,7 @@ pub use latent::{
     SaveLatent, SetLatentNoiseMask,
 };
 pub use loaders::{CheckpointLoaderSimple, LoraLoader, LoraLoaderModelOnly, VAELoader};
+pub use model_patches::{ModelSamplingContinuousEDM, ModelSamplingDiscrete, RescaleCFG};
 pub use sampling::{KSampler, KSamplerAdvanced};
 pub use vae::{VAEDecode, VAEEncode, VAEEncodeForInpaint};
 
@@ -48,6 +50,9 @@ weft_sdk::export_plugin!(
     LoadLatent,
     KSampler,
     KSamplerAdvanced,
+    ModelSamplingDiscrete,
+    ModelSamplingContinuousEDM,
+    RescaleCFG,
     VAEDecode,
     VAEEncode,
     VAEEncodeForInpaint,

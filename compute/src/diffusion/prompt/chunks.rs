@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::embedding::{Embedding, EmbeddingLookup};
+use super::embedding::{Embedding, EmbeddingLookup, CLIP_L_KEY};
 use super::weights::weighted_segments;
 use crate::tokenizer::{ClipTokenizer, BOS, CONTEXT_LENGTH, EOS};
 use crate::ComputeError;
@@ -33,6 +33,16 @@ pub type Weighted = (Token, f64);
 /// `embedding:NAME` words are embeddings (an unknown name is an error, where ComfyUI warns
 /// and drops it); without, they are plain text, as in ComfyUI without an embeddings folder.
 pub fn tokenize(text: &str, lookup: Option<&dyn EmbeddingLookup>) -> Result<Vec<Vec<Weighted>>, ComputeError> {
+    tokenize_for(text, lookup, CLIP_L_KEY)
+}
+
+/// [`tokenize`] for the text encoder ComfyUI calls `key` (`clip_l`, `clip_g`), whose
+/// embeddings are read from that key of a file that holds several.
+pub fn tokenize_for(
+    text: &str,
+    lookup: Option<&dyn EmbeddingLookup>,
+    key: &str,
+) -> Result<Vec<Vec<Weighted>>, ComputeError> {
     let tokenizer = ClipTokenizer::shared();
     let mut groups: Vec<Vec<Weighted>> = Vec::new();
     for (segment, weight) in weighted_segments(text).map_err(ComputeError::invalid)? {
@@ -40,7 +50,7 @@ pub fn tokenize(text: &str, lookup: Option<&dyn EmbeddingLookup>) -> Result<Vec<
             let mut rest = word.as_str();
             let leftover;
             if let (Some(name), Some(lookup)) = (rest.strip_prefix(EMBEDDING_PREFIX), lookup) {
-                let (embedding, after) = find_embedding(name.trim_matches('\n'), lookup)?;
+                let (embedding, after) = find_embedding(name.trim_matches('\n'), lookup, key)?;
                 let embedding = Arc::new(embedding);
                 groups.push(
                     (0..embedding.rows())
@@ -86,7 +96,7 @@ fn split_embeddings(segment: &str) -> Vec<String> {
 
 /// The embedding at the start of `name` (up to the first whitespace) and the text after it
 /// (`_try_get_embedding`): a name not found is tried again without surrounding commas.
-fn find_embedding(name: &str, lookup: &dyn EmbeddingLookup) -> Result<(Embedding, String), ComputeError> {
+fn find_embedding(name: &str, lookup: &dyn EmbeddingLookup, key: &str) -> Result<(Embedding, String), ComputeError> {
     let mut words = name.split_whitespace();
     let first = words.next().unwrap_or("");
     let after = words.collect::<Vec<_>>().join(" ");
@@ -94,12 +104,12 @@ fn find_embedding(name: &str, lookup: &dyn EmbeddingLookup) -> Result<(Embedding
     if first.is_empty() {
         return Err(ComputeError::invalid("`embedding:` names no embedding"));
     }
-    if let Some(found) = lookup.find(first)? {
+    if let Some(found) = lookup.find_for(first, key)? {
         return Ok((found, after));
     }
     let stripped = first.trim_matches(',');
     if stripped.len() < first.len() && !stripped.is_empty() {
-        if let Some(found) = lookup.find(stripped)? {
+        if let Some(found) = lookup.find_for(stripped, key)? {
             // ComfyUI keeps the text past the stripped name's length.
             let tail = first.get(stripped.len()..).unwrap_or("");
             return Ok((found, format!("{tail} {after}")));
@@ -149,7 +159,7 @@ mod tests {
     struct Fixed(Vec<Embedding>);
 
     impl EmbeddingLookup for Fixed {
-        fn find(&self, name: &str) -> Result<Option<Embedding>, ComputeError> {
+        fn find_for(&self, name: &str, _key: &str) -> Result<Option<Embedding>, ComputeError> {
             if name.contains("..") {
                 return Err(ComputeError::invalid("outside"));
             }

@@ -8,8 +8,9 @@ use crate::models::safetensors::{write_f32_safetensors, SafetensorsIndex, DEFAUL
 use crate::sampling::TorchGenerator;
 use crate::ComputeError;
 
-/// The key ComfyUI reads an SD1 (CLIP-L) embedding from when a file holds several.
-const CLIP_L_KEY: &str = "clip_l";
+/// The key ComfyUI reads a CLIP ViT-L embedding from when a file holds several (SD1's
+/// encoder, and SDXL's first); SDXL's bigG reads `clip_g`.
+pub const CLIP_L_KEY: &str = "clip_l";
 
 /// Most vectors one embedding may hold (A1111 trains at most 75: one chunk).
 const MAX_VECTORS: usize = 75 * 4;
@@ -36,15 +37,16 @@ impl Embedding {
         &self.vectors[row * self.width..(row + 1) * self.width]
     }
 
-    /// Reads the embedding `name` from the safetensors file at `path`, choosing the tensor
-    /// as ComfyUI does: `clip_l` when present, else the `bundle_emb.*.string_to_param.*`
-    /// (then `bundle_emb.*.clip_l`) tensors of a LoRA bundle, else the first tensor by name
+    /// Reads the embedding `name` for the text encoder ComfyUI calls `key` (`clip_l`,
+    /// `clip_g`) from the safetensors file at `path`, choosing the tensor as ComfyUI does:
+    /// `key` when present, else the `bundle_emb.*.string_to_param.*` (then
+    /// `bundle_emb.*.<key>`) tensors of a LoRA bundle, else the first tensor by name
     /// (A1111's `emb_params`, or `string_to_param.*`).
-    pub fn load(path: &Path, name: &str) -> Result<Embedding, ComputeError> {
+    pub fn load(path: &Path, name: &str, key: &str) -> Result<Embedding, ComputeError> {
         let bad = |e: &dyn std::fmt::Display| ComputeError::invalid(format!("embedding {name:?}: {e}"));
         let index = SafetensorsIndex::open(path, DEFAULT_MAX_HEADER).map_err(|e| bad(&e))?;
-        let names: Vec<&String> = if index.tensors.contains_key(CLIP_L_KEY) {
-            index.tensors.keys().filter(|k| *k == CLIP_L_KEY).collect()
+        let names: Vec<&String> = if index.tensors.contains_key(key) {
+            index.tensors.keys().filter(|k| *k == key).collect()
         } else {
             let bundled = |suffix: &dyn Fn(&str) -> bool| -> Vec<&String> {
                 index
@@ -55,7 +57,7 @@ impl Embedding {
             };
             let mut chosen = bundled(&|k| k.contains(".string_to_param."));
             if chosen.is_empty() {
-                chosen = bundled(&|k| k.ends_with(".clip_l"));
+                chosen = bundled(&|k| k.strip_suffix(key).is_some_and(|rest| rest.ends_with('.')));
             }
             if chosen.is_empty() {
                 chosen = index.tensors.keys().take(1).collect();
@@ -100,9 +102,15 @@ impl Embedding {
 
 /// Finds the textual-inversion embeddings a prompt names (`embedding:NAME`).
 pub trait EmbeddingLookup {
-    /// The embedding called `name`; `Ok(None)` when there is none by that name, an error when
-    /// the name is not allowed or its file cannot be read.
-    fn find(&self, name: &str) -> Result<Option<Embedding>, ComputeError>;
+    /// The embedding called `name` for the text encoder ComfyUI calls `key` (`clip_l`,
+    /// `clip_g`; see [`Embedding::load`]); `Ok(None)` when there is none by that name, an
+    /// error when the name is not allowed or its file cannot be read.
+    fn find_for(&self, name: &str, key: &str) -> Result<Option<Embedding>, ComputeError>;
+
+    /// The embedding called `name` for CLIP ViT-L.
+    fn find(&self, name: &str) -> Result<Option<Embedding>, ComputeError> {
+        self.find_for(name, CLIP_L_KEY)
+    }
 }
 
 /// Writes a random A1111-layout embedding (`emb_params`, `[vectors, width]`, values of
@@ -139,13 +147,13 @@ mod tests {
         };
         let a1111 = write_random_embedding(&dir.path().join("a.safetensors"), 4, 3, 1);
         a1111.unwrap();
-        let e = Embedding::load(&dir.path().join("a.safetensors"), "a").unwrap();
+        let e = Embedding::load(&dir.path().join("a.safetensors"), "a", CLIP_L_KEY).unwrap();
         assert_eq!((e.rows(), e.width), (3, 4));
         let p = write(
             "b.safetensors",
             &[("string_to_param.*", vec![4], vec![1.0, 2.0, 3.0, 4.0])],
         );
-        let e = Embedding::load(&p, "b").unwrap();
+        let e = Embedding::load(&p, "b", CLIP_L_KEY).unwrap();
         assert_eq!((e.rows(), e.row(0)), (1, &[1.0, 2.0, 3.0, 4.0][..]));
         // clip_l wins over clip_g (an SDXL embedding's SD1 half).
         let p = write(
@@ -155,7 +163,9 @@ mod tests {
                 ("clip_l", vec![1, 4], vec![1.0; 4]),
             ],
         );
-        assert_eq!(Embedding::load(&p, "c").unwrap().vectors, vec![1.0; 4]);
+        assert_eq!(Embedding::load(&p, "c", CLIP_L_KEY).unwrap().vectors, vec![1.0; 4]);
+        // SDXL's bigG reads its own half.
+        assert_eq!(Embedding::load(&p, "c", "clip_g").unwrap().vectors, vec![9.0; 2]);
         // A LoRA bundle's embeddings, concatenated.
         let p = write(
             "d.safetensors",
@@ -165,15 +175,18 @@ mod tests {
                 ("lora_te_x.alpha", vec![], vec![1.0]),
             ],
         );
-        assert_eq!(Embedding::load(&p, "d").unwrap().vectors, vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(
+            Embedding::load(&p, "d", CLIP_L_KEY).unwrap().vectors,
+            vec![1.0, 2.0, 3.0, 4.0]
+        );
         // Bad files are errors.
         let p = write("e.safetensors", &[("x", vec![1, 1, 2], vec![1.0, 2.0])]);
-        assert!(Embedding::load(&p, "e").is_err());
+        assert!(Embedding::load(&p, "e", CLIP_L_KEY).is_err());
         let p = write("f.safetensors", &[("x", vec![1, 2], vec![f32::NAN, 2.0])]);
-        assert!(Embedding::load(&p, "f").is_err());
+        assert!(Embedding::load(&p, "f", CLIP_L_KEY).is_err());
         let p = write("g.safetensors", &[]);
-        assert!(Embedding::load(&p, "g").is_err());
+        assert!(Embedding::load(&p, "g", CLIP_L_KEY).is_err());
         std::fs::write(dir.path().join("h.safetensors"), b"\x10\0\0\0\0\0\0\0{").unwrap();
-        assert!(Embedding::load(&dir.path().join("h.safetensors"), "h").is_err());
+        assert!(Embedding::load(&dir.path().join("h.safetensors"), "h", CLIP_L_KEY).is_err());
     }
 }

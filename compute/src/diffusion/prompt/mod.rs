@@ -10,8 +10,8 @@ mod weights;
 
 use candle_core::Tensor;
 
-pub use chunks::{tokenize, Token, Weighted};
-pub use embedding::{write_random_embedding, Embedding, EmbeddingLookup};
+pub use chunks::{tokenize, tokenize_for, Token, Weighted};
+pub use embedding::{write_random_embedding, Embedding, EmbeddingLookup, CLIP_L_KEY};
 
 use crate::interrupt::Interrupt;
 use crate::models::ClipText;
@@ -245,7 +245,7 @@ mod tests {
             .unwrap();
         struct One(Embedding);
         impl EmbeddingLookup for One {
-            fn find(&self, name: &str) -> Result<Option<Embedding>, ComputeError> {
+            fn find_for(&self, name: &str, _key: &str) -> Result<Option<Embedding>, ComputeError> {
                 Ok((name == self.0.name).then(|| self.0.clone()))
             }
         }

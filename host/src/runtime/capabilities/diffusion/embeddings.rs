@@ -18,7 +18,7 @@ const PICKLE_EXTENSIONS: [&str; 3] = ["pt", "bin", "ckpt"];
 pub(crate) struct Embeddings<'a>(pub(crate) Option<&'a ModelsDir>);
 
 impl EmbeddingLookup for Embeddings<'_> {
-    fn find(&self, name: &str) -> Result<Option<Embedding>, ComputeError> {
+    fn find_for(&self, name: &str, key: &str) -> Result<Option<Embedding>, ComputeError> {
         let Some(dir) = self.0 else {
             return Err(ComputeError::invalid(format!(
                 "embedding:{name}: this server has no models directory (weft serve --models-dir)"
@@ -59,7 +59,7 @@ impl EmbeddingLookup for Embeddings<'_> {
                 "embedding:{name} is a pickle file, which weft does not load: convert it to .safetensors"
             )));
         }
-        Embedding::load(&path, name).map(Some)
+        Embedding::load(&path, name, key).map(Some)
     }
 }
 

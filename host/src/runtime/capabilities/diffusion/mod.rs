@@ -9,6 +9,7 @@
 
 mod embeddings;
 mod listings;
+mod model_patches;
 mod models_dir;
 
 use std::any::Any;
@@ -256,6 +257,16 @@ impl Ctx<'_> {
         self.push_handle(type_name, name, 0, payload, free)
     }
 
+    /// Keeps `patched`, a patch of the `MODEL` handle `from`, under `from`'s name.
+    fn push_patched_model(
+        &mut self,
+        from: &Resource<HandleRes>,
+        patched: DiffusionModel,
+    ) -> wasmtime::Result<Resource<HandleRes>> {
+        let name = self.core.table.get(from)?.0.object.name.clone();
+        self.push_model("MODEL", name, Arc::new(patched))
+    }
+
     fn push_conditioning(&mut self, c: Conditioning) -> wasmtime::Result<Resource<HandleRes>> {
         let len = c.0.len() as u32;
         let bytes: u64 = c.0.iter().map(|e| e.context.elem_count() as u64 * 4).sum();
@@ -389,6 +400,39 @@ impl Host for Ctx<'_> {
             _ => None,
         };
         Ok(Ok((model, clip)))
+    }
+
+    fn model_sampling_discrete(
+        &mut self,
+        model: Resource<HandleRes>,
+        sampling: String,
+        zsnr: bool,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let base = attempt!(self.payload::<DiffusionModel>(&model, "MODEL")?);
+        let patched = attempt!(model_patches::discrete(&base, &sampling, zsnr));
+        Ok(Ok(self.push_patched_model(&model, patched)?))
+    }
+
+    fn model_sampling_continuous_edm(
+        &mut self,
+        model: Resource<HandleRes>,
+        sampling: String,
+        sigma_max: f64,
+        sigma_min: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let base = attempt!(self.payload::<DiffusionModel>(&model, "MODEL")?);
+        let patched = attempt!(model_patches::continuous_edm(&base, &sampling, sigma_max, sigma_min));
+        Ok(Ok(self.push_patched_model(&model, patched)?))
+    }
+
+    fn rescale_cfg(
+        &mut self,
+        model: Resource<HandleRes>,
+        multiplier: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let base = attempt!(self.payload::<DiffusionModel>(&model, "MODEL")?);
+        let patched = attempt!(model_patches::rescale_cfg(&base, multiplier));
+        Ok(Ok(self.push_patched_model(&model, patched)?))
     }
 
     fn clip_set_last_layer(
