@@ -113,25 +113,16 @@ fn the_patch_nodes_have_comfyuis_inputs_defaults_and_category() {
         input("ModelSamplingContinuousEDM", "sampling")[0],
         json!(["v_prediction", "edm", "edm_playground_v2.5", "eps"])
     );
-    for (name, default) in [("sigma_max", 120.0), ("sigma_min", 0.002)] {
-        let spec = input("ModelSamplingContinuousEDM", name);
-        assert_eq!(spec[0], "FLOAT", "{name}");
-        assert_eq!(spec[1]["default"], json!(default), "{name}");
-        assert_eq!(spec[1]["min"], json!(0.0), "{name}");
-        assert_eq!(spec[1]["max"], json!(1000.0), "{name}");
-        assert_eq!(spec[1]["step"], json!(0.001), "{name}");
-    }
+    // FLOAT inputs: [default, min, max, step].
+    let numbers = |spec: &Value| ["default", "min", "max", "step"].map(|k| spec[1][k].as_f64());
+    let edm = |name: &str| input("ModelSamplingContinuousEDM", name);
+    assert_eq!(numbers(&edm("sigma_max")), [120.0, 0.0, 1000.0, 0.001].map(Some));
+    assert_eq!(numbers(&edm("sigma_min")), [0.002, 0.0, 1000.0, 0.001].map(Some));
     let multiplier = input("RescaleCFG", "multiplier");
-    assert_eq!(multiplier[0], "FLOAT");
-    assert_eq!(
-        [
-            &multiplier[1]["default"],
-            &multiplier[1]["min"],
-            &multiplier[1]["max"],
-            &multiplier[1]["step"]
-        ],
-        [&json!(0.7), &json!(0.0), &json!(1.0), &json!(0.01)]
-    );
+    assert_eq!(numbers(&multiplier), [0.7, 0.0, 1.0, 0.01].map(Some));
+    for spec in [edm("sigma_max"), edm("sigma_min"), multiplier] {
+        assert_eq!(spec[0], "FLOAT");
+    }
     for class in ["ModelSamplingDiscrete", "ModelSamplingContinuousEDM", "RescaleCFG"] {
         assert_eq!(nodes[class]["category"], "advanced/model", "{class}");
         assert_eq!(nodes[class]["output"], json!(["MODEL"]), "{class}");
@@ -205,7 +196,10 @@ fn settings_outside_the_inputs_contract_are_refused_at_submit() {
     };
     let edm = json!({"sampling": "eps", "sigma_max": 1200.0, "sigma_min": 0.002});
     assert_eq!(refused(("ModelSamplingContinuousEDM", edm)), "value_bigger_than_max");
-    assert_eq!(refused(("RescaleCFG", json!({"multiplier": 1.5}))), "value_bigger_than_max");
+    assert_eq!(
+        refused(("RescaleCFG", json!({"multiplier": 1.5}))),
+        "value_bigger_than_max"
+    );
     // ComfyUI 0.3.64's `cosmos_rflow` is for Cosmos models, which weft does not load.
     let cosmos = json!({"sampling": "cosmos_rflow", "sigma_max": 80.0, "sigma_min": 0.002});
     assert_eq!(refused(("ModelSamplingContinuousEDM", cosmos)), "value_not_in_list");

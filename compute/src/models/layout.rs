@@ -355,10 +355,7 @@ impl ModelConfig {
 
     /// Whether the UNet's down path has attention at `level`.
     pub fn level_has_attention(&self, level: usize) -> bool {
-        let blocks = self.num_res_blocks;
-        self.transformer_depth[level * blocks..(level + 1) * blocks]
-            .iter()
-            .any(|&d| d > 0)
+        (0..self.num_res_blocks).any(|j| self.depth_down(level, j) > 0)
     }
 
     /// Transformer blocks after residual block `j` of level `level` on the down path.
@@ -384,11 +381,6 @@ impl ModelConfig {
             Family::Sd1 => 0.18215,
             Family::Sdxl | Family::SdxlRefiner => 0.13025,
         }
-    }
-
-    /// The text encoder that gives the pooled output, if any.
-    pub fn pooled_encoder(&self) -> Option<usize> {
-        self.text.iter().position(|c| c.projection)
     }
 }
 
@@ -976,38 +968,50 @@ pub fn detect_config(index: &SafetensorsIndex) -> Result<ModelConfig, String> {
             ))
         }
     };
-    count_transformer_depths(index, &mut cfg);
+    count_transformer_depths(index, &mut cfg)?;
     Ok(cfg)
 }
 
-/// Transformer blocks in UNet block `block` (`input_blocks.3.1` or `middle_block.1`).
-fn transformer_blocks(index: &SafetensorsIndex, block: &str) -> usize {
+/// The most transformer blocks one UNet block may have (SDXL's deepest has 10): a file
+/// that claims more is refused before a layout of that size is built.
+const MAX_TRANSFORMER_DEPTH: usize = 64;
+
+/// Transformer blocks in UNet block `block` (`input_blocks.3.1` or `middle_block.1`): the
+/// blocks `0..n` the file has, or an error for gaps or more than [`MAX_TRANSFORMER_DEPTH`].
+fn transformer_blocks(index: &SafetensorsIndex, block: &str) -> Result<usize, String> {
     let prefix = format!("{UNET_PREFIX}{block}.transformer_blocks.");
-    index
+    let found: std::collections::BTreeSet<usize> = index
         .tensors
         .keys()
         .filter_map(|k| k.strip_prefix(&prefix)?.split('.').next()?.parse::<usize>().ok())
-        .map(|i| i + 1)
-        .max()
-        .unwrap_or(0)
+        .collect();
+    let depth = found.last().map_or(0, |last| last + 1);
+    if depth > MAX_TRANSFORMER_DEPTH || found.len() != depth {
+        return Err(format!(
+            "{UNET_PREFIX}{block} has transformer blocks {:?}; a UNet block has 0 to {MAX_TRANSFORMER_DEPTH}, numbered from 0",
+            found.iter().take(8).collect::<Vec<_>>()
+        ));
+    }
+    Ok(depth)
 }
 
 /// Sets `cfg`'s transformer depths to those the file has.
-fn count_transformer_depths(index: &SafetensorsIndex, cfg: &mut ModelConfig) {
+fn count_transformer_depths(index: &SafetensorsIndex, cfg: &mut ModelConfig) -> Result<(), String> {
     let (levels, blocks) = (cfg.channel_mult.len(), cfg.num_res_blocks);
     for level in 0..levels {
         for j in 0..blocks {
             let n = 1 + level * (blocks + 1) + j;
-            cfg.transformer_depth[level * blocks + j] = transformer_blocks(index, &format!("input_blocks.{n}.1"));
+            cfg.transformer_depth[level * blocks + j] = transformer_blocks(index, &format!("input_blocks.{n}.1"))?;
         }
         for j in 0..=blocks {
             let n = (levels - 1 - level) * (blocks + 1) + j;
             cfg.transformer_depth_output[level * (blocks + 1) + j] =
-                transformer_blocks(index, &format!("output_blocks.{n}.1"));
+                transformer_blocks(index, &format!("output_blocks.{n}.1"))?;
         }
     }
-    let middle = transformer_blocks(index, "middle_block.1");
+    let middle = transformer_blocks(index, "middle_block.1")?;
     cfg.transformer_depth_middle = (middle > 0).then_some(middle);
+    Ok(())
 }
 
 /// Checks that `path` is a complete original-layout checkpoint of layout `cfg`; returns its
@@ -1230,6 +1234,15 @@ mod tests {
         ssd.transformer_depth_output = vec![0, 0, 0, 1, 1, 2, 10, 4, 4];
         let index = index_of(&sparse_checkpoint(dir.path(), "ssd", &checkpoint_layout(&ssd)));
         assert_eq!(detect_config(&index).unwrap(), ssd);
+        // A file claiming a huge or gappy depth is refused before any layout is built.
+        let mut hostile = checkpoint_layout(&ModelConfig::sdxl());
+        hostile.push((
+            format!("{UNET_PREFIX}input_blocks.4.1.transformer_blocks.999999999.norm1.weight"),
+            vec![640],
+        ));
+        let index = index_of(&sparse_checkpoint(dir.path(), "hostile", &hostile));
+        let refused = detect_config(&index).unwrap_err();
+        assert!(refused.contains("transformer blocks"), "{refused}");
         // SD2's 1024-wide context is named, and refused.
         let mut sd2 = ModelConfig::sd1();
         sd2.context_dim = 1024;
