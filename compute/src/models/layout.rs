@@ -374,6 +374,14 @@ impl ModelConfig {
             .unwrap_or(0)
     }
 
+    /// The projection of this family's latents onto RGB for previews.
+    pub fn latent_rgb(&self) -> &'static crate::preview::LatentRgb {
+        match self.family {
+            Family::Sd1 => &crate::preview::SD15_LATENT_RGB,
+            Family::Sdxl | Family::SdxlRefiner => &crate::preview::SDXL_LATENT_RGB,
+        }
+    }
+
     /// The factor from the VAE's latent space to the UNet's (ComfyUI's latent format
     /// `scale_factor`): 0.18215 for SD1, 0.13025 for SDXL.
     pub fn latent_scale(&self) -> f32 {

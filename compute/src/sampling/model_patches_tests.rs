@@ -168,7 +168,7 @@ fn the_eps_patch_without_zsnr_is_the_default_model_sampling_exactly() {
 fn zsnr_ends_at_comfyuis_terminal_sigma_and_keeps_the_first() {
     let zsnr = ModelSampling::discrete(DiscreteSampling::VPrediction, true);
     let plain = ModelSampling::sd1();
-    assert_eq!(zsnr.sigma_max(), 4518.763_7);
+    assert_eq!(zsnr.sigma_max(), 4_518.763_7);
     assert!((zsnr.sigma_min() - plain.sigma_min()).abs() < 1e-5);
     // LCM keeps timesteps 19, 39, ..., 999 of the 1000, and maps its sigmas back to them.
     let lcm = ModelSampling::discrete(DiscreteSampling::Lcm, false);

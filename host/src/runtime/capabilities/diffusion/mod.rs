@@ -701,12 +701,13 @@ impl Host for Ctx<'_> {
         let charge = self.charge_latent(latent.shape, working, "sampling")?;
         let mut stopped_by = None;
         let stop = self.stop_question();
+        let colours = model.checkpoint.config.latent_rgb();
         let result = {
             let ctx = &*self;
             let on_step = &mut |step: &weft_compute::sampling::StepInfo<'_>| {
                 let progress = &ctx.state.progress;
                 progress.report(step.step as u32 + 1, step.total as u32, None);
-                if let Some(png) = preview_png(step.denoised) {
+                if let Some(png) = preview_png(step.denoised, colours) {
                     progress.preview("image/png", png);
                 }
                 match ctx.interruption() {
@@ -794,8 +795,12 @@ impl Host for Ctx<'_> {
 }
 
 /// A PNG of the first item of a sampler's `denoised` latent, mapped to colours as ComfyUI's
-/// latent previews are: 1/8 of the image's size. `None` for latents it cannot show.
-fn preview_png(denoised: &weft_compute::sampling::Tensor) -> Option<Vec<u8>> {
+/// latent previews are (with the model's latent format's colours): 1/8 of the image's size.
+/// `None` for latents it cannot show.
+fn preview_png(
+    denoised: &weft_compute::sampling::Tensor,
+    colours: &weft_compute::preview::LatentRgb,
+) -> Option<Vec<u8>> {
     let [_, channels, height, width] = denoised.shape[..] else {
         return None;
     };
@@ -803,7 +808,7 @@ fn preview_png(denoised: &weft_compute::sampling::Tensor) -> Option<Vec<u8>> {
         vec![1, channels, height, width],
         denoised.data.get(..channels * height * width)?.to_vec(),
     );
-    let image = weft_compute::preview::latent_to_rgb(&first).ok()?;
+    let image = weft_compute::preview::latent_to_rgb_with(&first, colours).ok()?;
     weft_compute::codecs::encode_png(&image, 0, &[]).ok()
 }
 

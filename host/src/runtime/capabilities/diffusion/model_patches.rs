@@ -62,11 +62,14 @@ mod tests {
         let (_dir, model) = tiny_model();
         for sampling in ["eps", "v_prediction", "lcm", "x0", "img_to_img"] {
             let patched = discrete(&model, sampling, true).unwrap();
-            assert_eq!(patched.model_sampling().sigma_max(), 4518.763_7, "{sampling}");
+            assert_eq!(patched.model_sampling().sigma_max(), 4_518.763_7, "{sampling}");
         }
         for sampling in ["v_prediction", "edm", "edm_playground_v2.5", "eps"] {
             let patched = continuous_edm(&model, sampling, 120.0, 0.002).unwrap();
-            assert!((patched.model_sampling().sigma_max() - 120.0).abs() < 1e-4, "{sampling}");
+            assert!(
+                (patched.model_sampling().sigma_max() - 120.0).abs() < 1e-4,
+                "{sampling}"
+            );
         }
         assert_eq!(code(discrete(&model, "cosmos_rflow", false)), "invalid_input");
         assert_eq!(code(continuous_edm(&model, "lcm", 120.0, 0.002)), "invalid_input");
