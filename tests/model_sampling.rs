@@ -160,7 +160,7 @@ fn sdxl_samples_with_v_prediction_zsnr_and_rescale_cfg_chained() {
         json!({"sampling": "v_prediction", "zsnr": true}),
     );
     let rescale = ("RescaleCFG", json!({"multiplier": 0.7}));
-    let v_only = latent(&server, graph(SDXL, &[v.clone()]));
+    let v_only = latent(&server, graph(SDXL, std::slice::from_ref(&v)));
     let both = latent(&server, graph(SDXL, &[v.clone(), rescale.clone()]));
     assert_ne!(plain, v_only);
     assert_ne!(v_only, both);

@@ -11,8 +11,8 @@ mod sampling;
 mod vae;
 
 pub use conditioning::{
-    CLIPSetLastLayer, CLIPTextEncode, CLIPTextEncodeSDXL, CLIPTextEncodeSDXLRefiner, ConditioningAverage, ConditioningCombine, ConditioningSetArea,
-    ConditioningZeroOut,
+    CLIPSetLastLayer, CLIPTextEncode, CLIPTextEncodeSDXL, CLIPTextEncodeSDXLRefiner, ConditioningAverage,
+    ConditioningCombine, ConditioningSetArea, ConditioningZeroOut,
 };
 pub use latent::{
     EmptyLatentImage, LatentComposite, LatentFromBatch, LatentUpscale, LatentUpscaleBy, LoadLatent, RepeatLatentBatch,
