@@ -246,3 +246,24 @@ fn a_truncated_sdxl_checkpoint_is_a_clean_node_error() {
         "{message}"
     );
 }
+
+#[test]
+fn conditioning_set_timestep_range_limits_a_prompt_to_part_of_sampling() {
+    let (_dir, server) = setup();
+    let latent = |graph: Value| outputs(&server, graph).pop().unwrap();
+    let ranged = |start: f64, end: f64| {
+        let mut graph = sdxl_graph(3);
+        graph["11"] = json!({"class_type": "ConditioningSetTimestepRange", "inputs": {
+            "conditioning": ["6", 0], "start": start, "end": end}});
+        graph["3"]["inputs"]["positive"] = json!(["11", 0]);
+        graph
+    };
+    let plain = latent(sdxl_graph(3));
+    assert_eq!(plain, latent(ranged(0.0, 1.0)), "the whole range is no range");
+    assert_ne!(plain, latent(ranged(0.5, 1.0)), "half the steps without the prompt");
+    let nodes: Value = server.get("/api/v2/nodes").json().unwrap();
+    let node = &nodes["ConditioningSetTimestepRange"];
+    assert_eq!(node["input_order"]["required"], json!(["conditioning", "start", "end"]));
+    assert_eq!(node["input"]["required"]["end"][1]["default"], json!(1.0));
+    assert_eq!(node["category"], "advanced/conditioning");
+}

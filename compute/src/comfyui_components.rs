@@ -127,6 +127,7 @@ fn sdxl_and_refiner_size_conditioning_match_comfyui() -> Result<()> {
         size,
         area: None,
         strength: 1.0,
+        timestep_range: None,
     };
     let sized = SizeConditioning {
         width: Some(832.0),

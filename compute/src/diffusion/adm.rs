@@ -100,6 +100,7 @@ mod tests {
             size,
             area: None,
             strength: 1.0,
+            timestep_range: None,
         }
     }
 

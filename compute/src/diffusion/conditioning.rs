@@ -32,6 +32,9 @@ pub struct CondEntry {
     pub area: Option<Area>,
     /// Weight against the other entries where they overlap.
     pub strength: f32,
+    /// The part of sampling it applies to, as fractions of the way through (ComfyUI's
+    /// `start_percent`, `end_percent`); all of it when none.
+    pub timestep_range: Option<(f64, f64)>,
 }
 
 /// The numbers SDXL embeds beside the pooled output (ComfyUI's `width`, `height`,
@@ -118,6 +121,7 @@ impl Conditioning {
             size,
             area: None,
             strength: 1.0,
+            timestep_range: None,
         }])
     }
 
@@ -186,6 +190,25 @@ impl Conditioning {
                 })
                 .collect(),
         )
+    }
+
+    /// `ConditioningSetTimestepRange`: every entry applies from `start` to `end` of the way
+    /// through sampling (fractions in 0..=1).
+    pub fn set_timestep_range(&self, start: f64, end: f64) -> Result<Conditioning, ComputeError> {
+        if !(0.0..=1.0).contains(&start) || !(0.0..=1.0).contains(&end) {
+            return Err(ComputeError::invalid(format!(
+                "start and end must be between 0 and 1, got {start} and {end}"
+            )));
+        }
+        Ok(Conditioning(
+            self.0
+                .iter()
+                .map(|e| CondEntry {
+                    timestep_range: Some((start, end)),
+                    ..e.clone()
+                })
+                .collect(),
+        ))
     }
 
     /// `ConditioningZeroOut`: every entry's tensor set to zero.

@@ -317,6 +317,9 @@ impl Guidance<'_> {
                 let Some(region) = region(entry.area, height, width) else {
                     continue;
                 };
+                if !self.applies_at(entry, sigma) {
+                    continue;
+                }
                 let tokens = entry.context.dim(1)?;
                 match groups
                     .iter_mut()
@@ -399,6 +402,15 @@ impl Guidance<'_> {
 }
 
 impl Guidance<'_> {
+    /// Whether `entry` takes part at `sigma`: inside its timestep range, the range's ends
+    /// turned into sigmas as ComfyUI's `calculate_start_end_timesteps` does.
+    fn applies_at(&self, entry: &CondEntry, sigma: f32) -> bool {
+        match entry.timestep_range {
+            None => true,
+            Some((start, end)) => sigma <= self.ms.percent_to_sigma(start) && sigma >= self.ms.percent_to_sigma(end),
+        }
+    }
+
     /// The members' SDXL conditioning vectors, each repeated for the `batch` latents, or
     /// `None` for models without one.
     fn adm(&self, members: &[(usize, &CondEntry)], batch: usize) -> anyhow::Result<Option<CTensor>> {

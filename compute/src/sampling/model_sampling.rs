@@ -324,6 +324,25 @@ impl ModelSampling {
         exp_f32(log_sigma)
     }
 
+    /// ComfyUI's `percent_to_sigma`: the sigma `percent` of the way through sampling, for a
+    /// conditioning's timestep range (0 is above every sigma, 1 is 0).
+    pub fn percent_to_sigma(&self, percent: f64) -> f32 {
+        if percent <= 0.0 {
+            return 999_999_999.9;
+        }
+        if percent >= 1.0 {
+            return 0.0;
+        }
+        let rest = 1.0 - percent;
+        match self.timing {
+            Timing::Continuous => {
+                let low = f64::from(self.sigma_min()).ln();
+                ((f64::from(self.sigma_max()).ln() - low) * rest + low).exp() as f32
+            }
+            _ => self.sigma((rest * 999.0) as f32),
+        }
+    }
+
     /// The model's input for the noisy `x` at `sigma` (`calculate_input`).
     pub fn calculate_input(&self, sigma: f32, x: &[f32]) -> Vec<f32> {
         self.prediction.input(sigma, self.sigma_data, x)

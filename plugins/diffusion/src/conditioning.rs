@@ -175,3 +175,20 @@ weft_sdk::node! {
         }
     }
 }
+
+weft_sdk::node! {
+    /// The conditioning applied only from `start` to `end` of the way through sampling.
+    pub struct ConditioningSetTimestepRange {
+        category: "advanced/conditioning",
+        inputs {
+            conditioning: Conditioning = input::conditioning(),
+            start: f64 = input::float().default(0.0).min(0.0).max(1.0).step(0.001),
+            end: f64 = input::float().default(1.0).min(0.0).max(1.0).step(0.001),
+        }
+        outputs { CONDITIONING: Conditioning }
+        fn execute(_, inp) {
+            let ranged = diffusion::conditioning_set_timestep_range(inp.conditioning.handle(), inp.start, inp.end)?;
+            Ok((Conditioning(ranged),))
+        }
+    }
+}

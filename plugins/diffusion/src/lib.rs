@@ -12,7 +12,7 @@ mod vae;
 
 pub use conditioning::{
     CLIPSetLastLayer, CLIPTextEncode, CLIPTextEncodeSDXL, CLIPTextEncodeSDXLRefiner, ConditioningAverage,
-    ConditioningCombine, ConditioningSetArea, ConditioningZeroOut,
+    ConditioningCombine, ConditioningSetArea, ConditioningSetTimestepRange, ConditioningZeroOut,
 };
 pub use latent::{
     EmptyLatentImage, LatentComposite, LatentFromBatch, LatentUpscale, LatentUpscaleBy, LoadLatent, RepeatLatentBatch,
@@ -39,6 +39,7 @@ weft_sdk::export_plugin!(
     ConditioningAverage,
     ConditioningSetArea,
     ConditioningZeroOut,
+    ConditioningSetTimestepRange,
     EmptyLatentImage,
     LatentUpscale,
     LatentUpscaleBy,

@@ -551,6 +551,17 @@ impl Host for Ctx<'_> {
         Ok(Ok(self.push_conditioning(zero)?))
     }
 
+    fn conditioning_set_timestep_range(
+        &mut self,
+        conditioning: Resource<HandleRes>,
+        start: f64,
+        end: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let c = attempt!(self.payload::<Conditioning>(&conditioning, "CONDITIONING")?);
+        let ranged = attempt!(c.set_timestep_range(start, end).map_err(compute_error));
+        Ok(Ok(self.push_conditioning(ranged)?))
+    }
+
     fn empty_latent(
         &mut self,
         width: u32,
