@@ -6,11 +6,8 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::{Command, Stdio};
-
 use serde_json::{json, Value};
-use support::{weft_bin, Options, Server};
+use support::{Options, Server};
 
 /// The SD1 checkpoint name ComfyUI's default workflow uses.
 const SD1: &str = "v1-5-pruned-emaonly.safetensors";
@@ -24,7 +21,7 @@ fn setup() -> (tempfile::TempDir, Server) {
     let checkpoints = dir.path().join("checkpoints");
     std::fs::create_dir_all(&checkpoints).unwrap();
     support::tiny_checkpoint(&checkpoints.join(SD1), 0);
-    write_tiny_sdxl(&checkpoints.join(SDXL));
+    support::tiny_model("tiny-sdxl", &checkpoints.join(SDXL), 0);
     let server = Server::with(Options {
         args: vec![
             "--models-dir".into(),
@@ -35,16 +32,6 @@ fn setup() -> (tempfile::TempDir, Server) {
         ..Default::default()
     });
     (dir, server)
-}
-
-fn write_tiny_sdxl(path: &Path) {
-    let status = Command::new(weft_bin())
-        .args(["models", "tiny-sdxl", "--seed", "0", "--out"])
-        .arg(path)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "weft models tiny-sdxl failed");
 }
 
 /// ComfyUI's default graph on `checkpoint` (64 pixels, 3 steps), its sampled latent saved

@@ -6,11 +6,8 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::{Command, Stdio};
-
 use serde_json::{json, Value};
-use support::{weft_bin, Options, Server};
+use support::{Options, Server};
 
 /// The checkpoint name ComfyUI's SDXL example workflow uses.
 const SDXL: &str = "sd_xl_base_1.0.safetensors";
@@ -19,25 +16,14 @@ const REFINER: &str = "sd_xl_refiner_1.0.safetensors";
 /// An SD1 checkpoint beside it.
 const SD1: &str = "v1-5-pruned-emaonly.safetensors";
 
-/// Writes a tiny checkpoint with `weft models <command>`.
-fn write_tiny(command: &str, path: &Path, seed: u64) {
-    let status = Command::new(weft_bin())
-        .args(["models", command, "--seed", &seed.to_string(), "--out"])
-        .arg(path)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "weft models {command} failed");
-}
-
 /// A models directory with a tiny SDXL and a tiny SD1 checkpoint, and a server over it
 /// with the node cache off.
 fn setup() -> (tempfile::TempDir, Server) {
     let dir = tempfile::tempdir().unwrap();
     let checkpoints = dir.path().join("checkpoints");
     std::fs::create_dir_all(&checkpoints).unwrap();
-    write_tiny("tiny-sdxl", &checkpoints.join(SDXL), 0);
-    write_tiny("tiny-sd", &checkpoints.join(SD1), 0);
+    support::tiny_model("tiny-sdxl", &checkpoints.join(SDXL), 0);
+    support::tiny_model("tiny-sd", &checkpoints.join(SD1), 0);
     let server = Server::with(Options {
         args: vec![
             "--models-dir".into(),
@@ -212,7 +198,7 @@ fn base_and_refiner_graph(seed: u64) -> Value {
 #[test]
 fn the_base_and_refiner_hand_off_runs_and_the_refiner_scores_its_prompts() {
     let (dir, server) = setup();
-    write_tiny("tiny-sdxl-refiner", &dir.path().join("checkpoints").join(REFINER), 0);
+    support::tiny_model("tiny-sdxl-refiner", &dir.path().join("checkpoints").join(REFINER), 0);
     let refined = outputs(&server, base_and_refiner_graph(5));
     assert!(refined[0].starts_with(b"\x89PNG\r\n\x1a\n"));
     assert_ne!(

@@ -21,13 +21,19 @@ pub(crate) fn root() -> PathBuf {
 
 /// Writes a tiny random-weight SD1 checkpoint to `path` with `weft models tiny-sd --seed`.
 pub(crate) fn tiny_checkpoint(path: &Path, seed: u64) {
+    tiny_model("tiny-sd", path, seed);
+}
+
+/// Writes a tiny random-weight model file to `path` with `weft models <command> --seed`
+/// (`tiny-sd`, `tiny-sdxl`, `tiny-sdxl-refiner`, ...).
+pub(crate) fn tiny_model(command: &str, path: &Path, seed: u64) {
     let status = Command::new(weft_bin())
-        .args(["models", "tiny-sd", "--seed", &seed.to_string(), "--out"])
+        .args(["models", command, "--seed", &seed.to_string(), "--out"])
         .arg(path)
         .stdout(Stdio::null())
         .status()
         .unwrap();
-    assert!(status.success(), "weft models tiny-sd failed");
+    assert!(status.success(), "weft models {command} failed");
 }
 
 /// The weft binary under test.
