@@ -7,7 +7,8 @@ the end-to-end time seen by the client (submit to `succeeded`, checkpoint load i
 the time of `weft models generate`, and the node path's overhead over it.
 
     python3 scripts/bench-sd15-graph.py [--family sd15|sdxl] [--weft target/release/weft]
-        [--size 512 [--size 1024 ...]] [--steps 20] [--rounds N] [--no-generate] [--min-free-gib G]
+        [--size 512 [--size 1024 ...]] [--steps 20] [--batch 1] [--rounds N] [--no-generate]
+        [--min-free-gib G] [--save-images DIR [--label PREFIX]]
         [--comfyui DIR --comfyui-python PYTHON [--comfyui-args ARGS]]
 
 `--rounds N` runs the job API and `generate` N times each, alternating which goes first, and
@@ -46,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 
 PROMPT = "beautiful scenery nature glass bottle landscape, , purple galaxy bottle,"
@@ -61,13 +63,13 @@ FAMILIES = {
 }
 
 
-def graph(ckpt_name, size, steps):
+def graph(ckpt_name, size, steps, batch=1):
     return {
         "3": {"class_type": "KSampler", "inputs": {
             "cfg": 8, "denoise": 1, "latent_image": ["5", 0], "model": ["4", 0], "negative": ["7", 0],
             "positive": ["6", 0], "sampler_name": "euler", "scheduler": "normal", "seed": SEED, "steps": steps}},
         "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": ckpt_name}},
-        "5": {"class_type": "EmptyLatentImage", "inputs": {"batch_size": 1, "height": size, "width": size}},
+        "5": {"class_type": "EmptyLatentImage", "inputs": {"batch_size": batch, "height": size, "width": size}},
         "6": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["4", 1], "text": PROMPT}},
         "7": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["4", 1], "text": NEGATIVE}},
         "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
@@ -191,9 +193,9 @@ def node_seconds(metrics):
     return sums
 
 
-def via_job_api(weft, models, workflow, steps):
+def via_job_api(weft, models, workflow, steps, save=None):
     """weft's server on `workflow`: end-to-end seconds, node seconds, seconds a sampler step,
-    the server's peak resident GiB."""
+    the server's peak resident GiB. With `save`, the first PNG it made is written there."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as data:
@@ -213,6 +215,14 @@ def via_job_api(weft, models, workflow, steps):
             if job["status"] != "succeeded":
                 sys.exit(f"the job did not succeed: {job}")
             nodes = node_seconds(request(base + "/metrics"))
+            if save:
+                for output in job.get("outputs", []):
+                    with urllib.request.urlopen(urllib.parse.urljoin(base + "/", output["url"]), timeout=60) as r:
+                        png = r.read()
+                    if png.startswith(b"\x89PNG"):
+                        with open(save, "wb") as f:
+                            f.write(png)
+                        break
             return took, nodes, per_step(step_times, steps), peak_rss_gib(server.pid)
         finally:
             server.terminate()
@@ -230,11 +240,11 @@ def via_generate(weft, ckpt, size, steps):
         return time.perf_counter() - began
 
 
-def via_comfyui(root, python, device_args, ckpt, workflow, steps):
+def via_comfyui(root, python, device_args, ckpt, workflow, steps, save=None):
     """ComfyUI's own server (`main.py` with `device_args`) on the same graph: end-to-end seconds (submit
     to the prompt in `/history`, checkpoint load included), seconds per sampler step (its progress
     bar's step N against step 1, as the client saw them appear in its log) and its peak resident
-    GiB."""
+    GiB. With `save`, the first PNG it made is copied there."""
     inside = os.path.join(root, "models", "checkpoints", os.path.basename(ckpt))
     if not os.path.exists(inside):
         link_or_copy(ckpt, inside)
@@ -265,6 +275,9 @@ def via_comfyui(root, python, device_args, ckpt, workflow, steps):
             status = history[prompt_id].get("status", {})
             if status.get("status_str", "success") != "success":
                 sys.exit(f"ComfyUI's prompt did not succeed: {status}")
+            pngs = sorted(name for name in os.listdir(out) if name.endswith(".png"))
+            if save and pngs:
+                shutil.copyfile(os.path.join(out, pngs[0]), save)
             return took, per_step(step_times, steps) or final_rate(log, steps), peak_rss_gib(server.pid)
         except Exception:
             log.seek(0)
@@ -321,8 +334,9 @@ def weft_round(args, models, ckpt, workflow, api_first):
     direct = None
     if not api_first and not args.no_generate:
         direct = generate()
+    save = image_path(args, "weft")
     took, nodes, step, rss = timed_run("weft job API", args.min_free_gib,
-                                       lambda: via_job_api(args.weft, models, workflow, args.steps))
+                                       lambda: via_job_api(args.weft, models, workflow, args.steps, save))
     for name, seconds in sorted(nodes.items(), key=lambda kv: -kv[1]):
         print(f"  {name:<24} {seconds:8.2f} s")
     print(f"job API, end to end:       {took:8.2f} s ({(took - nodes.get('KSampler', 0)) :.2f} s outside KSampler"
@@ -337,19 +351,29 @@ def weft_round(args, models, ckpt, workflow, api_first):
 def comfyui_round(args, ckpt, workflow, device_args, weft_took, weft_step):
     """One run of ComfyUI with `device_args`; prints weft's speed-up over it. Returns its seconds a
     step."""
+    save = image_path(args, "comfyui" + re.sub(r"[^A-Za-z0-9.]+", "-", device_args))
     took, step, rss = timed_run(f"ComfyUI {device_args!r}", args.min_free_gib, lambda: via_comfyui(
-        args.comfyui, args.comfyui_python, shlex.split(device_args), ckpt, workflow, args.steps))
+        args.comfyui, args.comfyui_python, shlex.split(device_args), ckpt, workflow, args.steps, save))
     print(f"ComfyUI {device_args!r}, end to end: {took:8.2f} s{describe_step(step, rss)}")
     print(f"weft's job API against it: {took / weft_took:8.2f}x faster end to end", end="")
     print(f", {step / weft_step:.2f}x a sampler step" if step and weft_step else "", flush=True)
     return step
 
 
+def image_path(args, who):
+    """Where `--save-images` puts the image of `who` in the current size and batch, or None."""
+    if not args.save_images:
+        return None
+    os.makedirs(args.save_images, exist_ok=True)
+    name = f"{args.label}{who}-{args.family}-{args.size}-b{args.batch}.png"
+    return os.path.join(args.save_images, name)
+
+
 def bench_size(args, models, ckpt):
     name = FAMILIES[args.family][0]
-    workflow = graph(name, args.size, args.steps)
-    print(f"default graph on {name}, {args.size}x{args.size}, {args.steps} steps, euler/normal, cfg 8, "
-          f"on {os.cpu_count()} CPUs", flush=True)
+    workflow = graph(name, args.size, args.steps, args.batch)
+    print(f"default graph on {name}, {args.size}x{args.size}, batch {args.batch}, {args.steps} steps, "
+          f"euler/normal, cfg 8, on {os.cpu_count()} CPUs", flush=True)
     tooks, steps, directs, comfy_steps = [], [], [], []
     for turn in range(args.rounds):
         print(f"round {turn + 1}")
@@ -378,6 +402,10 @@ def main():
     parser.add_argument("--weft", default="target/release/weft")
     parser.add_argument("--size", type=int, action="append", help="width and height (default 512); repeatable")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=1, help="images per latent batch (default 1)")
+    parser.add_argument("--save-images", metavar="DIR",
+                        help="write each run's first image to DIR (weft's and ComfyUI's, by size and batch)")
+    parser.add_argument("--label", default="", help="prefix of the image names --save-images writes")
     parser.add_argument("--rounds", type=int, default=1,
                         help="rounds of the job API and `generate` (and ComfyUI), alternating which goes first")
     parser.add_argument("--no-generate", action="store_true", help="leave `weft models generate` out")

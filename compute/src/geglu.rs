@@ -13,7 +13,7 @@ use super::{contiguous_f32, filled, par_init};
 
 /// `a · gelu(g)` for `x = [a | g]` along the last dimension.
 pub(crate) fn geglu(x: &Tensor) -> Result<Tensor> {
-    if x.device().is_cpu() && x.dtype() == DType::F32 {
+    if (x.device().is_cpu() && x.dtype() == DType::F32) || x.device().is_cuda() {
         return x.contiguous()?.apply_op1_no_bwd(&FusedGeglu);
     }
     let halves = x.chunk(2, D::Minus1)?;
@@ -47,6 +47,19 @@ impl CustomOp1 for FusedGeglu {
             out
         });
         Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let mut dims = layout.shape().dims().to_vec();
+        if let Some(last) = dims.last_mut() {
+            *last /= 2;
+        }
+        crate::cuda::map1(&crate::cuda::GegluKernel, (storage, layout), Shape::from(dims))
     }
 }
 

@@ -24,6 +24,8 @@ mod comfyui_components;
 #[cfg(test)]
 mod comfyui_parity;
 mod conv;
+#[cfg(feature = "cuda")]
+mod cuda;
 pub mod device;
 pub mod diffusion;
 mod geglu;

@@ -41,7 +41,8 @@ impl GroupNorm {
 impl Module for GroupNorm {
     /// `x: [b, channels, ...]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if x.device().is_cpu() && x.dtype() == DType::F32 && x.rank() >= 2 {
+        let kernel = (x.device().is_cpu() && x.dtype() == DType::F32) || x.device().is_cuda();
+        if kernel && x.rank() >= 2 {
             let op = FusedGroupNorm {
                 groups: self.groups,
                 eps: self.eps as f32,
@@ -114,6 +115,24 @@ impl CustomOp3 for FusedGroupNorm {
             out
         });
         Ok((CpuStorage::F32(out), xl.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+        ws: &candle_core::CudaStorage,
+        wl: &Layout,
+        bs: &candle_core::CudaStorage,
+        bl: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let kernel = crate::cuda::GroupNormKernel {
+            groups: self.groups,
+            eps: self.eps,
+            silu: self.silu,
+        };
+        crate::cuda::map3(&kernel, (xs, xl), (ws, wl), (bs, bl))
     }
 }
 

@@ -214,6 +214,11 @@ struct ServeArgs {
     /// Jobs that run at once. More than the cores: a job waits on storage as well as computing.
     #[arg(long, env = "WEFT_WORKERS", default_value_t = JobsConfig::DEFAULT_WORKERS)]
     workers: usize,
+    /// The precision networks compute in on a GPU: float32, float16 or bfloat16 (the
+    /// autoencoder takes bfloat16 for float16). Unset: ComfyUI's defaults, the UNet and text
+    /// encoders in float16, the autoencoder in bfloat16. The CPU always computes in float32.
+    #[arg(long, env = "WEFT_PRECISION", value_parser = parse_precision)]
+    precision: Option<weft_compute::device::Precision>,
     /// Jobs that may wait; beyond it submissions get 429 queue_full.
     #[arg(long, env = "WEFT_QUEUE_DEPTH", default_value_t = JobsConfig::DEFAULT_QUEUE_DEPTH)]
     queue_depth: usize,
@@ -482,7 +487,14 @@ fn origin(flag: &str, value: &str) -> anyhow::Result<String> {
 }
 
 /// The settings `weft serve` runs with, from its flags.
+/// Parses `--precision`.
+fn parse_precision(text: &str) -> Result<weft_compute::device::Precision, String> {
+    weft_compute::device::Precision::parse(text)
+        .ok_or_else(|| format!("{text:?}: expected float32, float16 or bfloat16"))
+}
+
 fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
+    weft_compute::device::request_precision(args.precision);
     let auth = auth_mode(args.auth.as_deref(), args.token.as_deref())?;
     if auth == AuthMode::None && !args.addr.ip().is_loopback() && !args.allow_unauthenticated {
         anyhow::bail!(

@@ -62,6 +62,17 @@ pub(crate) fn attention(
         );
     }
     let d = width / heads;
+    #[cfg(feature = "cuda")]
+    if q.device().is_cuda()
+        && crate::cuda::FlashAttention::supports(q.dtype(), d)
+        && crate::cuda::flash_attention_enabled()
+    {
+        let op = crate::cuda::FlashAttention {
+            heads,
+            scale: scale as f32,
+        };
+        return rows_adjacent(q)?.apply_op3_no_bwd(&rows_adjacent(k)?, &rows_adjacent(v)?, &op);
+    }
     if !(q.device().is_cpu() && q.dtype() == DType::F32) {
         let split = |x: &Tensor, tokens: usize| {
             x.reshape((b, tokens, heads, d))?
@@ -70,7 +81,8 @@ pub(crate) fn attention(
                 .reshape((b * heads, tokens, d))
         };
         let (qh, kh, vh) = (split(q, n)?, split(k, m)?, split(v, m)?);
-        let scores = (qh.matmul(&kh.t()?)? * scale)?;
+        // Scaled before the product: float16 scores stay in range.
+        let scores = (qh * scale)?.matmul(&kh.t()?)?;
         let o = candle_nn::ops::softmax_last_dim(&scores)?.matmul(&vh)?;
         return o.reshape((b, heads, n, d))?.transpose(1, 2)?.reshape((b, n, width));
     }

@@ -64,6 +64,11 @@ thread_local! {
 }
 
 impl Conv2d {
+    /// The dtype the convolution computes in (its weights').
+    pub(crate) fn dtype(&self) -> DType {
+        self.weight.dtype()
+    }
+
     /// Reads `weight` (`[cout, cin, k, k]`) and `bias` (`[cout]`) from `vb`.
     pub(crate) fn new(
         vb: VarBuilder,

@@ -128,8 +128,8 @@ impl StandaloneVae {
                 tensors.insert(target, mm.load(stored, device)?.to_dtype(DType::F32)?);
             }
         }
-        let vae =
-            Sd1Vae::new(VarBuilder::from_tensors(tensors, DType::F32, device), cfg).context("building the VAE")?;
+        let dtype = crate::device::precisions(device).vae.dtype();
+        let vae = Sd1Vae::new(VarBuilder::from_tensors(tensors, dtype, device), cfg).context("building the VAE")?;
         Ok(StandaloneVae {
             vae,
             device: device.clone(),

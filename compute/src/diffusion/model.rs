@@ -6,7 +6,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use candle_core::DType;
 use candle_nn::VarBuilder;
 
 use super::checkpoint::ModelError;
@@ -98,7 +97,11 @@ impl DiffusionModel {
         for (lora, strength) in &loras {
             lora.apply(*strength, Component::Unet, cfg, &mut tensors)?;
         }
-        let unet = Unet::new(VarBuilder::from_tensors(tensors, DType::F32, device), cfg).map_err(|e| failed(&e))?;
+        let unet = Unet::new(
+            VarBuilder::from_tensors(tensors, self.checkpoint.precisions.unet.dtype(), device),
+            cfg,
+        )
+        .map_err(|e| failed(&e))?;
         Ok(DiffusionModel {
             loras,
             patched: Some(Arc::new(unet)),
@@ -207,6 +210,7 @@ mod tests {
     use crate::diffusion::lora::write_random_lora;
     use crate::models::loader::tiny_test_models;
     use crate::models::ModelConfig;
+    use candle_core::DType;
 
     #[test]
     fn a_lora_changes_the_unet_and_strength_zero_does_not() {

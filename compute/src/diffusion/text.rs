@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
 use super::checkpoint::ModelError;
@@ -178,7 +178,7 @@ impl TextEncoder {
             for (lora, strength) in &self.loras {
                 lora.apply(*strength, component, cfg, &mut tensors)?;
             }
-            let vb = VarBuilder::from_tensors(tensors, DType::F32, &self.models.device);
+            let vb = VarBuilder::from_tensors(tensors, self.models.precisions.text.dtype(), &self.models.device);
             clips.push(ClipText::new(vb, clip)?);
         }
         Ok(clips)

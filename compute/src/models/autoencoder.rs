@@ -12,7 +12,7 @@
 //! last level at 256x256 output, one level up at 512x512), which came out as horizontal
 //! streaks, and the encoder has such planes too.
 
-use candle_core::{Module, Result, Tensor};
+use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::working::{act, attention_scratch, conv_scratch, halved, resnet_bytes, Peak};
@@ -59,10 +59,13 @@ impl Sd1Vae {
     /// [`Sd1Vae::encode`], asking `stop` before every block and inside attention.
     pub fn encode_interruptible(&self, x: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
         crate::on_workers(|| {
-            let h = self.encoder.forward(x, stop)?;
+            let h = self.encoder.forward(&x.to_dtype(self.dtype())?, stop)?;
             stop.check()?;
             let moments = self.quant_conv.forward_fused(&h, None, None)?;
-            moments.narrow(1, 0, self.latent_channels)?.contiguous()
+            moments
+                .narrow(1, 0, self.latent_channels)?
+                .to_dtype(DType::F32)?
+                .contiguous()
         })
     }
 
@@ -76,9 +79,16 @@ impl Sd1Vae {
     pub fn decode_interruptible(&self, z: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
         crate::on_workers(|| {
             stop.check()?;
+            let z = z.to_dtype(self.dtype())?;
             self.decoder
-                .forward(&self.post_quant_conv.forward_fused(z, None, None)?, stop)
+                .forward(&self.post_quant_conv.forward_fused(&z, None, None)?, stop)?
+                .to_dtype(DType::F32)
         })
+    }
+
+    /// The dtype the autoencoder computes in (its weights').
+    pub fn dtype(&self) -> DType {
+        self.quant_conv.dtype()
     }
 }
 

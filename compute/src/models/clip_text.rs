@@ -6,7 +6,7 @@
 //! building a second model (`CLIPSetLastLayer`). Weights are read under candle's names, so
 //! the checkpoint mapping of `layout.rs` serves both.
 
-use candle_core::{Module, Result, Tensor};
+use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{layer_norm, LayerNorm, VarBuilder};
 
 use crate::interrupt::Interrupt;
@@ -79,14 +79,20 @@ impl ClipText {
         self.position_embedding.dim(0).unwrap_or(0)
     }
 
-    /// The input embeddings of token ids `ids`: `[ids.len(), width]`.
+    /// The dtype the encoder computes in (its weights').
+    pub fn dtype(&self) -> DType {
+        self.token_embedding.dtype()
+    }
+
+    /// The input embeddings of token ids `ids`, float32 whatever the encoder computes in (so
+    /// that they mix with textual-inversion vectors): `[ids.len(), width]`.
     pub fn token_embeddings(&self, ids: &[u32]) -> Result<Tensor> {
         let vocab = self.token_embedding.dim(0)?;
         if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
             candle_core::bail!("token id {bad} is outside the vocabulary of {vocab}");
         }
         let ids = Tensor::new(ids, self.token_embedding.device())?;
-        self.token_embedding.index_select(&ids, 0)
+        self.token_embedding.index_select(&ids, 0)?.to_dtype(DType::F32)
     }
 
     /// The whole transformer on token ids `ids` (`[b, n]`): `[b, n, width]`.
@@ -116,7 +122,8 @@ impl ClipText {
 
     /// The output of the first `layers` encoder layers on `embeds` (`[b, n, width]`), with
     /// the final layer norm when `norm_hidden`; with `pooled_at` (a position per row) also
-    /// the pooled output, which runs every layer. `stop` is asked before every layer.
+    /// the pooled output, which runs every layer. `stop` is asked before every layer. The
+    /// outputs are float32 whatever the encoder computes in.
     pub fn encode(
         &self,
         embeds: &Tensor,
@@ -136,8 +143,8 @@ impl ClipText {
             );
         }
         let positions = self.position_embedding.narrow(0, 0, n)?;
-        let mut x = embeds.broadcast_add(&positions)?;
-        let mask = causal_mask(n, embeds.device())?;
+        let mut x = embeds.to_dtype(self.dtype())?.broadcast_add(&positions)?;
+        let mask = causal_mask(n, embeds.device())?.to_dtype(self.dtype())?;
         let run = if pooled_at.is_some() { self.layers.len() } else { layers };
         let mut hidden = None;
         for (i, layer) in self.layers[..run].iter().enumerate() {
@@ -154,10 +161,13 @@ impl ClipText {
             hidden
         };
         let pooled = match pooled_at {
-            Some(at) => Some(self.pooled(&x, at)?),
+            Some(at) => Some(self.pooled(&x, at)?.to_dtype(DType::F32)?),
             None => None,
         };
-        Ok(ClipOutput { hidden, pooled })
+        Ok(ClipOutput {
+            hidden: hidden.to_dtype(DType::F32)?,
+            pooled,
+        })
     }
 
     /// The final-normed `last` (`[b, n, width]`) at each row's position in `at`, through the

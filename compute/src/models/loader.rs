@@ -1,5 +1,7 @@
 //! Loads an original-layout checkpoint (SD1.x, SDXL, the SDXL refiner) into weft's UNet,
-//! autoencoder and CLIP text transformers (float32, on the device chosen by [`crate::device::select_device`]).
+//! autoencoder and CLIP text transformers, on the device chosen by
+//! [`crate::device::select_device`], in the precisions [`crate::device::precisions`] gives
+//! (float32 on the CPU; on a GPU the tensors are uploaded as stored and converted there).
 //!
 //! The checkpoint is validated by [`open_checkpoint`] first (header cap, bounds, shapes, dtypes, arch),
 //! then read tensor by tensor; tensors are renamed with [`ldm_to_candle`]. Errors from validation are
@@ -13,6 +15,7 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
+use crate::device::{Precision, Precisions};
 use crate::models::autoencoder::Sd1Vae;
 use crate::models::clip_text::ClipText;
 use crate::models::layout::{fit_to_network, ldm_to_candle, network_shape, open_checkpoint, Component, ModelConfig};
@@ -32,7 +35,9 @@ pub struct CheckpointModels {
     pub config: ModelConfig,
     /// The device holding the weights.
     pub device: Device,
-    /// Bytes of float32 weights held.
+    /// The precision each network holds its weights and computes in.
+    pub precisions: Precisions,
+    /// Bytes of weights held.
     pub bytes: u64,
 }
 
@@ -55,46 +60,66 @@ pub fn load_sd1(path: &Path, device: &Device) -> Result<CheckpointModels> {
     load_models(path, &ModelConfig::sd1(), device)
 }
 
-/// Loads networks of layout `cfg` from `path` (float32).
+/// Loads networks of layout `cfg` from `path`, each in the precision
+/// [`crate::device::precisions`] gives it on `device`.
 pub fn load_models(path: &Path, cfg: &ModelConfig, device: &Device) -> Result<CheckpointModels> {
+    let precisions = crate::device::precisions(device);
     let index = open_checkpoint(path, cfg, DEFAULT_MAX_HEADER)?;
-    // Tensor by tensor, read and converted in parallel: the file is not mapped, so only its
-    // float32 copy counts against the process's memory, not the float16 pages as well.
+    // Tensor by tensor. On the CPU, read and widened to float32 in parallel: the file is not
+    // mapped, so only its float32 copy counts against the process's memory, not the float16
+    // pages as well. On a GPU, uploaded as stored and converted there.
     let mut parts: HashMap<Component, HashMap<String, Tensor>> = HashMap::new();
     let mut bytes = 0u64;
     for (name, info) in &index.tensors {
         let Some((component, target)) = ldm_to_candle(name, cfg) else {
             continue;
         };
-        let values = index.read_f32(name)?;
-        let t = Tensor::from_vec(values, info.shape.as_slice(), device)
+        let stored = if device.is_cpu() {
+            Tensor::from_vec(index.read_f32(name)?, info.shape.as_slice(), device)?
+        } else {
+            index.read_stored(name, device)?
+        };
+        let dtype = precision_of(&precisions, component).dtype();
+        let t = stored
+            .to_dtype(dtype)
             .and_then(|t| fit_to_network(&target, t))
             .with_context(|| format!("loading tensor {name}"))?;
-        bytes += t.elem_count() as u64 * 4;
+        bytes += (t.elem_count() * dtype.size_in_bytes()) as u64;
         parts.entry(component).or_default().insert(target, t);
     }
     let mut take = |c: Component| parts.remove(&c).unwrap_or_default();
-    let unet_vb = VarBuilder::from_tensors(take(Component::Unet), DType::F32, device);
+    let unet_vb = VarBuilder::from_tensors(take(Component::Unet), precisions.unet.dtype(), device);
     let unet = Unet::new(unet_vb, cfg).context("building the UNet")?;
-    let vae_vb = VarBuilder::from_tensors(take(Component::Vae), DType::F32, device);
+    let vae_vb = VarBuilder::from_tensors(take(Component::Vae), precisions.vae.dtype(), device);
     let vae = Sd1Vae::new(vae_vb, cfg).context("building the VAE")?;
     let text = cfg
         .text
         .iter()
         .enumerate()
         .map(|(i, clip)| {
-            let vb = VarBuilder::from_tensors(take(Component::Clip(i)), DType::F32, device);
+            let vb = VarBuilder::from_tensors(take(Component::Clip(i)), precisions.text.dtype(), device);
             ClipText::new(vb, clip).with_context(|| format!("building {}", clip.name))
         })
         .collect::<Result<_>>()?;
+    tracing::info!(path = %path.display(), "networks loaded ({})", precisions.describe());
     Ok(CheckpointModels {
         unet,
         vae,
         text,
         config: cfg.clone(),
         device: device.clone(),
+        precisions,
         bytes,
     })
+}
+
+/// The precision `precisions` gives the network `component` belongs to.
+pub fn precision_of(precisions: &Precisions, component: Component) -> Precision {
+    match component {
+        Component::Unet => precisions.unet,
+        Component::Vae => precisions.vae,
+        Component::Clip(_) => precisions.text,
+    }
 }
 
 /// Checks the LDM -> candle name mapping of layout `cfg` against the names and shapes

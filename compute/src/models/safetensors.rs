@@ -332,6 +332,40 @@ impl SafetensorsIndex {
             .map_err(io)?;
         Ok(out)
     }
+
+    /// Reads a float tensor as stored (F32, F16 or BF16, no conversion) onto `device`: on a
+    /// GPU the weights travel in their stored precision and are converted there.
+    pub fn read_stored(
+        &self,
+        name: &str,
+        device: &candle_core::Device,
+    ) -> Result<candle_core::Tensor, CheckpointError> {
+        let info = &self.tensors[name];
+        let dtype = match info.dtype {
+            Dtype::F32 => candle_core::DType::F32,
+            Dtype::F16 => candle_core::DType::F16,
+            Dtype::BF16 => candle_core::DType::BF16,
+            other => {
+                return Err(CheckpointError::Malformed {
+                    path: self.path.clone(),
+                    detail: format!("tensor '{name}' has dtype {} where a float was expected", other.name()),
+                })
+            }
+        };
+        let io = |source| CheckpointError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let file = File::open(&self.path).map_err(io)?;
+        let mut bytes = vec![0u8; (info.range.1 - info.range.0) as usize];
+        file.read_exact_at(&mut bytes, info.range.0).map_err(io)?;
+        candle_core::Tensor::from_raw_buffer(&bytes, dtype, &info.shape, device).map_err(|e| {
+            CheckpointError::Malformed {
+                path: self.path.clone(),
+                detail: format!("tensor '{name}': {e}"),
+            }
+        })
+    }
 }
 
 /// Little-endian float32 `bytes` into `out`.

@@ -9,7 +9,7 @@
 //! with the exact, erf-based GELU as PyTorch ([`crate::geglu`]; candle-transformers
 //! uses the tanh approximation). On other devices each falls back to candle's operations.
 
-use candle_core::{Module, Result, Tensor};
+use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{layer_norm, LayerNorm, VarBuilder};
 
 use super::layout::{Heads, ModelConfig};
@@ -189,9 +189,15 @@ impl Unet {
         })
     }
 
+    /// The dtype the UNet computes in (its weights').
+    pub fn dtype(&self) -> DType {
+        self.conv_in.dtype()
+    }
+
     /// The predicted noise for `x: [b, c, h, w]` at `timestep` (the same for the whole
     /// batch) under `context: [b, tokens, context_dim]` and, for models with a label
-    /// embedding (SDXL), the conditioning vector `y: [b, adm_in_channels]`.
+    /// embedding (SDXL), the conditioning vector `y: [b, adm_in_channels]`. The inputs are
+    /// cast to [`Unet::dtype`] and the output is float32.
     pub fn forward(&self, x: &Tensor, timestep: f64, context: &Tensor, y: Option<&Tensor>) -> Result<Tensor> {
         self.forward_interruptible(x, timestep, (context, y), Interrupt::NEVER)
     }
@@ -235,6 +241,7 @@ impl Unet {
         stop: Interrupt<'_>,
     ) -> Result<Tensor> {
         stop.check()?;
+        let (x, context) = (&x.to_dtype(self.dtype())?, &context.to_dtype(self.dtype())?);
         let emb = self.embedding(x, timestep, y)?;
         // Every residual block projects silu(emb); compute it once.
         let emb = candle_nn::ops::silu(&emb)?;
@@ -286,7 +293,7 @@ impl Unet {
             }
         }
         stop.check()?;
-        self.conv_out.forward(&self.norm_out.forward(&h)?)
+        self.conv_out.forward(&self.norm_out.forward(&h)?)?.to_dtype(DType::F32)
     }
 }
 
