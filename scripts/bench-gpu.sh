@@ -2,8 +2,8 @@
 # The GPU comparison, in one run on a machine with an NVIDIA GPU and PyTorch but no Rust and no
 # network: weft's `cuda` build against ComfyUI and diffusers (PyTorch SDPA), side by side, on
 # ComfyUI's default graph with the random-weight checkpoints, 20 steps:
-#   - SD1.5 at 512x512, batch 1: weft in float16 (flash attention, and candle's matmul
-#     attention), bfloat16 and float32; ComfyUI in its default mode and with --force-fp32;
+#   - SD1.5 at 512x512, batch 1: weft in float16 (and with its flash-attention kernel),
+#     bfloat16 and float32; ComfyUI in its default mode and with --force-fp32;
 #   - SD1.5 at 512x512, batch 4, and SDXL at 1024x1024, batch 1 and 4: weft float16 against
 #     ComfyUI's default and diffusers float16;
 #   - the images' differences: ComfyUI float16 against its float32 (the tolerance), and weft's
@@ -33,7 +33,7 @@ note() { echo "== $(date +%T) $*" | tee -a "$summary"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 WEFT_CACHE_DIR=/tmp/weft-cache
 # The CUDA libraries weft links (PyTorch's wheels carry them).
-libs=$(find /opt /usr/local /usr/lib -xdev \( -name 'libcudnn.so.9' -o -name 'libcublas.so.13' -o -name 'libcublasLt.so.13' \
+libs=$(find /opt /usr/local /usr/lib -xdev \( -name 'libcublas.so.13' -o -name 'libcublasLt.so.13' \
     -o -name 'libcudart.so.13' -o -name 'libcurand.so.10' -o -name 'libnvrtc.so.13' \) 2>/dev/null | xargs -r -n1 dirname | sort -u | paste -sd:)
 export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 {
@@ -67,9 +67,8 @@ comfy=(--comfyui .gpu/comfyui --comfyui-python python3)
 # SD1.5, 512x512, batch 1: every weft variant and both ComfyUI modes, images kept.
 bench sd15-b1-f16 240 --family sd15 --size 512 --label f16- "${comfy[@]}" --comfyui-args= --comfyui-args=--force-fp32
 WEFT_PRECISION=bfloat16 bench sd15-b1-bf16 60 --family sd15 --size 512 --label bf16-
-WEFT_CUDA_ATTENTION=matmul bench sd15-b1-f16-matmul 60 --family sd15 --size 512 --label f16matmul-
+WEFT_CUDA_ATTENTION=flash bench sd15-b1-f16-flash 60 --family sd15 --size 512 --label f16flash-
 WEFT_PRECISION=float32 bench sd15-b1-f32 60 --family sd15 --size 512 --label f32-
-WEFT_PRECISION=float32 WEFT_CUDA_ATTENTION=matmul bench sd15-b1-f32-matmul 60 --family sd15 --size 512 --label f32matmul-
 # SD1.5 at batch 4, weft float16 and ComfyUI's default.
 bench sd15-b4-f16 150 --family sd15 --size 512 --batch 4 --label f16- "${comfy[@]}" --comfyui-args=
 note "diffusers sd15"
@@ -89,11 +88,9 @@ comfy16, comfy32 = "f16-comfyui-sd15-512-b1", "f16-comfyui-force-fp32-sd15-512-b
 pairs = [(comfy16, comfy32, "ComfyUI float16 vs its float32 (the tolerance)"),
          ("f16-weft-sd15-512-b1", comfy16, "weft float16 vs ComfyUI float16"),
          ("f16-weft-sd15-512-b1", comfy32, "weft float16 vs ComfyUI float32"),
-         ("f16matmul-weft-sd15-512-b1", comfy16, "weft float16 (matmul attention) vs ComfyUI float16"),
-         ("f16-weft-sd15-512-b1", "f16matmul-weft-sd15-512-b1", "weft float16: flash vs matmul attention"),
+         ("f16flash-weft-sd15-512-b1", comfy16, "weft float16 (flash attention) vs ComfyUI float16"),
          ("bf16-weft-sd15-512-b1", comfy16, "weft bfloat16 vs ComfyUI float16"),
          ("f32-weft-sd15-512-b1", comfy32, "weft float32 vs ComfyUI float32"),
-         ("f32matmul-weft-sd15-512-b1", comfy32, "weft float32 (matmul attention) vs ComfyUI float32"),
          ("f16-weft-sd15-512-b4", "f16-comfyui-sd15-512-b4", "batch 4: weft float16 vs ComfyUI float16")]
 for a, b, what in pairs:
     if a in images and b in images and images[a].shape == images[b].shape:

@@ -2,8 +2,9 @@
 # Assembles what `cargo build --release --features cuda` needs from NVIDIA's PyPI wheels, on a
 # machine with no GPU and no CUDA toolkit: nvcc 13.0 and its headers (candle's kernels are
 # compiled at build time) and the libraries the binary links against (cudart, cuBLAS, cuRAND).
-# The driver's libcuda is not on PyPI, and cuDNN's wheel is 700 MB: link-time stubs stand in
-# for them (and NVRTC), and the machine that runs the binary supplies the real libraries.
+# The driver's libcuda is not on PyPI: a link-time stub stands in for it (and for NVRTC, which
+# candle links but weft never calls), and the machine that runs the binary supplies the real
+# libraries.
 #
 #     eval "$(scripts/cuda-toolkit.sh [DIR])"   # DIR defaults to ~/.cache/weft/cuda-13.0
 #     cargo build --release -p weft --features cuda
@@ -11,8 +12,7 @@
 # It prints the environment for the build: CUDA_ROOT, PATH, LIBRARY_PATH and
 # CUDA_COMPUTE_CAP (90, Hopper, unless already set). At run time the GPU machine needs
 # the same major version's libcudart.so.13, libcublas.so.13, libcublasLt.so.13,
-# libnvrtc.so.13, libcurand.so.10 and libcudnn.so.9 on its library path (PyTorch's cu13 wheels
-# carry them).
+# libnvrtc.so.13 and libcurand.so.10 on its library path (PyTorch's cu13 wheels carry them).
 set -euo pipefail
 
 dir=${1:-${WEFT_CACHE_DIR:-$HOME/.cache/weft}/cuda-13.0}
@@ -48,11 +48,10 @@ if [ ! -x "$root/bin/nvcc" ]; then
     )
     ln -sfn lib "$root/lib64"
 fi
-# cuDNN (convolutions) and NVRTC (which candle links, unused here) are linked the same way:
-# a stub with every entry point cudarc binds, read from its sources. The machine that runs the
-# binary has the real libcudnn.so.9 and libnvrtc.so.13.
+# NVRTC is linked the same way: a stub with every entry point cudarc binds, read from its
+# sources. The machine that runs the binary has the real libnvrtc.so.13.
 find_bindings() { ls "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-0.19.*/src/"$1"/sys/mod.rs 2>/dev/null | tail -1; }
-for stub in cudnn:libcudnn.so.9 nvrtc:libnvrtc.so.13; do
+for stub in nvrtc:libnvrtc.so.13; do
     name=${stub%%:*} soname=${stub#*:}
     [ -e "$root/lib/lib$name.so" ] && continue
     bindings=$(find_bindings "$name")

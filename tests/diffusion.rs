@@ -935,3 +935,28 @@ fn prompt_weights_long_prompts_and_textual_inversion_embeddings_follow_comfyui()
         assert!(message.contains(expected), "{job}");
     }
 }
+
+#[test]
+fn the_precision_is_reported_per_network_and_the_cpu_computes_in_float32_whatever_is_asked() {
+    let models = models_dir();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("server.log");
+    let asked = Server::with(Options {
+        args: vec![
+            "--models-dir".into(),
+            models.path().display().to_string(),
+            "--precision".into(),
+            "float16".into(),
+        ],
+        log_file: Some(log.clone()),
+        ..Default::default()
+    });
+    let plain = server(models.path(), None, &[]);
+    let graph = default_graph(7, 64, 2);
+    assert_eq!(run_outputs(&asked, graph.clone()), run_outputs(&plain, graph));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("networks loaded (unet float32, text float32, vae float32)"),
+        "no precision report in the log:\n{text}"
+    );
+}

@@ -186,3 +186,17 @@ fn a_token_with_another_auth_mode_is_refused_at_start() {
         assert!(stderr.contains("--token"), "{stderr}");
     }
 }
+
+#[test]
+fn an_unknown_precision_is_refused_at_start_with_the_names_it_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(support::weft_bin())
+        .args(["serve", "--addr", "127.0.0.1:0", "--precision", "half", "--data-dir"])
+        .arg(dir.path())
+        .env("WEFT_LOG", "off")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "--precision half started");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("float16") && stderr.contains("bfloat16"), "{stderr}");
+}

@@ -110,7 +110,7 @@ impl Map1 for GegluKernel {
         let x = contiguous(x, layout, "geglu")?;
         let half = width / 2;
         let elements = layout.shape().elem_count() / 2;
-        let rows = if half == 0 { 0 } else { elements / half } as i64;
+        let rows = elements.checked_div(half).unwrap_or(0) as i64;
         let func = dev.get_or_load_custom_func(&kernel_name::<T>("geglu"), MODULE, PTX)?;
         // SAFETY: every element is written by the kernel.
         let out = unsafe { dev.alloc::<T>(elements)? };
@@ -260,15 +260,16 @@ impl candle_core::CustomOp3 for FlashAttention {
     }
 }
 
-/// Set to `matmul`, attention on a GPU materialises its scores through matrix products and
-/// candle's softmax instead of [`FlashAttention`] (for comparison, or should the kernel fail).
+/// Set to `flash`, attention on a GPU uses [`FlashAttention`] where it supports the inputs;
+/// otherwise it materialises its scores through cuBLAS products and candle's softmax, which
+/// measured faster on an H200 (the kernel's tiles go through shared memory; see
+/// docs/benchmarks.md).
 const ATTENTION_VARIABLE: &str = "WEFT_CUDA_ATTENTION";
 
-/// Whether attention on a GPU uses [`FlashAttention`] where it supports the inputs (the
-/// default; see [`ATTENTION_VARIABLE`]).
+/// Whether attention on a GPU uses [`FlashAttention`] (see [`ATTENTION_VARIABLE`]).
 pub(crate) fn flash_attention_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var(ATTENTION_VARIABLE).map_or(true, |v| v != "matmul"))
+    *ENABLED.get_or_init(|| std::env::var(ATTENTION_VARIABLE).is_ok_and(|v| v == "flash"))
 }
 
 /// Runs `kernel` on the storage of a GPU tensor.
