@@ -138,11 +138,14 @@ def peak_rss_gib(pid):
 
 
 def per_step(times, steps):
-    """Seconds a step from `times` (step number -> when it was first seen): the last step's
-    time against the first's, so that neither loading nor the first step counts."""
-    if steps < 2 or 1 not in times or steps not in times:
+    """Seconds a step from `times` (step number -> when it was first seen): the last step seen
+    against the first seen after step 0, so that neither loading nor the first step counts
+    (a fast sampler's progress events may skip steps)."""
+    seen = sorted(step for step in times if step >= 1)
+    if steps < 2 or len(seen) < 2:
         return None
-    return (times[steps] - times[1]) / (steps - 1)
+    first, last = seen[0], seen[-1]
+    return (times[last] - times[first]) / (last - first)
 
 
 def request(url, body=None):

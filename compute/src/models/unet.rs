@@ -1,4 +1,4 @@
-//! The SD1.x denoising UNet, written for weft's CPU path.
+//! The denoising UNet of SD1.x and SDXL, written for weft's CPU path.
 //!
 //! Same architecture and parameter names as diffusers' `UNet2DConditionModel` (the names
 //! [`super::ldm_to_candle`] maps checkpoints onto). Unlike candle-transformers' version, its
@@ -7,7 +7,9 @@
 //! straight from one matrix product ([`crate::conv`]), group norm + SiLU in one pass
 //! ([`crate::norm`]), biased linear layers ([`crate::linear`]) and a GEGLU
 //! with the exact, erf-based GELU as PyTorch ([`crate::geglu`]; candle-transformers
-//! uses the tanh approximation). On other devices each falls back to candle's operations.
+//! uses the tanh approximation). On a GPU, group norm and GEGLU are weft's CUDA kernels
+//! (`compute/src/cuda/`, with the `cuda` feature) and the rest candle's operations, in the
+//! precision the UNet's weights were loaded in.
 
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{layer_norm, LayerNorm, VarBuilder};
