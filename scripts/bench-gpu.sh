@@ -14,7 +14,8 @@
 #
 # WEFT is the `cuda` build (default .gpu/weft, else .gpu/weft.xz unpacked); ComfyUI's tree is
 # .gpu/comfyui and the Python wheels the machine lacks (diffusers, ComfyUI's requirements) are
-# .gpu/whl. Everything is logged under OUT (default $OUT, else /tmp/bench-gpu); the summary is
+# .gpu/whl: `scripts/gpu-bundle.sh` prepares all three on a machine with the network.
+# Everything is logged under OUT (default $OUT, else /tmp/bench-gpu); the summary is
 # OUT/summary.txt. Each part has its own time limit and the run goes on when one fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
