@@ -54,49 +54,38 @@ except ImportError as e:  # pragma: no cover - environment problem, not a bug
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
-SD15_UNET = dict(
-    sample_size=64,
+# What the SD1.5 and SDXL UNets share.
+UNET_BASE = dict(
     in_channels=4,
     out_channels=4,
     center_input_sample=False,
     flip_sin_to_cos=True,
     freq_shift=0,
-    down_block_types=(
-        "CrossAttnDownBlock2D",
-        "CrossAttnDownBlock2D",
-        "CrossAttnDownBlock2D",
-        "DownBlock2D",
-    ),
     mid_block_type="UNetMidBlock2DCrossAttn",
-    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-    block_out_channels=(320, 640, 1280, 1280),
     layers_per_block=2,
     downsample_padding=1,
     mid_block_scale_factor=1,
     act_fn="silu",
     norm_num_groups=32,
     norm_eps=1e-5,
+)
+
+SD15_UNET = dict(
+    UNET_BASE,
+    sample_size=64,
+    down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+    up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+    block_out_channels=(320, 640, 1280, 1280),
     cross_attention_dim=768,
     attention_head_dim=8,
 )
 
 SDXL_UNET = dict(
+    UNET_BASE,
     sample_size=128,
-    in_channels=4,
-    out_channels=4,
-    center_input_sample=False,
-    flip_sin_to_cos=True,
-    freq_shift=0,
     down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-    mid_block_type="UNetMidBlock2DCrossAttn",
     up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
     block_out_channels=(320, 640, 1280),
-    layers_per_block=2,
-    downsample_padding=1,
-    mid_block_scale_factor=1,
-    act_fn="silu",
-    norm_num_groups=32,
-    norm_eps=1e-5,
     cross_attention_dim=2048,
     transformer_layers_per_block=(1, 2, 10),
     # diffusers' SDXL config names the head *count* attention_head_dim (64-wide heads).

@@ -48,18 +48,16 @@ if [ ! -x "$root/bin/nvcc" ]; then
     )
     ln -sfn lib "$root/lib64"
 fi
-# NVRTC is linked the same way: a stub with every entry point cudarc binds, read from its
-# sources. The machine that runs the binary has the real libnvrtc.so.13.
-find_bindings() { ls "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-0.19.*/src/"$1"/sys/mod.rs 2>/dev/null | tail -1; }
-for stub in nvrtc:libnvrtc.so.13; do
-    name=${stub%%:*} soname=${stub#*:}
-    [ -e "$root/lib/lib$name.so" ] && continue
-    bindings=$(find_bindings "$name")
-    [ -n "$bindings" ] || { cargo fetch --locked >&2; bindings=$(find_bindings "$name"); }
+if [ ! -e "$root/lib/libnvrtc.so" ]; then
+    # NVRTC is linked the same way: a stub with every entry point cudarc binds, read from its
+    # sources. The machine that runs the binary has the real libnvrtc.so.13.
+    find_bindings() { ls "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-0.19.*/src/nvrtc/sys/mod.rs 2>/dev/null | tail -1; }
+    bindings=$(find_bindings)
+    [ -n "$bindings" ] || { cargo fetch --locked >&2; bindings=$(find_bindings); }
     mkdir -p "$root/lib/stubs"
-    grep -oE "pub unsafe fn $name[A-Za-z0-9_]*" "$bindings" | sort -u \
-        | awk '{ print "int " $4 "(void) { return 999; }" }' > "$root/lib/stubs/lib$name.c"
-    cc -shared -fPIC -o "$root/lib/stubs/lib$name.so" "$root/lib/stubs/lib$name.c" -Wl,-soname,"$soname"
-    ln -sf "stubs/lib$name.so" "$root/lib/lib$name.so"
-done
+    grep -oE 'pub unsafe fn nvrtc[A-Za-z0-9_]*' "$bindings" | sort -u \
+        | awk '{ print "int " $4 "(void) { return 999; }" }' > "$root/lib/stubs/libnvrtc.c"
+    cc -shared -fPIC -o "$root/lib/stubs/libnvrtc.so" "$root/lib/stubs/libnvrtc.c" -Wl,-soname,libnvrtc.so.13
+    ln -sf stubs/libnvrtc.so "$root/lib/libnvrtc.so"
+fi
 echo "export CUDA_ROOT='$root' PATH='$root/bin':\"\$PATH\" LIBRARY_PATH='$root/lib'${LIBRARY_PATH:+:\$LIBRARY_PATH} CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}"

@@ -166,9 +166,9 @@ static REQUESTED: OnceLock<Option<Precision>> = OnceLock::new();
 
 /// Sets the precision networks compute in on a GPU for the rest of the process (`weft serve
 /// --precision`); `None` keeps the defaults of [`Precisions::for_device`]. Only the first call
-/// counts; it returns whether this one did.
-pub fn request_precision(requested: Option<Precision>) -> bool {
-    REQUESTED.set(requested).is_ok()
+/// counts.
+pub fn request_precision(requested: Option<Precision>) {
+    let _ = REQUESTED.set(requested);
 }
 
 /// The precisions networks loaded on `device` use, under the process's request.

@@ -5,7 +5,7 @@
 //! and decode with the VAE.
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Tensor as CTensor};
+use candle_core::Tensor as CTensor;
 
 use super::diffusion::conditioning::repeat_to_common_length;
 use super::diffusion::prompt::encode_prompt;
@@ -113,7 +113,6 @@ impl<'a> GuidedUnet<'a> {
             scaled
         };
         let eps = self.unet.forward(&batch, t, &self.context, None).context("UNet")?;
-        let eps = eps.to_dtype(DType::F32)?;
         // denoised = x - eps * sigma, per half of the batch.
         let per = x.data.len();
         let eps = eps.flatten_all()?.to_vec1::<f32>()?;

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
-use candle_core::{DType, Device};
+use candle_core::Device;
 use candle_nn::VarBuilder;
 
 use super::checkpoint::ModelError;
@@ -125,7 +125,8 @@ impl StandaloneVae {
         let mut tensors = HashMap::new();
         for (ldm, stored) in by_name {
             if let Some((Component::Vae, target)) = ldm_to_candle(ldm, cfg) {
-                tensors.insert(target, mm.load(stored, device)?.to_dtype(DType::F32)?);
+                // Converted to the autoencoder's precision by the VarBuilder below.
+                tensors.insert(target, mm.load(stored, device)?);
             }
         }
         let dtype = crate::device::precisions(device).vae.dtype();

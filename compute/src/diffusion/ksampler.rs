@@ -4,7 +4,7 @@
 //! SDXL's size conditioning, inpainting by noise mask, and the model's sampling patches
 //! (another model sampling or latent format, `RescaleCFG`).
 
-use candle_core::{DType, Tensor as CTensor};
+use candle_core::Tensor as CTensor;
 
 use super::adm::{adm_vector, PromptKind};
 use super::conditioning::{can_batch, repeat_to_common_length, Area, CondEntry, Conditioning};
@@ -393,7 +393,7 @@ impl Guidance<'_> {
             .model
             .unet()
             .forward_interruptible(&input, t, (&context, y.as_ref()), self.stop)?;
-        let output = output.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let output = output.flatten_all()?.to_vec1::<f32>()?;
         Ok(output
             .chunks_exact(crop.len())
             .flat_map(|out| self.ms.calculate_denoised(sigma, out, crop))

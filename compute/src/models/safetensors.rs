@@ -302,23 +302,12 @@ impl SafetensorsIndex {
     pub fn read_f32(&self, name: &str) -> Result<Vec<f32>, CheckpointError> {
         /// Values per parallel task.
         const RUN: usize = 1 << 14;
-        let info = &self.tensors[name];
+        let (info, file) = self.open_float(name)?;
         let convert: fn(&[u8], &mut [f32]) = match info.dtype {
             Dtype::F32 => from_le_f32,
             Dtype::F16 => from_le_f16,
-            Dtype::BF16 => from_le_bf16,
-            other => {
-                return Err(CheckpointError::Malformed {
-                    path: self.path.clone(),
-                    detail: format!("tensor '{name}' has dtype {} where a float was expected", other.name()),
-                })
-            }
+            _ => from_le_bf16,
         };
-        let io = |source| CheckpointError::Io {
-            path: self.path.clone(),
-            source,
-        };
-        let file = File::open(&self.path).map_err(io)?;
         let width = info.dtype.size();
         let mut out = vec![0f32; ((info.range.1 - info.range.0) / width) as usize];
         out.par_chunks_mut(RUN)
@@ -329,7 +318,7 @@ impl SafetensorsIndex {
                 convert(bytes, out);
                 Ok(())
             })
-            .map_err(io)?;
+            .map_err(|e| self.io_error(e))?;
         Ok(out)
     }
 
@@ -340,31 +329,46 @@ impl SafetensorsIndex {
         name: &str,
         device: &candle_core::Device,
     ) -> Result<candle_core::Tensor, CheckpointError> {
-        let info = &self.tensors[name];
+        let (info, file) = self.open_float(name)?;
         let dtype = match info.dtype {
             Dtype::F32 => candle_core::DType::F32,
             Dtype::F16 => candle_core::DType::F16,
-            Dtype::BF16 => candle_core::DType::BF16,
-            other => {
-                return Err(CheckpointError::Malformed {
-                    path: self.path.clone(),
-                    detail: format!("tensor '{name}' has dtype {} where a float was expected", other.name()),
-                })
-            }
+            _ => candle_core::DType::BF16,
         };
-        let io = |source| CheckpointError::Io {
-            path: self.path.clone(),
-            source,
-        };
-        let file = File::open(&self.path).map_err(io)?;
         let mut bytes = vec![0u8; (info.range.1 - info.range.0) as usize];
-        file.read_exact_at(&mut bytes, info.range.0).map_err(io)?;
+        file.read_exact_at(&mut bytes, info.range.0)
+            .map_err(|e| self.io_error(e))?;
         candle_core::Tensor::from_raw_buffer(&bytes, dtype, &info.shape, device).map_err(|e| {
             CheckpointError::Malformed {
                 path: self.path.clone(),
                 detail: format!("tensor '{name}': {e}"),
             }
         })
+    }
+
+    /// The entry of tensor `name`, refused unless it is F32, F16 or BF16, and the file opened
+    /// to read it.
+    fn open_float(&self, name: &str) -> Result<(&TensorInfo, File), CheckpointError> {
+        let info = &self.tensors[name];
+        if !matches!(info.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
+            return Err(CheckpointError::Malformed {
+                path: self.path.clone(),
+                detail: format!(
+                    "tensor '{name}' has dtype {} where a float was expected",
+                    info.dtype.name()
+                ),
+            });
+        }
+        let file = File::open(&self.path).map_err(|e| self.io_error(e))?;
+        Ok((info, file))
+    }
+
+    /// An I/O error reading this file.
+    fn io_error(&self, source: std::io::Error) -> CheckpointError {
+        CheckpointError::Io {
+            path: self.path.clone(),
+            source,
+        }
     }
 }
 
