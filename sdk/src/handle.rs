@@ -2,7 +2,8 @@
 //! of its own as a generic [`Handle`] named by its ComfyUI type; a typed wrapper makes a
 //! node's inputs and outputs say which type they carry, and checks it on the way in.
 //!
-//! `Model`, `Clip`, `Vae` and `Conditioning` are defined here. Declare any other type in
+//! `Model`, `Clip`, `Vae`, `Conditioning` and the custom-sampling types `Sampler`,
+//! `Sigmas`, `Noise` and `Guider` are defined here. Declare any other type in
 //! one line with [`handle_type!`](crate::handle_type):
 //! `weft_sdk::handle_type!(/// Noise levels. pub struct Sigmas = "SIGMAS");`
 
@@ -70,4 +71,20 @@ handle_type!(
 handle_type!(
     /// Encoded text conditioning (ComfyUI's `CONDITIONING`).
     pub struct Conditioning = "CONDITIONING"
+);
+handle_type!(
+    /// A sampler with its own parameters (ComfyUI's `SAMPLER`).
+    pub struct Sampler = "SAMPLER"
+);
+handle_type!(
+    /// Noise levels to sample through (ComfyUI's `SIGMAS`).
+    pub struct Sigmas = "SIGMAS"
+);
+handle_type!(
+    /// The initial noise of a sampling run (ComfyUI's `NOISE`).
+    pub struct Noise = "NOISE"
+);
+handle_type!(
+    /// A model with the conditioning it is guided by (ComfyUI's `GUIDER`).
+    pub struct Guider = "GUIDER"
 );

@@ -62,7 +62,7 @@ pub use bindings::weft::node::types::{
     AssetRef, Audio, FileData, Handle, Image, InputSpec, Latent, Mask, NamedValue, NodeDef, NodeError, NodeResult,
     OutputFile, OutputKind, OutputSpec, Value,
 };
-pub use handle::{Clip, Conditioning, Model, Vae};
+pub use handle::{Clip, Conditioning, Guider, Model, Noise, Sampler, Sigmas, Vae};
 
 pub use context::Context;
 pub use input::{Input, InputType, InputValues, Spec};
@@ -76,8 +76,8 @@ pub use weft_types::NodeErrorCode;
 pub mod prelude {
     pub use crate::input;
     pub use crate::{
-        diffusion, images, AssetRef, Audio, Clip, Conditioning, Context, FileData, Handle, Image, Latent, Mask, Model,
-        NodeError, OutputFile, OutputKind, Vae,
+        diffusion, images, AssetRef, Audio, Clip, Conditioning, Context, FileData, Guider, Handle, Image, Latent, Mask,
+        Model, NodeError, Noise, OutputFile, OutputKind, Sampler, Sigmas, Vae,
     };
 }
 

@@ -1,18 +1,17 @@
-//! ComfyUI's `KSampler` / `KSamplerAdvanced` on SD1 and SDXL networks: the schedule cut to the
-//! requested steps, the seed's noise per batch index, classifier-free guidance over every
-//! conditioning entry (areas and strengths weighted as ComfyUI's `calc_cond_batch` does),
-//! SDXL's size conditioning, inpainting by noise mask, and the model's sampling patches
-//! (another model sampling or latent format, `RescaleCFG`).
+//! ComfyUI's `KSampler` / `KSamplerAdvanced` and the sampling run every guider shares, on SD1
+//! and SDXL networks: the schedule cut to the requested steps, the seed's noise per batch
+//! index, guidance over every conditioning entry ([`super::guidance`]), SDXL's size
+//! conditioning, inpainting by noise mask, and the model's sampling patches (another model
+//! sampling or latent format, `RescaleCFG`).
 
-use candle_core::Tensor as CTensor;
-
-use super::adm::{adm_vector, PromptKind};
-use super::conditioning::{can_batch, repeat_to_common_length, Area, CondEntry, Conditioning};
+use super::adm::PromptKind;
+use super::conditioning::Conditioning;
+use super::guidance::{Combine, Guidance};
 use super::model::DiffusionModel;
 use super::resize::{resize_planes, Mode};
 use crate::interrupt::Interrupt;
 use crate::sampling::{
-    cfg, default_noise, ksampler_sigmas, rescale_cfg, sample, seeded_noise, ModelSampling, SampleError, SamplerKind,
+    default_noise, ksampler_sigmas, sample_with, seeded_noise, ModelSampling, SampleError, SamplerKind, SamplerOptions,
     Scheduler, StepControl, StepInfo, Tensor, TorchGenerator,
 };
 use crate::values::LatentBatch;
@@ -57,6 +56,37 @@ pub enum SampleFailure {
     Interrupted,
 }
 
+/// One sampling run as ComfyUI's guiders make it (`CFGGuider.sample`): a model, the
+/// conditionings its guidance combines, a sampler with its parameters, and the sigmas.
+pub struct SamplingRun<'a> {
+    /// The model.
+    pub model: &'a DiffusionModel,
+    /// The conditionings, in the order `combine` names them, each with its prompt kind.
+    pub conds: Vec<(&'a Conditioning, PromptKind)>,
+    /// How their predictions combine.
+    pub combine: Combine,
+    /// The sampler.
+    pub sampler: SamplerKind,
+    /// The sampler's own parameters.
+    pub options: SamplerOptions,
+    /// The noise levels to step through.
+    pub sigmas: Vec<f32>,
+    /// Seed of the initial noise (`prepare_noise`); `None` starts from the latent alone.
+    pub noise_seed: Option<u64>,
+    /// Seed of the sampler's own noise (ancestral and SDE samplers).
+    pub sampler_seed: u64,
+}
+
+/// What a sampling run returns: the sampled latents and the model's last prediction of the
+/// clean latents (`SamplerCustom`'s `denoised_output`; `None` when no step ran).
+#[derive(Debug, Clone)]
+pub struct Sampled {
+    /// The sampled latents.
+    pub latent: LatentBatch,
+    /// The model's denoised prediction at the last step.
+    pub denoised: Option<LatentBatch>,
+}
+
 /// Samples `latent` with `model`'s UNet guided by `positive` against `negative`.
 /// `on_step` runs after every step with the sampler's view of it (its `step` is 0-based, and
 /// `denoised` is the model's prediction, in the sampler's space, as previews show it);
@@ -72,64 +102,93 @@ pub fn ksample(
     on_step: &mut dyn FnMut(&StepInfo<'_>) -> StepControl,
     stop: Interrupt<'_>,
 ) -> Result<LatentBatch, SampleFailure> {
-    let models = &model.checkpoint;
-    let shape: Vec<usize> = latent.shape.iter().map(|&d| d as usize).collect();
-    if shape[1] != models.config.latent_channels {
+    let sigmas = schedule(&model.model_sampling(), settings);
+    let run = SamplingRun {
+        model,
+        conds: vec![(positive, PromptKind::Positive), (negative, PromptKind::Negative)],
+        combine: Combine::Cfg {
+            scale: settings.cfg as f32,
+        },
+        sampler: settings.sampler,
+        options: SamplerOptions::default(),
+        sigmas,
+        noise_seed: settings.add_noise.then_some(settings.seed),
+        sampler_seed: settings.seed,
+    };
+    if run.sigmas.len() <= 1 {
+        check_inputs(&run, latent)?;
+        return Ok(latent.clone());
+    }
+    Ok(run_sampling(&run, latent, on_step, stop)?.latent)
+}
+
+/// Refuses what the model cannot sample: latents of another channel count, no positive
+/// conditioning, or SDXL without its pooled text output.
+fn check_inputs(run: &SamplingRun<'_>, latent: &LatentBatch) -> Result<(), ComputeError> {
+    let config = &run.model.checkpoint.config;
+    if latent.shape[1] as usize != config.latent_channels {
         return Err(ComputeError::invalid(format!(
             "the model takes latents of {} channels, got {:?}",
-            models.config.latent_channels, latent.shape
-        ))
-        .into());
+            config.latent_channels, latent.shape
+        )));
     }
-    if positive.0.is_empty() {
-        return Err(ComputeError::invalid("the positive conditioning is empty").into());
+    let positive = run.conds.iter().find(|(_, kind)| *kind == PromptKind::Positive);
+    if positive.is_none_or(|(c, _)| c.0.is_empty()) {
+        return Err(ComputeError::invalid("the positive conditioning is empty"));
     }
-    let needs_pooled = models.config.adm_in_channels.is_some();
-    if needs_pooled && positive.0.iter().chain(&negative.0).any(|e| e.pooled.is_none()) {
+    let needs_pooled = config.adm_in_channels.is_some();
+    if needs_pooled && run.conds.iter().flat_map(|(c, _)| &c.0).any(|e| e.pooled.is_none()) {
         return Err(ComputeError::invalid(
             "this SDXL model needs conditioning from its own text encoders (a pooled output); \
              this conditioning was made by another model's CLIP",
-        )
-        .into());
+        ));
     }
+    Ok(())
+}
+
+/// Runs `run` on `latent` (see [`ksample`] for `on_step` and `stop`). No sigmas leave the
+/// latent as it is; a single sigma only noises it, as ComfyUI's guiders do.
+pub fn run_sampling(
+    run: &SamplingRun<'_>,
+    latent: &LatentBatch,
+    on_step: &mut dyn FnMut(&StepInfo<'_>) -> StepControl,
+    stop: Interrupt<'_>,
+) -> Result<Sampled, SampleFailure> {
+    check_inputs(run, latent)?;
+    let sigmas = &run.sigmas;
+    if sigmas.is_empty() {
+        return Ok(Sampled {
+            latent: latent.clone(),
+            denoised: None,
+        });
+    }
+    let model = run.model;
     let ms = model.model_sampling();
-    let sigmas = schedule(&ms, settings);
-    if sigmas.len() <= 1 {
-        return Ok(latent.clone());
-    }
-    let noise = if settings.add_noise {
-        prepare_noise(settings.seed, &shape, latent.batch_index.as_deref())
-    } else {
-        vec![0.0; latent.data.len()]
+    let shape: Vec<usize> = latent.shape.iter().map(|&d| d as usize).collect();
+    let noise = match run.noise_seed {
+        Some(seed) => prepare_noise(seed, &shape, latent.batch_index.as_deref()),
+        None => vec![0.0; latent.data.len()],
     };
     let plane = shape[2] * shape[3];
     let latent_in = model.process_latent_in(&latent.data, plane);
-    let mask = latent.noise_mask.as_ref().map(|m| {
-        let planes = resize_planes(
-            &m.data,
-            m.height as usize,
-            m.width as usize,
-            shape[2],
-            shape[3],
-            Mode::Bilinear,
-        );
-        let plane = shape[2] * shape[3];
-        let count = m.batch as usize;
-        (0..shape[0])
-            .flat_map(|b| {
-                let mine = &planes[(b % count) * plane..(b % count + 1) * plane];
-                std::iter::repeat_n(mine, shape[1]).flatten().copied()
-            })
-            .collect::<Vec<f32>>()
-    });
+    let mask = noise_mask(latent, &shape);
     let x0 = ms.noise_scaling(sigmas[0], &noise, &latent_in, ms.is_max_denoise(sigmas[0]));
+    let out = |data: &[f32]| LatentBatch {
+        data: model.process_latent_out(data, plane),
+        ..latent.clone()
+    };
+    if sigmas.len() == 1 {
+        return Ok(Sampled {
+            latent: out(&x0),
+            denoised: None,
+        });
+    }
     let guide = Guidance {
         model,
         ms: &ms,
         shape: &shape,
-        positive,
-        negative,
-        scale: settings.cfg as f32,
+        conds: run.conds.clone(),
+        combine: run.combine,
         rescale: model.cfg_rescale(),
         stop,
     };
@@ -156,26 +215,54 @@ pub fn ksample(
     };
     // ComfyUI's default noise sampler for this sampler: a seeded generator, or for the SDE
     // samplers a Brownian tree over these sigmas.
-    let mut step_noise = default_noise(settings.sampler, settings.seed, &sigmas, &shape)
+    let mut step_noise = default_noise(run.sampler, run.sampler_seed, sigmas, &shape)
         .map_err(|e| ComputeError::invalid(format!("{e:#}")))?;
-    let x0 = Tensor::new(shape.clone(), x0);
-    let samples = sample(
-        settings.sampler,
+    let mut last_denoised: Option<Vec<f32>> = None;
+    let mut watch = |info: &StepInfo<'_>| {
+        last_denoised = Some(info.denoised.data.clone());
+        on_step(info)
+    };
+    let samples = sample_with(
+        run.sampler,
+        &run.options,
         &mut denoiser,
-        x0,
-        &sigmas,
+        Tensor::new(shape.clone(), x0),
+        sigmas,
         step_noise.as_mut(),
-        on_step,
+        &mut watch,
     )
     .map_err(|e| match e {
         SampleError::Cancelled { step } => SampleFailure::Stopped(step),
         _ if stop.requested() => SampleFailure::Interrupted,
         other => SampleFailure::Compute(ComputeError::Failed(other.to_string())),
     })?;
-    Ok(LatentBatch {
-        data: model.process_latent_out(&samples.data, plane),
-        ..latent.clone()
+    Ok(Sampled {
+        latent: out(&samples.data),
+        denoised: last_denoised.map(|d| out(&d)),
     })
+}
+
+/// The latent's noise mask resized to its cells and repeated over its channels, if it has one.
+fn noise_mask(latent: &LatentBatch, shape: &[usize]) -> Option<Vec<f32>> {
+    let m = latent.noise_mask.as_ref()?;
+    let planes = resize_planes(
+        &m.data,
+        m.height as usize,
+        m.width as usize,
+        shape[2],
+        shape[3],
+        Mode::Bilinear,
+    );
+    let plane = shape[2] * shape[3];
+    let count = m.batch as usize;
+    Some(
+        (0..shape[0])
+            .flat_map(|b| {
+                let mine = &planes[(b % count) * plane..(b % count + 1) * plane];
+                std::iter::repeat_n(mine, shape[1]).flatten().copied()
+            })
+            .collect(),
+    )
 }
 
 /// KSampler's sigmas cut to the step window (`comfy.samplers.KSampler.sample`).
@@ -211,227 +298,6 @@ fn prepare_noise(seed: u64, shape: &[usize], batch_index: Option<&[u32]>) -> Vec
         .collect()
 }
 
-/// Classifier-free guidance over conditioning lists.
-struct Guidance<'a> {
-    model: &'a DiffusionModel,
-    ms: &'a ModelSampling,
-    shape: &'a [usize],
-    positive: &'a Conditioning,
-    negative: &'a Conditioning,
-    scale: f32,
-    /// `RescaleCFG`'s multiplier, when the model has one.
-    rescale: Option<f64>,
-    stop: Interrupt<'a>,
-}
-
-/// A latent region in cells: `(y, x, height, width)`.
-type Region = (usize, usize, usize, usize);
-
-/// The latent region an entry reads, in cells: `(y, x, height, width)`, clamped to the latent.
-fn region(area: Option<Area>, height: usize, width: usize) -> Option<Region> {
-    match area {
-        None => Some((0, 0, height, width)),
-        Some(a) => {
-            let h = a.height.min(height.saturating_sub(a.y));
-            let w = a.width.min(width.saturating_sub(a.x));
-            (h > 0 && w > 0).then_some((a.y, a.x, h, w))
-        }
-    }
-}
-
-/// ComfyUI's weight of each cell of an area entry: its strength, faded in over up to 8 cells
-/// at every edge that is not the latent's border.
-fn weights(entry: &CondEntry, (y, x, h, w): (usize, usize, usize, usize), height: usize, width: usize) -> Vec<f32> {
-    let mut mult = vec![entry.strength; h * w];
-    if entry.area.is_none() {
-        return mult;
-    }
-    let fade = |size: usize, offset: usize, full: usize| -> Vec<f32> {
-        let mut f = vec![1.0f32; size];
-        let rr = 8.min(size / 4);
-        for t in 0..rr {
-            let ramp = (1.0 / rr as f32) * (t + 1) as f32;
-            if offset != 0 {
-                f[t] *= ramp;
-            }
-            if size + offset < full {
-                f[size - 1 - t] *= ramp;
-            }
-        }
-        f
-    };
-    let (fy, fx) = (fade(h, y, height), fade(w, x, width));
-    for r in 0..h {
-        for c in 0..w {
-            mult[r * w + c] *= fy[r] * fx[c];
-        }
-    }
-    mult
-}
-
-/// Entries that share a UNet call: their region, the first entry's token count, and each
-/// entry with the index of the conditioning it belongs to.
-type Group<'a> = (Region, usize, Vec<(usize, &'a CondEntry)>);
-
-impl Guidance<'_> {
-    /// `D(x, sigma)` with guidance, for the sampler-space batch `x`. As in ComfyUI's
-    /// `sampling_function`, the positive and negative entries go through one
-    /// `calc_cond_batch`, so that entries of both that may be batched share a UNet call.
-    /// Without guidance (scale 1) the negative is not run; `RescaleCFG` then reads an
-    /// unconditional prediction of zeros, as ComfyUI's does.
-    fn denoise(&self, x: &[f32], sigma: f32) -> anyhow::Result<Vec<f32>> {
-        let with_uncond = (self.scale - 1.0).abs() > 1e-9;
-        let (cond, uncond) = if with_uncond {
-            let [cond, uncond] = self.predict([&self.positive.0, &self.negative.0], x, sigma)?;
-            (cond, Some(uncond))
-        } else {
-            let [cond] = self.predict([&self.positive.0], x, sigma)?;
-            (cond, None)
-        };
-        Ok(match (self.rescale, uncond) {
-            (None, None) => cond,
-            (None, Some(uncond)) => cfg(&uncond, &cond, self.scale),
-            (Some(multiplier), uncond) => {
-                let uncond = uncond.unwrap_or_else(|| vec![0.0; x.len()]);
-                rescale_cfg(x, &cond, &uncond, self.scale, sigma, multiplier, self.shape[0])
-            }
-        })
-    }
-
-    /// For each conditioning of `conds`, the weighted mean of its entries' denoised
-    /// predictions (`calc_cond_batch`). Entries over one region share a UNet call, whichever
-    /// conditioning they belong to, when their prompt lengths may be batched ([`can_batch`]
-    /// with the group's first entry, as ComfyUI groups them).
-    fn predict<const N: usize>(
-        &self,
-        conds: [&[CondEntry]; N],
-        x: &[f32],
-        sigma: f32,
-    ) -> anyhow::Result<[Vec<f32>; N]> {
-        let [b, c, height, width] = [self.shape[0], self.shape[1], self.shape[2], self.shape[3]];
-        let mut out: [Vec<f32>; N] = std::array::from_fn(|_| vec![0.0f32; x.len()]);
-        let mut counts: [Vec<f32>; N] = std::array::from_fn(|_| vec![1e-37f32; x.len()]);
-        let mut groups: Vec<Group> = Vec::new();
-        for (index, entries) in conds.iter().enumerate() {
-            for entry in entries.iter() {
-                let Some(region) = region(entry.area, height, width) else {
-                    continue;
-                };
-                if !self.applies_at(entry, sigma) {
-                    continue;
-                }
-                let tokens = entry.context.dim(1)?;
-                match groups
-                    .iter_mut()
-                    .find(|(r, t, _)| *r == region && can_batch(*t, tokens))
-                {
-                    Some((_, _, members)) => members.push((index, entry)),
-                    None => groups.push((region, tokens, vec![(index, entry)])),
-                }
-            }
-        }
-        for (region, _, mut members) in groups {
-            // ComfyUI batches a group's entries in reverse order: the negative prompt first.
-            members.reverse();
-            let (y, x0, h, w) = region;
-            let crop: Vec<f32> = (0..b * c)
-                .flat_map(|plane| {
-                    (0..h).flat_map(move |r| {
-                        let start = (plane * height + y + r) * width + x0;
-                        start..start + w
-                    })
-                })
-                .map(|i| x[i])
-                .collect();
-            let preds = self.unet(&members, &crop, [b, c, h, w], sigma)?;
-            for (&(index, entry), pred) in members.iter().zip(preds.chunks_exact(crop.len())) {
-                let mult = weights(entry, region, height, width);
-                let (out, counts) = (&mut out[index], &mut counts[index]);
-                for plane in 0..b * c {
-                    for r in 0..h {
-                        for col in 0..w {
-                            let i = (plane * height + y + r) * width + x0 + col;
-                            let m = mult[r * w + col];
-                            out[i] += pred[(plane * h + r) * w + col] * m;
-                            counts[i] += m;
-                        }
-                    }
-                }
-            }
-        }
-        for (out, counts) in out.iter_mut().zip(&counts) {
-            for (o, n) in out.iter_mut().zip(counts) {
-                *o /= n;
-            }
-        }
-        Ok(out)
-    }
-
-    /// One UNet call for `members` (entries with the index of their conditioning: 0 positive,
-    /// 1 negative) on the cropped batch `crop`, their contexts repeated to a common length:
-    /// every member's denoised prediction, one after the other.
-    fn unet(
-        &self,
-        members: &[(usize, &CondEntry)],
-        crop: &[f32],
-        shape: [usize; 4],
-        sigma: f32,
-    ) -> anyhow::Result<Vec<f32>> {
-        let device = &self.model.checkpoint.device;
-        let b = shape[0];
-        let scaled = self.ms.calculate_input(sigma, crop);
-        let input = CTensor::from_slice(&scaled, shape.as_slice(), device)?;
-        let input = CTensor::cat(&vec![&input; members.len()], 0)?;
-        let contexts = members
-            .iter()
-            .map(|(_, e)| e.context.to_device(device)?.repeat((b, 1, 1)))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let context = CTensor::cat(&repeat_to_common_length(&contexts)?, 0)?;
-        let y = self.adm(members, b)?;
-        let t = self.ms.timestep(sigma) as f64;
-        let output = self
-            .model
-            .unet()
-            .forward_interruptible(&input, t, (&context, y.as_ref()), self.stop)?;
-        let output = output.flatten_all()?.to_vec1::<f32>()?;
-        Ok(output
-            .chunks_exact(crop.len())
-            .flat_map(|out| self.ms.calculate_denoised(sigma, out, crop))
-            .collect())
-    }
-}
-
-impl Guidance<'_> {
-    /// Whether `entry` takes part at `sigma`: inside its timestep range, the range's ends
-    /// turned into sigmas as ComfyUI's `calculate_start_end_timesteps` does.
-    fn applies_at(&self, entry: &CondEntry, sigma: f32) -> bool {
-        match entry.timestep_range {
-            None => true,
-            Some((start, end)) => sigma <= self.ms.percent_to_sigma(start) && sigma >= self.ms.percent_to_sigma(end),
-        }
-    }
-
-    /// The members' SDXL conditioning vectors, each repeated for the `batch` latents, or
-    /// `None` for models without one.
-    fn adm(&self, members: &[(usize, &CondEntry)], batch: usize) -> anyhow::Result<Option<CTensor>> {
-        let config = &self.model.checkpoint.config;
-        let latent = (self.shape[2], self.shape[3]);
-        let mut rows = Vec::with_capacity(members.len());
-        for &(index, entry) in members {
-            let kind = if index == 0 {
-                PromptKind::Positive
-            } else {
-                PromptKind::Negative
-            };
-            match adm_vector(config.family, entry, latent, kind)? {
-                Some(y) => rows.push(y.to_device(&self.model.checkpoint.device)?.repeat((batch, 1))?),
-                None => return Ok(None),
-            }
-        }
-        Ok(Some(CTensor::cat(&rows, 0)?))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,6 +305,7 @@ mod tests {
     use crate::diffusion::SizeConditioning;
     use crate::models::loader::tiny_test_models;
     use crate::text_to_image::{text_to_image, TextToImage};
+    use candle_core::Tensor as CTensor;
 
     fn settings(seed: u64) -> SampleSettings {
         SampleSettings {

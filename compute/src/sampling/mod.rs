@@ -20,6 +20,7 @@ mod prediction;
 mod rescale_cfg;
 mod sampler;
 mod scheduler;
+pub mod sigma_schedules;
 mod vectors;
 
 pub use beta_dist::{beta_cdf, beta_ppf};
@@ -31,8 +32,8 @@ pub use noise::{
 };
 pub use prediction::Prediction;
 pub use rescale_cfg::rescale_cfg;
-pub use sampler::{sample, SampleError, SamplerKind, StepControl, StepInfo};
-pub use scheduler::{exponential, karras, kl_optimal, ksampler_sigmas, sigmas, Scheduler, UnknownName};
+pub use sampler::{sample, sample_with, SampleError, SamplerKind, SamplerOptions, StepControl, StepInfo};
+pub use scheduler::{beta, exponential, karras, kl_optimal, ksampler_sigmas, sigmas, Scheduler, UnknownName};
 pub use vectors::{check_vectors, CaseResult, CaseStatus, VectorReport};
 
 /// A dense float32 tensor: row-major `data` with its `shape` (e.g. `[batch, 4, h, w]`).

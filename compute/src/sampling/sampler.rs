@@ -237,10 +237,56 @@ pub enum SampleError {
     Invalid(String),
 }
 
+/// A sampler's own parameters, as ComfyUI's `Sampler*` nodes set them (`SamplerEulerAncestral`,
+/// `SamplerDPMPP_SDE`, `SamplerLMS`, ...). [`Default`] is k-diffusion's keyword defaults,
+/// which `KSampler` uses. Samplers without a parameter ignore it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplerOptions {
+    /// Ancestral noise strength (`eta`): 0 makes the ancestral and SDE samplers deterministic.
+    pub eta: f64,
+    /// Scale of the noise added (`s_noise`).
+    pub s_noise: f64,
+    /// `dpmpp_sde`'s intermediate step, as a fraction of each step in log sigma (`r`).
+    pub r: f64,
+    /// `lms`'s order (how many past derivatives it combines).
+    pub order: usize,
+}
+
+impl Default for SamplerOptions {
+    fn default() -> Self {
+        SamplerOptions {
+            eta: 1.0,
+            s_noise: 1.0,
+            r: 0.5,
+            order: 4,
+        }
+    }
+}
+
+impl SamplerOptions {
+    /// Whether the SDE samplers add noise at all (ComfyUI skips it when `eta` or `s_noise` is 0).
+    fn adds_noise(&self) -> bool {
+        self.eta > 0.0 && self.s_noise > 0.0
+    }
+}
+
 /// Runs `kind` from the noisy latent `x` (already scaled to `sigmas[0]`) down the schedule
 /// `sigmas`, calling `callback` once per step. Returns the final latent.
 pub fn sample(
     kind: SamplerKind,
+    denoiser: &mut dyn Denoiser,
+    x: Tensor,
+    sigmas: &[f32],
+    noise: &mut dyn NoiseSource,
+    callback: &mut dyn FnMut(&StepInfo<'_>) -> StepControl,
+) -> Result<Tensor, SampleError> {
+    sample_with(kind, &SamplerOptions::default(), denoiser, x, sigmas, noise, callback)
+}
+
+/// [`sample`] with the sampler's own parameters `options` (ComfyUI's `Sampler*` nodes).
+pub fn sample_with(
+    kind: SamplerKind,
+    options: &SamplerOptions,
     denoiser: &mut dyn Denoiser,
     x: Tensor,
     sigmas: &[f32],
@@ -262,6 +308,7 @@ pub fn sample(
         callback,
         shape,
         total: sigmas.len() - 1,
+        options: *options,
     };
     let x = x.data;
     use SamplerKind::*;
@@ -272,7 +319,7 @@ pub fn sample(
         Heunpp2 => heunpp2(&mut run, x, sigmas)?,
         Dpm2 => dpm_2(&mut run, x, sigmas)?,
         Dpm2Ancestral => dpm_2_ancestral(&mut run, x, sigmas)?,
-        Lms => lms(&mut run, x, sigmas, 4)?,
+        Lms => lms(&mut run, x, sigmas, options.order.max(1))?,
         Dpmpp2sAncestral => dpmpp_2s_ancestral(&mut run, x, sigmas)?,
         DpmppSde => dpmpp_sde(&mut run, x, sigmas)?,
         Dpmpp2m => dpmpp_2m(&mut run, x, sigmas)?,
@@ -308,6 +355,8 @@ pub(crate) struct Run<'a> {
     callback: &'a mut dyn FnMut(&StepInfo<'_>) -> StepControl,
     shape: Vec<usize>,
     pub(crate) total: usize,
+    /// The sampler's own parameters.
+    pub(crate) options: SamplerOptions,
 }
 
 impl Run<'_> {
@@ -436,9 +485,10 @@ fn euler(r: &mut Run, mut x: V, s: &[f32]) -> Result<V, SampleError> {
 }
 
 fn euler_ancestral(r: &mut Run, mut x: V, s: &[f32]) -> Result<V, SampleError> {
+    let (eta, s_noise) = (r.options.eta as f32, r.options.s_noise as f32);
     for i in 0..s.len() - 1 {
         let den = r.model(&x, s[i])?;
-        let (down, up) = ancestral_step(s[i], s[i + 1], 1.0);
+        let (down, up) = ancestral_step(s[i], s[i + 1], eta);
         r.step(i, s[i], s[i], &x, &den)?;
         if down == 0.0 {
             x = den;
@@ -450,7 +500,7 @@ fn euler_ancestral(r: &mut Run, mut x: V, s: &[f32]) -> Result<V, SampleError> {
                 .iter()
                 .zip(&d)
                 .zip(&n)
-                .map(|((&xv, &dv), &nv)| (xv + dv * dt) + nv * up)
+                .map(|((&xv, &dv), &nv)| (xv + dv * dt) + (nv * s_noise) * up)
                 .collect();
         }
     }
@@ -635,9 +685,10 @@ fn lms(r: &mut Run, mut x: V, s: &[f32], order: usize) -> Result<V, SampleError>
 fn dpmpp_2s_ancestral(r: &mut Run, mut x: V, s: &[f32]) -> Result<V, SampleError> {
     let t_fn = |sigma: f32| -ln(sigma);
     let sigma_fn = |t: f32| exp(-t);
+    let (eta, s_noise) = (r.options.eta as f32, r.options.s_noise as f32);
     for i in 0..s.len() - 1 {
         let den = r.model(&x, s[i])?;
-        let (down, up) = ancestral_step(s[i], s[i + 1], 1.0);
+        let (down, up) = ancestral_step(s[i], s[i + 1], eta);
         r.step(i, s[i], s[i], &x, &den)?;
         if down == 0.0 {
             let d = to_d(&x, s[i], &den);
@@ -654,15 +705,16 @@ fn dpmpp_2s_ancestral(r: &mut Run, mut x: V, s: &[f32]) -> Result<V, SampleError
         }
         if s[i + 1] > 0.0 {
             let n = r.noise(s[i], s[i + 1])?;
-            x = add_scaled(&x, &n, up);
+            x = x.iter().zip(&n).map(|(&a, &nv)| a + (nv * s_noise) * up).collect();
         }
     }
     Ok(x)
 }
 
 fn dpmpp_sde(r: &mut Run, mut x: V, s: &[f32]) -> Result<V, SampleError> {
-    let rr = 0.5f32;
-    let fac = 1.0f64 / (2.0 * rr as f64);
+    let options = r.options;
+    let (eta, s_noise, rr) = (options.eta as f32, options.s_noise as f32, options.r as f32);
+    let fac = 1.0f64 / (2.0 * options.r);
     let lambda_fn = |sigma: f32| -ln(sigma);
     let sigma_fn = |l: f32| exp(-l);
     for i in 0..s.len() - 1 {
@@ -682,26 +734,38 @@ fn dpmpp_sde(r: &mut Run, mut x: V, s: &[f32]) -> Result<V, SampleError> {
         let alpha_t = s[i + 1] * exp(lt);
 
         // Step 1
-        let (sd, su) = ancestral_step(exp(-ls), exp(-ls1), 1.0);
+        let (sd, su) = ancestral_step(exp(-ls), exp(-ls1), eta);
         let ls1_ = -ln(sd);
         let h_ = ls1_ - ls;
         let c1 = (alpha_s1 / alpha_s) * exp(-h_);
         let c2 = alpha_s1 * expm1(-h_);
         let mut x2 = lin2_sub(&x, c1, &den, c2);
-        let n = r.noise(s[i], sigma_s1)?;
-        x2 = x2.iter().zip(&n).map(|(&a, &nv)| a + (alpha_s1 * nv) * su).collect();
+        if options.adds_noise() {
+            let n = r.noise(s[i], sigma_s1)?;
+            x2 = x2
+                .iter()
+                .zip(&n)
+                .map(|(&a, &nv)| a + ((alpha_s1 * nv) * s_noise) * su)
+                .collect();
+        }
         let den2 = r.model(&x2, sigma_s1)?;
 
         // Step 2
-        let (sd, su) = ancestral_step(exp(-ls), exp(-lt), 1.0);
+        let (sd, su) = ancestral_step(exp(-ls), exp(-lt), eta);
         let lt_ = -ln(sd);
         let h_ = lt_ - ls;
         let dd = lin2(&den, (1.0 - fac) as f32, &den2, fac as f32);
         let c1 = (alpha_t / alpha_s) * exp(-h_);
         let c2 = alpha_t * expm1(-h_);
         x = lin2_sub(&x, c1, &dd, c2);
-        let n = r.noise(s[i], s[i + 1])?;
-        x = x.iter().zip(&n).map(|(&a, &nv)| a + (alpha_t * nv) * su).collect();
+        if options.adds_noise() {
+            let n = r.noise(s[i], s[i + 1])?;
+            x = x
+                .iter()
+                .zip(&n)
+                .map(|(&a, &nv)| a + ((alpha_t * nv) * s_noise) * su)
+                .collect();
+        }
     }
     Ok(x)
 }
@@ -736,7 +800,8 @@ fn dpmpp_2m(r: &mut Run, mut x: V, s: &[f32]) -> Result<V, SampleError> {
 }
 
 fn dpmpp_2m_sde(r: &mut Run, mut x: V, s: &[f32], heun: bool) -> Result<V, SampleError> {
-    let eta = 1.0f32;
+    let options = r.options;
+    let (eta, s_noise) = (options.eta as f32, options.s_noise as f32);
     let lambda_fn = |sigma: f32| -ln(sigma);
     let mut old: Option<V> = None;
     let mut h_last: Option<f32> = None;
@@ -767,9 +832,15 @@ fn dpmpp_2m_sde(r: &mut Run, mut x: V, s: &[f32], heun: bool) -> Result<V, Sampl
                 let diff = sub(&den, od);
                 x = add_scaled(&x, &diff, c);
             }
-            let n = r.noise(s[i], s[i + 1])?;
-            let sq = sqrt(-expm1(-2.0 * hh * eta));
-            x = x.iter().zip(&n).map(|(&a, &nv)| a + (nv * s[i + 1]) * sq).collect();
+            if options.adds_noise() {
+                let n = r.noise(s[i], s[i + 1])?;
+                let sq = sqrt(-expm1(-2.0 * hh * eta));
+                x = x
+                    .iter()
+                    .zip(&n)
+                    .map(|(&a, &nv)| a + ((nv * s[i + 1]) * sq) * s_noise)
+                    .collect();
+            }
         }
         old = Some(den);
         h_last = h;
@@ -778,7 +849,8 @@ fn dpmpp_2m_sde(r: &mut Run, mut x: V, s: &[f32], heun: bool) -> Result<V, Sampl
 }
 
 fn dpmpp_3m_sde(r: &mut Run, mut x: V, s: &[f32]) -> Result<V, SampleError> {
-    let eta = 1.0f32;
+    let options = r.options;
+    let (eta, s_noise) = (options.eta as f32, options.s_noise as f32);
     let lambda_fn = |sigma: f32| -ln(sigma);
     let mut den1: Option<V> = None;
     let mut den2: Option<V> = None;
@@ -824,9 +896,15 @@ fn dpmpp_3m_sde(r: &mut Run, mut x: V, s: &[f32]) -> Result<V, SampleError> {
                     .map(|(&xv, (&a, &b))| xv + k * ((a - b) / rr))
                     .collect();
             }
-            let n = r.noise(s[i], s[i + 1])?;
-            let sq = sqrt(-expm1(-2.0 * hh * eta));
-            x = x.iter().zip(&n).map(|(&a, &nv)| a + (nv * s[i + 1]) * sq).collect();
+            if options.adds_noise() {
+                let n = r.noise(s[i], s[i + 1])?;
+                let sq = sqrt(-expm1(-2.0 * hh * eta));
+                x = x
+                    .iter()
+                    .zip(&n)
+                    .map(|(&a, &nv)| a + ((nv * s[i + 1]) * sq) * s_noise)
+                    .collect();
+            }
         }
         den2 = den1.take();
         den1 = Some(den);

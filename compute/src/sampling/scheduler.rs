@@ -102,8 +102,8 @@ pub fn sigmas(ms: &ModelSampling, scheduler: Scheduler, steps: usize) -> Vec<f32
     match scheduler {
         Scheduler::Simple => simple(ms, steps),
         Scheduler::SgmUniform => normal(ms, steps, true),
-        Scheduler::Karras => karras(steps, ms.sigma_min(), ms.sigma_max(), 7.0),
-        Scheduler::Exponential => exponential(steps, ms.sigma_min(), ms.sigma_max()),
+        Scheduler::Karras => karras(steps, ms.sigma_min().into(), ms.sigma_max().into(), 7.0),
+        Scheduler::Exponential => exponential(steps, ms.sigma_min().into(), ms.sigma_max().into()),
         Scheduler::DdimUniform => ddim_uniform(ms, steps),
         Scheduler::Beta => beta(ms, steps, 0.6, 0.6),
         Scheduler::Normal => normal(ms, steps, false),
@@ -198,10 +198,10 @@ fn normal(ms: &ModelSampling, mut steps: usize, sgm: bool) -> Vec<f32> {
 }
 
 /// `get_sigmas_karras(n, sigma_min, sigma_max, rho)` with torch's float32 arithmetic.
-pub fn karras(n: usize, sigma_min: f32, sigma_max: f32, rho: f64) -> Vec<f32> {
+pub fn karras(n: usize, sigma_min: f64, sigma_max: f64, rho: f64) -> Vec<f32> {
     let ramp = linspace_f32(0.0, 1.0, n);
-    let min_inv_rho = (sigma_min as f64).powf(1.0 / rho);
-    let max_inv_rho = (sigma_max as f64).powf(1.0 / rho);
+    let min_inv_rho = sigma_min.powf(1.0 / rho);
+    let max_inv_rho = sigma_max.powf(1.0 / rho);
     let diff = (min_inv_rho - max_inv_rho) as f32;
     let max32 = max_inv_rho as f32;
     let mut out: Vec<f32> = ramp
@@ -216,15 +216,17 @@ pub fn karras(n: usize, sigma_min: f32, sigma_max: f32, rho: f64) -> Vec<f32> {
 }
 
 /// `get_sigmas_exponential(n, sigma_min, sigma_max)` with torch's float32 arithmetic.
-pub fn exponential(n: usize, sigma_min: f32, sigma_max: f32) -> Vec<f32> {
-    let start = (sigma_max as f64).ln() as f32;
-    let end = (sigma_min as f64).ln() as f32;
+pub fn exponential(n: usize, sigma_min: f64, sigma_max: f64) -> Vec<f32> {
+    let start = sigma_max.ln() as f32;
+    let end = sigma_min.ln() as f32;
     let mut out: Vec<f32> = linspace_f32(start, end, n).into_iter().map(exp_f32).collect();
     out.push(0.0);
     out
 }
 
-fn beta(ms: &ModelSampling, steps: usize, alpha: f64, beta: f64) -> Vec<f32> {
+/// `beta_scheduler(model_sampling, steps, alpha, beta)`: the timesteps at Beta(`alpha`, `beta`)
+/// quantiles, repeats dropped.
+pub fn beta(ms: &ModelSampling, steps: usize, alpha: f64, beta: f64) -> Vec<f32> {
     let table = ms.sigmas();
     let total = (table.len() - 1) as f64;
     let step = 1.0 / steps as f64;

@@ -4,6 +4,7 @@
 //! never enter the plugin.
 
 mod conditioning;
+mod custom_sampling;
 mod latent;
 mod loaders;
 mod model_patches;
@@ -13,6 +14,13 @@ mod vae;
 pub use conditioning::{
     CLIPSetLastLayer, CLIPTextEncode, CLIPTextEncodeSDXL, CLIPTextEncodeSDXLRefiner, ConditioningAverage,
     ConditioningCombine, ConditioningSetArea, ConditioningSetTimestepRange, ConditioningZeroOut,
+};
+pub use custom_sampling::{
+    AlignYourStepsScheduler, BasicGuider, BasicScheduler, BetaSamplingScheduler, CFGGuider, DisableNoise,
+    DualCFGGuider, ExponentialScheduler, FlipSigmas, KSamplerSelect, KarrasScheduler, LaplaceScheduler, ManualSigmas,
+    PolyexponentialScheduler, RandomNoise, SDTurboScheduler, SamplerCustom, SamplerCustomAdvanced, SamplerDpmpp2mSde,
+    SamplerDpmpp2sAncestral, SamplerDpmpp3mSde, SamplerDpmppSde, SamplerEulerAncestral, SamplerLMS, SetFirstSigma,
+    SplitSigmas, SplitSigmasDenoise, VPScheduler,
 };
 pub use latent::{
     EmptyLatentImage, LatentComposite, LatentFromBatch, LatentUpscale, LatentUpscaleBy, LoadLatent, RepeatLatentBatch,
@@ -51,6 +59,34 @@ weft_sdk::export_plugin!(
     LoadLatent,
     KSampler,
     KSamplerAdvanced,
+    SamplerCustom,
+    SamplerCustomAdvanced,
+    KSamplerSelect,
+    SamplerEulerAncestral,
+    SamplerDpmpp2sAncestral,
+    SamplerLMS,
+    SamplerDpmppSde,
+    SamplerDpmpp2mSde,
+    SamplerDpmpp3mSde,
+    BasicScheduler,
+    KarrasScheduler,
+    ExponentialScheduler,
+    PolyexponentialScheduler,
+    LaplaceScheduler,
+    VPScheduler,
+    SDTurboScheduler,
+    BetaSamplingScheduler,
+    AlignYourStepsScheduler,
+    SplitSigmas,
+    SplitSigmasDenoise,
+    FlipSigmas,
+    SetFirstSigma,
+    ManualSigmas,
+    RandomNoise,
+    DisableNoise,
+    CFGGuider,
+    BasicGuider,
+    DualCFGGuider,
     ModelSamplingDiscrete,
     ModelSamplingContinuousEDM,
     RescaleCFG,

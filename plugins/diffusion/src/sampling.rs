@@ -56,7 +56,7 @@ pub const SCHEDULERS: [&str; 9] = [
 ];
 
 /// Rejects seeds the contract's `s64` values cannot carry (above `i64::MAX`).
-const MAX_SEED: u64 = i64::MAX as u64;
+pub(crate) const MAX_SEED: u64 = i64::MAX as u64;
 
 weft_sdk::node! {
     /// Uses the provided model, positive and negative conditioning to denoise the latent image.

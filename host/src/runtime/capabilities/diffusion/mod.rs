@@ -7,6 +7,7 @@
 //! share: the capability's configuration), [`DiffusionState`] (one call's part of
 //! `CallState`), and [`Library::list`] for the catalogue's model-file combos.
 
+mod custom_sampling;
 mod embeddings;
 mod listings;
 mod model_patches;
@@ -30,8 +31,8 @@ use crate::runtime::limits::Limits;
 use crate::runtime::memory::{Charge, Held, MemoryLimit};
 use crate::runtime::value::{Handle, HandleRes, ImageRes, LatentRes, MaskRes};
 use weft_compute::diffusion::{
-    self as sd, Autoencoder, Conditioning, DiffusionModel, EncoderTexts, Lora, ModelError, SampleFailure,
-    SampleSettings, SizeConditioning, StandaloneVae, TextEncoder,
+    self as sd, Autoencoder, Conditioning, DiffusionModel, EncoderTexts, GuiderKind, Lora, ModelError, NoiseSpec,
+    SampleFailure, SampleSettings, SizeConditioning, StandaloneVae, TextEncoder,
 };
 use weft_compute::models::{CheckpointModels, ModelCache, Sd1Vae, Unet};
 use weft_compute::sampling::{SamplerKind, Scheduler, StepControl};
@@ -267,6 +268,16 @@ impl Ctx<'_> {
         self.push_model("MODEL", name, Arc::new(patched))
     }
 
+    /// Keeps `guider`, made over the `MODEL` handle `model`, as a `GUIDER` under its name.
+    fn push_guider(
+        &mut self,
+        model: &Resource<HandleRes>,
+        guider: weft_compute::diffusion::Guider,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let name = self.core.table.get(model)?.0.object.name.clone();
+        Ok(Ok(self.push_setting("GUIDER", name, guider)?))
+    }
+
     fn push_conditioning(&mut self, c: Conditioning) -> wasmtime::Result<Resource<HandleRes>> {
         let len = c.0.len() as u32;
         let bytes: u64 = c.0.iter().map(|e| e.context.elem_count() as u64 * 4).sum();
@@ -318,6 +329,48 @@ impl Ctx<'_> {
 }
 
 impl Ctx<'_> {
+    /// Runs `sampling` with a step callback that reports each step (and a preview in the
+    /// model's latent `colours`) and stops the run once the call must stop, and the
+    /// interruption its forward passes ask. A stopped run traps the call with the reason;
+    /// other failures are node errors.
+    fn sample_reporting<T>(
+        &self,
+        colours: &weft_compute::preview::LatentRgb,
+        sampling: impl FnOnce(
+            &mut dyn FnMut(&weft_compute::sampling::StepInfo<'_>) -> StepControl,
+            weft_compute::interrupt::Interrupt<'_>,
+        ) -> Result<T, SampleFailure>,
+    ) -> wasmtime::Result<Result<T, NodeError>> {
+        if let Some(stop) = self.interruption() {
+            return Err(stop.into());
+        }
+        let mut stopped_by = None;
+        let stop = self.stop_question();
+        let result = {
+            let on_step = &mut |step: &weft_compute::sampling::StepInfo<'_>| {
+                let progress = &self.state.progress;
+                progress.report(step.step as u32 + 1, step.total as u32, None);
+                if let Some(png) = preview_png(step.denoised, colours) {
+                    progress.preview("image/png", png);
+                }
+                match self.interruption() {
+                    None => StepControl::Continue,
+                    Some(why) => {
+                        stopped_by = Some(why);
+                        StepControl::Stop
+                    }
+                }
+            };
+            sampling(on_step, weft_compute::interrupt::Interrupt::new(&stop))
+        };
+        match result {
+            Ok(out) => Ok(Ok(out)),
+            Err(SampleFailure::Stopped(_)) => Err(stopped_by.unwrap_or(Interrupt::Canceled).into()),
+            Err(SampleFailure::Interrupted) => Err(self.interruption().unwrap_or(Interrupt::Canceled).into()),
+            Err(SampleFailure::Compute(e)) => Ok(Err(compute_error(e))),
+        }
+    }
+
     /// Charges a VAE encode of `image`: its cropped copy, the working activations and the
     /// latent (with a noise mask at pixel resolution, for inpainting).
     fn charge_encode(&self, vae: &Autoencoder, image: &weft_compute::image::ImageBatch) -> Result<Charge, MemoryLimit> {
@@ -710,34 +763,12 @@ impl Host for Ctx<'_> {
         let conds: &[&Conditioning] = if guided { &[&positive, &negative] } else { &[&positive] };
         let working = 4 * latent.data.len() as u64 * 4 + unet_working_bytes(&model, latent.shape, conds);
         let charge = self.charge_latent(latent.shape, working, "sampling")?;
-        let mut stopped_by = None;
-        let stop = self.stop_question();
         let colours = model.checkpoint.config.latent_rgb();
-        let result = {
-            let ctx = &*self;
-            let on_step = &mut |step: &weft_compute::sampling::StepInfo<'_>| {
-                let progress = &ctx.state.progress;
-                progress.report(step.step as u32 + 1, step.total as u32, None);
-                if let Some(png) = preview_png(step.denoised, colours) {
-                    progress.preview("image/png", png);
-                }
-                match ctx.interruption() {
-                    None => StepControl::Continue,
-                    Some(why) => {
-                        stopped_by = Some(why);
-                        StepControl::Stop
-                    }
-                }
-            };
-            let stop = weft_compute::interrupt::Interrupt::new(&stop);
+        let sampled = self.sample_reporting(colours, |on_step, stop| {
             sd::ksample(&model, &positive, &negative, &latent, &settings, on_step, stop)
-        };
-        match result {
-            Ok(out) => Ok(Ok(self.push_latent(out, charge)?)),
-            Err(SampleFailure::Stopped(_)) => Err(stopped_by.unwrap_or(Interrupt::Canceled).into()),
-            Err(SampleFailure::Interrupted) => Err(self.interruption().unwrap_or(Interrupt::Canceled).into()),
-            Err(SampleFailure::Compute(e)) => Ok(Err(compute_error(e))),
-        }
+        })?;
+        let out = attempt!(sampled);
+        Ok(Ok(self.push_latent(out, charge)?))
     }
 
     fn vae_decode(
@@ -802,6 +833,213 @@ impl Host for Ctx<'_> {
             attempt!(self.computed(sd::vae::encode_for_inpaint(&models, &image, &mask, grow_mask_by, stop))?);
         self.core.deadline.check()?;
         Ok(Ok(self.push_latent(latent, charge)?))
+    }
+
+    fn sampler(
+        &mut self,
+        sampler_name: String,
+        options: custom_sampling::WitSamplerOptions,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let sampler = attempt!(custom_sampling::custom_sampler(&sampler_name, &options));
+        Ok(Ok(self.push_setting("SAMPLER", sampler_name, sampler)?))
+    }
+
+    fn basic_scheduler(
+        &mut self,
+        model: Resource<HandleRes>,
+        scheduler: String,
+        steps: u32,
+        denoise: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let model = attempt!(self.payload::<DiffusionModel>(&model, "MODEL")?);
+        let sigmas = attempt!(custom_sampling::basic_schedule(&model, &scheduler, steps, denoise));
+        self.push_sigmas(sigmas)
+    }
+
+    fn formula_scheduler(
+        &mut self,
+        formula: custom_sampling::SigmaFormula,
+        range: custom_sampling::SigmaRange,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let sigmas = attempt!(custom_sampling::formula_schedule(&formula, &range));
+        self.push_sigmas(sigmas)
+    }
+
+    fn vp_scheduler(
+        &mut self,
+        steps: u32,
+        beta_d: f64,
+        beta_min: f64,
+        eps_s: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let sigmas = attempt!(custom_sampling::vp_schedule(steps, beta_d, beta_min, eps_s));
+        self.push_sigmas(sigmas)
+    }
+
+    fn sd_turbo_scheduler(
+        &mut self,
+        model: Resource<HandleRes>,
+        steps: u32,
+        denoise: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let model = attempt!(self.payload::<DiffusionModel>(&model, "MODEL")?);
+        if !(1..=10).contains(&steps) || !(0.0..=1.0).contains(&denoise) {
+            fail!(node_error(
+                NodeErrorCode::InvalidInput,
+                format!("SDTurboScheduler takes 1 to 10 steps and a denoise of 0 to 1, got {steps} and {denoise}"),
+            ));
+        }
+        let sigmas =
+            weft_compute::sampling::sigma_schedules::sd_turbo(&model.model_sampling(), steps as usize, denoise);
+        self.push_sigmas(sigmas)
+    }
+
+    fn beta_scheduler(
+        &mut self,
+        model: Resource<HandleRes>,
+        steps: u32,
+        alpha: f64,
+        beta: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let model = attempt!(self.payload::<DiffusionModel>(&model, "MODEL")?);
+        let shape_ok = [alpha, beta].iter().all(|v| v.is_finite() && *v > 0.0 && *v <= 50.0);
+        if !(1..=10_000).contains(&steps) || !shape_ok {
+            fail!(node_error(
+                NodeErrorCode::InvalidInput,
+                format!("BetaSamplingScheduler takes 1 to 10000 steps and alpha and beta above 0 up to 50, got {steps}, {alpha}, {beta}"),
+            ));
+        }
+        let sigmas = weft_compute::sampling::beta(&model.model_sampling(), steps as usize, alpha, beta);
+        self.push_sigmas(sigmas)
+    }
+
+    fn align_your_steps_scheduler(
+        &mut self,
+        model_type: String,
+        steps: u32,
+        denoise: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let sigmas = attempt!(custom_sampling::ays_schedule(&model_type, steps, denoise));
+        self.push_sigmas(sigmas)
+    }
+
+    fn sigmas_from_values(&mut self, values: Vec<f32>) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        self.push_sigmas(values)
+    }
+
+    fn sigmas_values(&mut self, sigmas: Resource<HandleRes>) -> wasmtime::Result<Result<Vec<f32>, NodeError>> {
+        let sigmas = attempt!(self.sigmas(&sigmas)?);
+        Ok(Ok(sigmas.values().to_vec()))
+    }
+
+    fn split_sigmas(
+        &mut self,
+        sigmas: Resource<HandleRes>,
+        step: u32,
+    ) -> wasmtime::Result<Result<(Resource<HandleRes>, Resource<HandleRes>), NodeError>> {
+        let sigmas = attempt!(self.sigmas(&sigmas)?);
+        let (high, low) = weft_compute::sampling::sigma_schedules::split(sigmas.values(), step as usize);
+        let high = attempt!(self.push_sigmas(high)?);
+        let low = attempt!(self.push_sigmas(low)?);
+        Ok(Ok((high, low)))
+    }
+
+    fn split_sigmas_denoise(
+        &mut self,
+        sigmas: Resource<HandleRes>,
+        denoise: f64,
+    ) -> wasmtime::Result<Result<(Resource<HandleRes>, Resource<HandleRes>), NodeError>> {
+        let sigmas = attempt!(self.sigmas(&sigmas)?);
+        if !(0.0..=1.0).contains(&denoise) {
+            fail!(node_error(
+                NodeErrorCode::InvalidInput,
+                format!("denoise must be 0 to 1, got {denoise}")
+            ));
+        }
+        let (high, low) = weft_compute::sampling::sigma_schedules::split_denoise(sigmas.values(), denoise);
+        let high = attempt!(self.push_sigmas(high)?);
+        let low = attempt!(self.push_sigmas(low)?);
+        Ok(Ok((high, low)))
+    }
+
+    fn flip_sigmas(&mut self, sigmas: Resource<HandleRes>) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let sigmas = attempt!(self.sigmas(&sigmas)?);
+        self.push_sigmas(weft_compute::sampling::sigma_schedules::flip(sigmas.values()))
+    }
+
+    fn set_first_sigma(
+        &mut self,
+        sigmas: Resource<HandleRes>,
+        sigma: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let sigmas = attempt!(self.sigmas(&sigmas)?);
+        self.push_sigmas(weft_compute::sampling::sigma_schedules::set_first(
+            sigmas.values(),
+            sigma,
+        ))
+    }
+
+    fn noise(&mut self, seed: u64, add: bool) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let name = if add { format!("seed {seed}") } else { "no noise".into() };
+        Ok(Ok(self.push_setting("NOISE", name, NoiseSpec { seed, add })?))
+    }
+
+    fn cfg_guider(
+        &mut self,
+        model: Resource<HandleRes>,
+        positive: Resource<HandleRes>,
+        negative: Resource<HandleRes>,
+        cfg: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let base = attempt!(self.payload::<DiffusionModel>(&model, "MODEL")?);
+        let positive = attempt!(self.payload::<Conditioning>(&positive, "CONDITIONING")?);
+        let negative = attempt!(self.payload::<Conditioning>(&negative, "CONDITIONING")?);
+        let kind = GuiderKind::Cfg {
+            positive,
+            negative,
+            cfg,
+        };
+        let guider = attempt!(custom_sampling::guider(base, kind));
+        self.push_guider(&model, guider)
+    }
+
+    fn basic_guider(
+        &mut self,
+        model: Resource<HandleRes>,
+        conditioning: Resource<HandleRes>,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let base = attempt!(self.payload::<DiffusionModel>(&model, "MODEL")?);
+        let conditioning = attempt!(self.payload::<Conditioning>(&conditioning, "CONDITIONING")?);
+        let guider = attempt!(custom_sampling::guider(base, GuiderKind::Basic { conditioning }));
+        self.push_guider(&model, guider)
+    }
+
+    fn dual_cfg_guider(
+        &mut self,
+        model: Resource<HandleRes>,
+        cond1: Resource<HandleRes>,
+        cond2: Resource<HandleRes>,
+        negative: Resource<HandleRes>,
+        scales: custom_sampling::DualCfg,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let base = attempt!(self.payload::<DiffusionModel>(&model, "MODEL")?);
+        let cond1 = attempt!(self.payload::<Conditioning>(&cond1, "CONDITIONING")?);
+        let cond2 = attempt!(self.payload::<Conditioning>(&cond2, "CONDITIONING")?);
+        let negative = attempt!(self.payload::<Conditioning>(&negative, "CONDITIONING")?);
+        let kind = custom_sampling::dual_cfg(cond1, cond2, negative, &scales);
+        let guider = attempt!(custom_sampling::guider(base, kind));
+        self.push_guider(&model, guider)
+    }
+
+    fn sample_custom(
+        &mut self,
+        noise: Resource<HandleRes>,
+        guider: Resource<HandleRes>,
+        sampler: Resource<HandleRes>,
+        sigmas: Resource<HandleRes>,
+        latent: Resource<LatentRes>,
+    ) -> wasmtime::Result<Result<(Resource<LatentRes>, Resource<LatentRes>), NodeError>> {
+        self.run_custom(noise, guider, sampler, sigmas, latent)
     }
 }
 
