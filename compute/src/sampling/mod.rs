@@ -13,6 +13,8 @@
 mod beta_dist;
 mod brownian;
 #[cfg(test)]
+mod custom_sampling_tests;
+#[cfg(test)]
 mod model_patches_tests;
 mod model_sampling;
 mod noise;
