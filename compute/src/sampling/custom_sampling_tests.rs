@@ -90,9 +90,15 @@ fn samplers_with_their_own_parameters_match_comfyui() {
             let t = sig2 * 0.3f32;
             Ok(x.with_data(x.data.iter().map(|&v| (0.25 * v + t) / (0.25 + sig2)).collect()))
         };
-        let out = sample_with(kind, &options, &mut denoiser, start, &run_sigmas, &mut noise, &mut |_| {
-            super::StepControl::Continue
-        })
+        let out = sample_with(
+            kind,
+            &options,
+            &mut denoiser,
+            start,
+            &run_sigmas,
+            &mut noise,
+            &mut |_| super::StepControl::Continue,
+        )
         .unwrap();
         assert_eq!(
             noise.calls.len() as u64,
