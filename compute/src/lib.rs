@@ -42,6 +42,7 @@ pub mod text_to_image;
 mod tokenizer;
 pub mod vae;
 pub mod values;
+mod weights;
 
 /// Runs `work` on one of rayon's worker threads (inline when already on one) and waits for
 /// it. A model's forward pass alternates parallel kernels with short serial steps; run from

@@ -5,12 +5,14 @@
 //! `Linear` multiplies per batch item and then adds the bias in a separate single-threaded
 //! pass (a 21-million-element one for SD1's widest feed-forward), and a residual would be a
 //! third. Layers that share an input can be stacked into one (the attention projections).
-//! Other devices use candle's `Linear`.
+//! A float16 or bfloat16 weight is widened per call ([`super::weights`]). Other devices use
+//! candle's `Linear`.
 
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::matmul::{matmul, View};
+use super::weights::with_f32;
 use super::{filled, par_init, repeated, CpuF32};
 
 /// Rows per parallel task where the output is started.
@@ -91,10 +93,9 @@ impl Linear {
         let x = x.contiguous()?;
         let residual = residual.map(|r| r.contiguous()).transpose()?;
         let input = CpuF32::new(&x, "linear")?;
-        let weights = CpuF32::new(&self.weight, "linear")?;
         let bias = self.bias.as_ref().map(|b| CpuF32::new(b, "linear")).transpose()?;
         let residual = residual.as_ref().map(|r| CpuF32::new(r, "linear")).transpose()?;
-        let (x, weight) = (input.contiguous("linear")?, weights.contiguous("linear")?);
+        let x = input.contiguous("linear")?;
         let bias = bias.as_ref().map(|b| b.contiguous("linear")).transpose()?;
         let residual = residual.as_ref().map(|r| r.contiguous("linear")).transpose()?;
         if bias.is_some_and(|b| b.len() != outputs) {
@@ -119,15 +120,20 @@ impl Linear {
             }
             y
         });
-        matmul(
-            &mut y,
-            outputs,
-            View::rows(x, rows, inputs),
-            View::rows(weight, outputs, inputs).t(),
-            1.0,
-            residual.is_some() || bias.is_some(),
-            true,
-        );
+        let accumulate = residual.is_some() || bias.is_some();
+        with_f32(&self.weight, "linear", |weight| {
+            let weight = View::rows(weight, outputs, inputs).t();
+            matmul(
+                &mut y,
+                outputs,
+                View::rows(x, rows, inputs),
+                weight,
+                1.0,
+                accumulate,
+                true,
+            );
+            Ok(())
+        })?;
         Tensor::from_vec(y, dims, self.weight.device())
     }
 }
@@ -165,6 +171,31 @@ mod tests {
             let got = ours.forward_add(&x, &residual).unwrap();
             let diff = crate::max_abs_diff(&got, &(want + residual).unwrap());
             assert!(diff < 1e-5, "{shape:?} -> {outputs} with a residual: {diff}");
+        }
+    }
+
+    #[test]
+    fn half_weights_compute_on_their_exact_float32_values() {
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1.0, (2, 7, 48), &dev).unwrap();
+        let residual = Tensor::randn(0f32, 1.0, (2, 7, 24), &dev).unwrap();
+        for dtype in [DType::F16, DType::BF16] {
+            let half = Linear {
+                weight: Tensor::randn(0f32, 1.0, (24, 48), &dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap(),
+                bias: Some(Tensor::randn(0f32, 1.0, 24, &dev).unwrap()),
+            };
+            let widened = Linear {
+                weight: half.weight.to_dtype(DType::F32).unwrap(),
+                bias: half.bias.clone(),
+            };
+            let diff = crate::max_abs_diff(&half.forward(&x).unwrap(), &widened.forward(&x).unwrap());
+            assert_eq!(diff, 0.0, "{dtype:?}");
+            let with_residual = half.forward_add(&x, &residual).unwrap();
+            let want = widened.forward_add(&x, &residual).unwrap();
+            assert_eq!(crate::max_abs_diff(&with_residual, &want), 0.0, "{dtype:?}");
         }
     }
 

@@ -22,6 +22,7 @@ use rayon::prelude::*;
 
 use super::interrupt::Interrupt;
 use super::matmul::{matmul, View};
+use super::weights::with_f32;
 use super::{filled, par_init, repeated, with_buffer, CpuF32};
 
 /// A square-kernel convolution with bias: `[b, cin, h, w] → [b, cout, h', w']`.
@@ -64,9 +65,14 @@ thread_local! {
 }
 
 impl Conv2d {
-    /// The dtype the convolution computes in (its weights').
+    /// The dtype the convolution computes in: its weights' on a GPU; float32 on the CPU,
+    /// where half-precision weights are widened per call.
     pub(crate) fn dtype(&self) -> DType {
-        self.weight.dtype()
+        if self.weight.device().is_cpu() {
+            DType::F32
+        } else {
+            self.weight.dtype()
+        }
     }
 
     /// Reads `weight` (`[cout, cin, k, k]`) and `bias` (`[cout]`) from `vb`.
@@ -160,25 +166,51 @@ impl Conv2d {
         let p = ho * wo;
         let x = x.contiguous()?;
         let input = CpuF32::new(&x, "conv2d")?;
-        let weights = CpuF32::new(&self.weight, "conv2d")?;
         let start = Start::new(&self.bias, shift, residual, (b, cout, p))?;
-        let (x, weight) = (input.contiguous("conv2d")?, weights.contiguous("conv2d")?);
+        let x = input.contiguous("conv2d")?;
+        let geometry = Geometry {
+            cin,
+            input: (h, w),
+            kernel: (kh, kw),
+            output: (ho, wo),
+            stride: s,
+            pad,
+        };
+        let out = with_f32(&self.weight, "conv2d", |weight| {
+            self.product(x, weight, &start, &geometry, (b, cout), (stop, macs_per_check))
+        })?;
+        Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device())
+    }
+
+    /// The convolution of the images `x` (`b` of them) with `weight` (`[cout, cin, kh, kw]`,
+    /// float32), started from `start`: Winograd's, pixel-major or channel-major, asking
+    /// `stop` between pieces of about `macs_per_check` multiply-adds.
+    fn product(
+        &self,
+        x: &[f32],
+        weight: &[f32],
+        start: &Start<'_>,
+        g: &Geometry,
+        (b, cout): (usize, usize),
+        (stop, macs_per_check): (Interrupt<'_>, usize),
+    ) -> Result<Vec<f32>> {
+        let (cin, (h, w), (kh, kw), (ho, wo), s, pad) = (g.cin, g.input, g.kernel, g.output, g.stride, g.pad);
+        let p = ho * wo;
         let k = cin * kh * kw;
         if winograd::applies((h, w), (kh, kw), s, pad) {
             let mut out = start.output()?;
             winograd::accumulate(x, weight, (b, cin, h, w), &mut out, stop)?;
-            return Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device());
+            return Ok(out);
         }
         let one_by_one = kh == 1 && kw == 1 && s == 1 && pad == 0;
         if !one_by_one && p >= PIXEL_MAJOR_MIN_POSITIONS && cout >= CHANNEL_BLOCK {
-            let taps_major = self.taps_major.get_or_init(|| taps_major(weight, cout, cin, kh * kw));
-            let geometry = Geometry {
-                cin,
-                input: (h, w),
-                kernel: (kh, kw),
-                output: (ho, wo),
-                stride: s,
-                pad,
+            // Float32 weights keep their pixel-major copy; half ones make it per call.
+            let per_call;
+            let taps_major: &[f32] = if self.weight.dtype() == DType::F32 {
+                self.taps_major.get_or_init(|| taps_major(weight, cout, cin, kh * kw))
+            } else {
+                per_call = taps_major(weight, cout, cin, kh * kw);
+                &per_call
             };
             // Output rows per piece of the product, each with its own column rows.
             let rows = (macs_per_check / (wo * k * cout).max(1)).clamp(1, ho);
@@ -194,7 +226,7 @@ impl Conv2d {
                             stop.check()?;
                             let positions = y.len() / cout;
                             let columns = &mut columns[..positions * k];
-                            fill_pixel_columns(pixels, columns, &geometry, piece * rows);
+                            fill_pixel_columns(pixels, columns, g, piece * rows);
                             let cols = View::rows(columns, positions, k);
                             matmul(y, cout, cols, View::rows(taps_major, k, cout), 1.0, false, true);
                         }
@@ -203,7 +235,7 @@ impl Conv2d {
                 })?;
                 start.output_from_pixel_major(products)
             })?;
-            return Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device());
+            return Ok(out);
         }
         let mut out = start.output()?;
         // Output positions per piece of the product: a multiple of 64, for whole vectors.
@@ -244,7 +276,7 @@ impl Conv2d {
             }
             Ok::<_, candle_core::Error>(())
         })?;
-        Tensor::from_vec(out, (b, cout, ho, wo), self.weight.device())
+        Ok(out)
     }
 
     /// A 1×1 convolution from NCHW `x` to tokens `[b, h·w, cout]`, the layout of the
@@ -258,25 +290,24 @@ impl Conv2d {
         let p = h * w;
         let x = x.contiguous()?;
         let input = CpuF32::new(&x, "conv2d")?;
-        let weights = CpuF32::new(&self.weight, "conv2d")?;
         let biases = CpuF32::new(&self.bias, "conv2d")?;
-        let (x, weight, bias) = (
-            input.contiguous("conv2d")?,
-            weights.contiguous("conv2d")?,
-            biases.contiguous("conv2d")?,
-        );
+        let (x, bias) = (input.contiguous("conv2d")?, biases.contiguous("conv2d")?);
         let mut out = par_init(b * p * cout, cout * ROWS_PER_TASK, |_, y| repeated(y, bias));
-        for (image, y) in x.chunks_exact(cin * p).zip(out.chunks_exact_mut(p * cout)) {
-            // Tokens × input channels is the image's transpose: rows 1 apart, columns p apart.
-            let tokens = View {
-                data: image,
-                rows: p,
-                cols: cin,
-                row_stride: 1,
-                col_stride: p,
-            };
-            matmul(y, cout, tokens, View::rows(weight, cout, cin).t(), 1.0, true, true);
-        }
+        with_f32(&self.weight, "conv2d", |weight| {
+            for (image, y) in x.chunks_exact(cin * p).zip(out.chunks_exact_mut(p * cout)) {
+                // Tokens × input channels is the image's transpose: rows 1 apart, columns p
+                // apart.
+                let tokens = View {
+                    data: image,
+                    rows: p,
+                    cols: cin,
+                    row_stride: 1,
+                    col_stride: p,
+                };
+                matmul(y, cout, tokens, View::rows(weight, cout, cin).t(), 1.0, true, true);
+            }
+            Ok(())
+        })?;
         Tensor::from_vec(out, (b, p, cout), self.weight.device())
     }
 
@@ -299,21 +330,16 @@ impl Conv2d {
         }
         let tokens = tokens.contiguous()?;
         let input = CpuF32::new(&tokens, "conv2d")?;
-        let weights = CpuF32::new(&self.weight, "conv2d")?;
         let start = Start::new(&self.bias, None, Some(residual), (b, cout, p))?;
         let mut out = start.output()?;
-        let (t, weight) = (input.contiguous("conv2d")?, weights.contiguous("conv2d")?);
-        for (image, y) in t.chunks_exact(p * cin).zip(out.chunks_exact_mut(cout * p)) {
-            matmul(
-                y,
-                p,
-                View::rows(weight, cout, cin),
-                View::rows(image, p, cin).t(),
-                1.0,
-                true,
-                true,
-            );
-        }
+        let t = input.contiguous("conv2d")?;
+        with_f32(&self.weight, "conv2d", |weight| {
+            for (image, y) in t.chunks_exact(p * cin).zip(out.chunks_exact_mut(cout * p)) {
+                let image = View::rows(image, p, cin).t();
+                matmul(y, p, View::rows(weight, cout, cin), image, 1.0, true, true);
+            }
+            Ok(())
+        })?;
         Tensor::from_vec(out, (b, cout, h, w), self.weight.device())
     }
 
@@ -603,6 +629,41 @@ mod tests {
             .unwrap();
         let diff = crate::max_abs_diff(&got, &want);
         assert!(diff < 1e-4, "{cin}->{cout} k{kernel} on {h}x{w}: {diff}");
+    }
+
+    /// Half-precision weights give exactly what their float32 values give, on every path:
+    /// channel-major, Winograd, pixel-major (stride 2 at 48x48 outputs), 1x1 and the token
+    /// layouts.
+    #[test]
+    fn half_weights_compute_on_their_exact_float32_values() {
+        let dev = Device::Cpu;
+        for dtype in [DType::F16, DType::BF16] {
+            let cases = [(5, 6, 3, 1, 9), (4, 32, 3, 1, 48), (3, 16, 3, 2, 96), (8, 6, 1, 1, 9)];
+            for (cin, cout, kernel, stride, size) in cases {
+                let mut half = random_conv(cin, cout, kernel, stride, kernel / 2);
+                half.weight = half.weight.to_dtype(dtype).unwrap();
+                let mut widened = half.clone();
+                widened.weight = half.weight.to_dtype(DType::F32).unwrap();
+                let x = Tensor::randn(0f32, 1.0, (2, cin, size, size), &dev).unwrap();
+                let (got, want) = (half.forward(&x).unwrap(), widened.forward(&x).unwrap());
+                assert_eq!(
+                    crate::max_abs_diff(&got, &want),
+                    0.0,
+                    "{dtype:?} {cin}->{cout} k{kernel} {size}"
+                );
+                assert_eq!(half.dtype(), DType::F32);
+                if kernel == 1 {
+                    let tokens = half.forward_to_tokens(&x).unwrap();
+                    let want_tokens = widened.forward_to_tokens(&x).unwrap();
+                    assert_eq!(crate::max_abs_diff(&tokens, &want_tokens), 0.0);
+                    let tokens = Tensor::randn(0f32, 1.0, (2, size * size, cin), &dev).unwrap();
+                    let residual = Tensor::randn(0f32, 1.0, (2, cout, size, size), &dev).unwrap();
+                    let back = half.forward_from_tokens(&tokens, (size, size), &residual).unwrap();
+                    let want_back = widened.forward_from_tokens(&tokens, (size, size), &residual).unwrap();
+                    assert_eq!(crate::max_abs_diff(&back, &want_back), 0.0);
+                }
+            }
+        }
     }
 
     #[test]
