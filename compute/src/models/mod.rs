@@ -9,6 +9,7 @@ pub mod layout;
 pub mod loader;
 pub mod random_checkpoint;
 pub mod safetensors;
+mod storage;
 pub mod unet;
 mod working;
 
