@@ -14,6 +14,7 @@ pub mod lora;
 pub mod model;
 pub mod prompt;
 pub mod resize;
+pub mod separate;
 pub mod text;
 pub mod vae;
 
@@ -23,4 +24,5 @@ pub use conditioning::{Area, CondEntry, Conditioning, SizeConditioning};
 pub use ksampler::{ksample, SampleFailure, SampleSettings};
 pub use lora::{write_random_lora, Lora};
 pub use model::{DiffusionModel, LatentFormat};
+pub use separate::{load_clip, load_unet, ClipKind, WEIGHT_DTYPES};
 pub use text::{Encoded, EncoderTexts, TextEncoder};
