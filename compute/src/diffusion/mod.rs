@@ -15,6 +15,7 @@ pub mod model;
 pub mod prompt;
 pub mod resize;
 pub mod separate;
+pub mod source;
 pub mod text;
 pub mod vae;
 

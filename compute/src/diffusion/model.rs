@@ -10,7 +10,7 @@ use candle_nn::VarBuilder;
 
 use super::checkpoint::ModelError;
 use super::lora::Lora;
-use super::separate::Source;
+use super::source::Source;
 use crate::models::layout::Component;
 use crate::models::separate::UnetKeys;
 use crate::models::{CheckpointModels, Unet, UnetModels};

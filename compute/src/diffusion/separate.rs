@@ -4,57 +4,15 @@
 //! checkpoint of the same family gives, so a workflow on files split out of a checkpoint
 //! computes exactly what the checkpoint does.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
-
 use super::checkpoint::ModelError;
-use super::lora::load_component;
 use super::model::DiffusionModel;
 use super::text::TextEncoder;
-use crate::models::layout::{Component, ModelConfig};
+use crate::models::layout::ModelConfig;
 use crate::models::safetensors::{SafetensorsIndex, DEFAULT_MAX_HEADER};
-use crate::models::separate::{
-    check_clip, check_unet, clip_tensors, detect_clip, detect_unet, unet_tensors, ClipFile, UnetKeys,
-};
+use crate::models::separate::{check_clip, check_unet, detect_clip, detect_unet, ClipFile, UnetKeys};
 use crate::models::ModelCache;
-
-/// Where a network's weights are read from again, to rebuild it with LoRAs.
-#[derive(Debug, Clone)]
-pub enum Source {
-    /// A single-file checkpoint.
-    Checkpoint(PathBuf),
-    /// A UNet file, its keys in the given style.
-    Unet(PathBuf, UnetKeys),
-    /// Text-encoder files, one `(path, key prefix)` per encoder of the layout's `text`.
-    Text(Vec<(PathBuf, String)>),
-}
-
-impl Source {
-    /// The float32 tensors of network `component` of layout `cfg`, under the names weft's
-    /// networks read, on `device`.
-    pub fn load_component(
-        &self,
-        cfg: &ModelConfig,
-        component: Component,
-        device: &Device,
-    ) -> anyhow::Result<HashMap<String, Tensor>> {
-        let open = |path: &Path| SafetensorsIndex::open(path, DEFAULT_MAX_HEADER);
-        match (self, component) {
-            (Source::Checkpoint(path), _) => load_component(path, cfg, component, device),
-            (Source::Unet(path, keys), Component::Unet) => unet_tensors(&open(path)?, cfg, *keys, device, DType::F32),
-            (Source::Text(files), Component::Clip(i)) => {
-                let ((path, prefix), clip) = files
-                    .get(i)
-                    .zip(cfg.text.get(i))
-                    .ok_or_else(|| anyhow::anyhow!("no text encoder {i} in these files"))?;
-                clip_tensors(&open(path)?, prefix, clip, device, DType::F32)
-            }
-            (_, component) => anyhow::bail!("these files hold no {component:?}"),
-        }
-    }
-}
 
 /// The families whose UNet files weft runs, for messages.
 const UNET_FAMILIES: &str =
@@ -221,6 +179,7 @@ mod tests {
     use crate::models::safetensors::write_f32_safetensors;
     use crate::models::separate::write_split;
     use crate::models::write_random_checkpoint;
+    use candle_core::{Device, Tensor};
 
     fn split(cfg: &ModelConfig, dir: &Path) -> crate::models::separate::SplitFiles {
         let ckpt = dir.join("ckpt.safetensors");

@@ -12,7 +12,7 @@ use candle_nn::VarBuilder;
 use super::checkpoint::ModelError;
 use super::lora::Lora;
 use super::prompt::{encode_with, tokenize, tokenize_for, EmbeddingLookup, EncodeSpec};
-use super::separate::Source;
+use super::source::Source;
 use crate::interrupt::Interrupt;
 use crate::models::layout::Component;
 use crate::models::{CheckpointModels, ClipText, TextModels};

@@ -321,6 +321,12 @@ pub fn clip_tensors(
     Ok(out)
 }
 
+/// Tensors to write: name, shape, float32 values.
+type Written = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+/// Reads a checkpoint tensor by name: its shape and float32 values.
+type ReadTensor<'a> = &'a dyn Fn(&str) -> Result<(Vec<usize>, Vec<f32>)>;
+
 /// The files [`write_split`] wrote.
 #[derive(Debug, Clone)]
 pub struct SplitFiles {
@@ -344,7 +350,7 @@ pub fn write_split(index: &SafetensorsIndex, cfg: &ModelConfig, dir: &Path, stem
         let info = index.tensors.get(name).ok_or_else(|| anyhow!("{name} missing"))?;
         Ok((info.shape.clone(), index.read_f32(name)?))
     };
-    let write = |file: &str, tensors: Vec<(String, Vec<usize>, Vec<f32>)>| -> Result<PathBuf> {
+    let write = |file: &str, tensors: Written| -> Result<PathBuf> {
         let path = dir.join(format!("{stem}_{file}.safetensors"));
         write_f32_safetensors(&path, &tensors, &BTreeMap::new()).with_context(|| path.display().to_string())?;
         Ok(path)
@@ -372,10 +378,7 @@ pub fn write_split(index: &SafetensorsIndex, cfg: &ModelConfig, dir: &Path, stem
 }
 
 /// Encoder `clip` of a checkpoint (read with `read`) in Hugging Face's layout.
-fn hugging_face_tensors(
-    clip: &ClipConfig,
-    read: &dyn Fn(&str) -> Result<(Vec<usize>, Vec<f32>)>,
-) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+fn hugging_face_tensors(clip: &ClipConfig, read: ReadTensor<'_>) -> Result<Written> {
     let mut out = Vec::new();
     for (n, _) in clip_layout(clip) {
         let (shape, data) = read(&format!("{}{n}", clip.prefix))?;
