@@ -139,6 +139,33 @@ fn every_diffusion_node_has_comfyuis_inputs_defaults_and_outputs() {
             "loaders",
         ),
         (
+            "UNETLoader",
+            vec![("unet_name", "COMBO", n.clone()), ("weight_dtype", "COMBO", n.clone())],
+            vec!["MODEL"],
+            "advanced/loaders",
+        ),
+        (
+            "CLIPLoader",
+            vec![
+                ("clip_name", "COMBO", n.clone()),
+                ("type", "COMBO", n.clone()),
+                ("device", "COMBO", n.clone()),
+            ],
+            vec!["CLIP"],
+            "advanced/loaders",
+        ),
+        (
+            "DualCLIPLoader",
+            vec![
+                ("clip_name1", "COMBO", n.clone()),
+                ("clip_name2", "COMBO", n.clone()),
+                ("type", "COMBO", n.clone()),
+                ("device", "COMBO", n.clone()),
+            ],
+            vec!["CLIP"],
+            "advanced/loaders",
+        ),
+        (
             "LoraLoader",
             vec![
                 ("model", "MODEL", n.clone()),
@@ -390,6 +417,17 @@ fn every_diffusion_node_has_comfyuis_inputs_defaults_and_outputs() {
     assert_eq!(nodes["KSamplerAdvanced"]["display_name"], "KSampler (Advanced)");
     assert_eq!(nodes["CheckpointLoaderSimple"]["display_name"], "Load Checkpoint");
     assert_eq!(nodes["CLIPTextEncode"]["display_name"], "CLIP Text Encode (Prompt)");
+    assert_eq!(nodes["UNETLoader"]["display_name"], "Load Diffusion Model");
+    assert_eq!(nodes["CLIPLoader"]["display_name"], "Load CLIP");
+    assert_eq!(nodes["DualCLIPLoader"]["display_name"], "DualCLIPLoader");
+    assert_eq!(
+        combo("UNETLoader", "weight_dtype"),
+        ["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]
+    );
+    assert_eq!(combo("CLIPLoader", "type")[0], "stable_diffusion");
+    assert_eq!(combo("DualCLIPLoader", "type")[0], "sdxl");
+    assert_eq!(combo("CLIPLoader", "device"), ["default", "cpu"]);
+    assert_eq!(nodes["DualCLIPLoader"]["output_name"], json!(["CLIP"]));
     assert_eq!(nodes["SaveLatent"]["output_node"], true);
     assert_eq!(nodes["PreviewImage"]["output_node"], true);
     assert_eq!(

@@ -88,6 +88,12 @@ pub mod __private {
     pub use crate::input::{input_spec, take_input};
     pub use crate::output::output_spec;
 
+    /// An input's name as the workflow spells it: a raw identifier (`r#type`) without its
+    /// `r#`.
+    pub fn input_name(ident: &'static str) -> &'static str {
+        ident.strip_prefix("r#").unwrap_or(ident)
+    }
+
     /// Joins the lines of a doc comment into a description.
     pub fn doc_text(lines: &[&str]) -> String {
         let text: Vec<&str> = lines

@@ -100,7 +100,7 @@ macro_rules! __node_impl {
                     description: $crate::__private::doc_text(&[$($doc),*]),
                     inputs: ::std::vec![$(
                         $crate::__private::input_spec::<$ity>(
-                            stringify!($iname),
+                            $crate::__private::input_name(stringify!($iname)),
                             $crate::__spec!($ity $(, $ispec)?),
                         )
                     ),*],
@@ -135,7 +135,7 @@ macro_rules! __node_impl {
                 let args = Inputs {
                     $($iname: $crate::__private::take_input::<$ity>(
                         &mut inputs,
-                        stringify!($iname),
+                        $crate::__private::input_name(stringify!($iname)),
                         $crate::__spec!($ity $(, $ispec)?),
                     )?,)*
                 };

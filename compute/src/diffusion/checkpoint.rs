@@ -45,7 +45,8 @@ impl ModelError {
         }
     }
 
-    fn from_load(e: anyhow::Error, path: &Path, name: &str) -> Self {
+    /// The error for a load of the file at `path` (called `name`) that failed with `e`.
+    pub(crate) fn from_load(e: anyhow::Error, path: &Path, name: &str) -> Self {
         match e.downcast_ref::<CheckpointError>() {
             Some(c) => Self::from_checkpoint(c, path, name),
             None => ModelError::Failed(format!("{name}: {e:#}").replace(&path.display().to_string(), name)),

@@ -16,6 +16,8 @@ pub mod lora;
 pub mod model;
 pub mod prompt;
 pub mod resize;
+pub mod separate;
+pub mod source;
 pub mod text;
 pub mod vae;
 
@@ -26,4 +28,5 @@ pub use custom_sampling::{sample_custom, CustomSampler, Guider, GuiderKind, Nois
 pub use ksampler::{ksample, run_sampling, SampleFailure, SampleSettings, Sampled, SamplingRun};
 pub use lora::{write_random_lora, Lora};
 pub use model::{DiffusionModel, LatentFormat};
+pub use separate::{load_clip, load_unet, ClipKind, WEIGHT_DTYPES};
 pub use text::{Encoded, EncoderTexts, TextEncoder};

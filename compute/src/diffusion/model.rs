@@ -9,9 +9,11 @@ use std::sync::Arc;
 use candle_nn::VarBuilder;
 
 use super::checkpoint::ModelError;
-use super::lora::{load_component, Lora};
+use super::lora::Lora;
+use super::source::Source;
 use crate::models::layout::Component;
-use crate::models::{CheckpointModels, Unet};
+use crate::models::separate::UnetKeys;
+use crate::models::{CheckpointModels, Unet, UnetModels};
 use crate::sampling::{DiscreteSampling, EdmSampling, ModelSampling};
 use crate::ComputeError;
 
@@ -35,10 +37,13 @@ const PLAYGROUND_SCALE: f32 = 0.5;
 /// A checkpoint's UNet with the LoRAs applied to it, in order, and the sampling patches.
 #[derive(Clone)]
 pub struct DiffusionModel {
-    /// The checkpoint's networks (layout, device, and the UNet when no LoRA is applied).
-    pub checkpoint: Arc<CheckpointModels>,
-    /// The checkpoint file, to rebuild the UNet from.
+    /// The UNet as loaded, with its layout and device (the UNet sampled when no LoRA is
+    /// applied).
+    pub checkpoint: Arc<UnetModels>,
+    /// The file the UNet was loaded from (a checkpoint or a UNet file).
     pub source: PathBuf,
+    /// How to read the UNet's weights again, to rebuild it with LoRAs.
+    origin: Source,
     /// The LoRAs applied, with their strengths.
     pub loras: Vec<(Arc<Lora>, f64)>,
     patched: Option<Arc<Unet>>,
@@ -52,9 +57,22 @@ pub struct DiffusionModel {
 impl DiffusionModel {
     /// The checkpoint's own UNet.
     pub fn new(checkpoint: Arc<CheckpointModels>, source: PathBuf) -> Self {
+        let origin = Source::Checkpoint(source.clone());
+        Self::from_parts(Arc::new(checkpoint.unet_part()), source, origin)
+    }
+
+    /// The UNet loaded from its own file `source`, whose keys are in style `keys`
+    /// (`UNETLoader`).
+    pub fn from_unet(unet: Arc<UnetModels>, source: PathBuf, keys: UnetKeys) -> Self {
+        let origin = Source::Unet(source.clone(), keys);
+        Self::from_parts(unet, source, origin)
+    }
+
+    fn from_parts(checkpoint: Arc<UnetModels>, source: PathBuf, origin: Source) -> Self {
         DiffusionModel {
             checkpoint,
             source,
+            origin,
             loras: Vec::new(),
             patched: None,
             sampling: None,
@@ -84,8 +102,8 @@ impl DiffusionModel {
         self.cfg_rescale
     }
 
-    /// This model with `lora` added at `strength` (`LoraLoader`): the UNet is rebuilt from the
-    /// checkpoint with every LoRA so far; the sampling patches stay.
+    /// This model with `lora` added at `strength` (`LoraLoader`): the UNet is rebuilt from its
+    /// file with every LoRA so far; the sampling patches stay.
     pub fn with_lora(&self, lora: Arc<Lora>, strength: f64) -> Result<DiffusionModel, ModelError> {
         let cfg = &self.checkpoint.config;
         lora.check_fits(cfg)?;
@@ -93,7 +111,10 @@ impl DiffusionModel {
         loras.push((lora, strength));
         let device = &self.checkpoint.device;
         let failed = |e: &dyn std::fmt::Display| ModelError::Failed(format!("rebuilding the UNet: {e}"));
-        let mut tensors = load_component(&self.source, cfg, Component::Unet, device).map_err(|e| failed(&e))?;
+        let mut tensors = self
+            .origin
+            .load_component(cfg, Component::Unet, device)
+            .map_err(|e| failed(&e))?;
         for (lora, strength) in &loras {
             lora.apply(*strength, Component::Unet, cfg, &mut tensors)?;
         }

@@ -1,4 +1,5 @@
-//! The text encoder behind a `CLIP` handle: a checkpoint's CLIP, optionally stopped at an
+//! The text encoder behind a `CLIP` handle: a checkpoint's CLIP or one loaded from its own
+//! files (`CLIPLoader`, `DualCLIPLoader`), optionally stopped at an
 //! earlier layer (`CLIPSetLastLayer`) or with LoRAs applied, and `CLIPTextEncode`'s encoding
 //! with ComfyUI's prompt syntax ([`super::prompt`]).
 
@@ -9,19 +10,22 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
 use super::checkpoint::ModelError;
-use super::lora::{load_component, Lora};
+use super::lora::Lora;
 use super::prompt::{encode_with, tokenize, tokenize_for, EmbeddingLookup, EncodeSpec};
+use super::source::Source;
 use crate::interrupt::Interrupt;
 use crate::models::layout::Component;
-use crate::models::{CheckpointModels, ClipText};
+use crate::models::{CheckpointModels, ClipText, TextModels};
 use crate::ComputeError;
 
 /// A checkpoint's text encoders, run up to one of their layers, with LoRAs applied.
 pub struct TextEncoder {
-    /// The checkpoint's networks.
-    pub models: Arc<CheckpointModels>,
-    /// The checkpoint file, to build encoders patched with LoRAs from.
+    /// The text encoders as loaded, with their layout and device.
+    pub models: Arc<TextModels>,
+    /// The file the encoders were loaded from (a checkpoint, or the first encoder's file).
     pub source: PathBuf,
+    /// How to read the encoders' weights again, to patch them with LoRAs.
+    origin: Source,
     /// The last layer used by every encoder (`CLIPSetLastLayer`): -1 is the last one, -2 the
     /// one before, ...; `None` for each encoder's own default (SD1: -1, SDXL: -2).
     pub last_layer: Option<i32>,
@@ -62,9 +66,22 @@ pub struct Encoded {
 impl TextEncoder {
     /// The whole encoder of `models`, loaded from `source`.
     pub fn new(models: Arc<CheckpointModels>, source: PathBuf) -> Self {
+        let origin = Source::Checkpoint(source.clone());
+        Self::from_parts(Arc::new(models.text_part()), source, origin)
+    }
+
+    /// The encoders `models` loaded from their own files, one `(path, key prefix)` per encoder
+    /// in order (`CLIPLoader`, `DualCLIPLoader`).
+    pub fn from_files(models: Arc<TextModels>, files: Vec<(PathBuf, String)>) -> Self {
+        let source = files.first().map(|(p, _)| p.clone()).unwrap_or_default();
+        Self::from_parts(models, source, Source::Text(files))
+    }
+
+    fn from_parts(models: Arc<TextModels>, source: PathBuf, origin: Source) -> Self {
         TextEncoder {
             models,
             source,
+            origin,
             last_layer: None,
             loras: Vec::new(),
             patched: OnceLock::new(),
@@ -83,7 +100,7 @@ impl TextEncoder {
         Ok(TextEncoder {
             last_layer: Some(last_layer),
             loras: self.loras.clone(),
-            ..TextEncoder::new(self.models.clone(), self.source.clone())
+            ..TextEncoder::from_parts(self.models.clone(), self.source.clone(), self.origin.clone())
         })
     }
 
@@ -95,7 +112,7 @@ impl TextEncoder {
         Ok(TextEncoder {
             last_layer: self.last_layer,
             loras,
-            ..TextEncoder::new(self.models.clone(), self.source.clone())
+            ..TextEncoder::from_parts(self.models.clone(), self.source.clone(), self.origin.clone())
         })
     }
 
@@ -174,7 +191,7 @@ impl TextEncoder {
         let mut clips = Vec::with_capacity(cfg.text.len());
         for (i, clip) in cfg.text.iter().enumerate() {
             let component = Component::Clip(i);
-            let mut tensors = load_component(&self.source, cfg, component, &self.models.device)?;
+            let mut tensors = self.origin.load_component(cfg, component, &self.models.device)?;
             for (lora, strength) in &self.loras {
                 lora.apply(*strength, component, cfg, &mut tensors)?;
             }

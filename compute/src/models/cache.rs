@@ -1,6 +1,7 @@
-//! A cache of loaded SD1 networks with a memory budget: least recently used entries are
-//! dropped until the bytes held fit the budget. Entries are keyed by file path, size,
-//! modification time and layout, so a replaced file is loaded afresh.
+//! A cache of loaded networks with a memory budget: least recently used entries are
+//! dropped until the bytes held fit the budget. Entries are keyed by file paths, sizes,
+//! modification times, what was loaded (a checkpoint, a UNet file, text-encoder files) and
+//! layout, so a replaced file is loaded afresh.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -10,23 +11,82 @@ use anyhow::{Context, Result};
 use candle_core::Device;
 
 use super::layout::ModelConfig;
-use super::loader::{load_models, CheckpointModels};
+use super::loader::{load_models, load_text, load_unet, CheckpointModels, TextModels, UnetModels};
+use super::separate::UnetKeys;
 
+/// One file of an entry, as it was when loaded.
 #[derive(Debug, Clone, PartialEq)]
-struct Key {
+struct Stamp {
     path: PathBuf,
     len: u64,
     modified: Option<SystemTime>,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Result<Stamp> {
+        let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+        Ok(Stamp {
+            path: path.to_path_buf(),
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        })
+    }
+}
+
+/// What an entry holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Checkpoint,
+    Unet(UnetKeys),
+    Text,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Key {
+    files: Vec<Stamp>,
+    kind: Kind,
     config: ModelConfig,
+}
+
+impl Key {
+    /// Whether `other` is the same files read the same way (perhaps at another version).
+    fn same_source(&self, other: &Key) -> bool {
+        self.kind == other.kind
+            && self.config == other.config
+            && self
+                .files
+                .iter()
+                .map(|f| &f.path)
+                .eq(other.files.iter().map(|f| &f.path))
+    }
+}
+
+/// Loaded networks of one entry.
+#[derive(Clone)]
+enum Held {
+    Checkpoint(Arc<CheckpointModels>),
+    Unet(Arc<UnetModels>),
+    Text(Arc<TextModels>),
+}
+
+impl Held {
+    fn bytes(&self) -> u64 {
+        match self {
+            Held::Checkpoint(m) => m.bytes,
+            Held::Unet(m) => m.bytes,
+            Held::Text(m) => m.bytes,
+        }
+    }
 }
 
 struct Entry {
     key: Key,
     bytes: u64,
-    models: Arc<CheckpointModels>,
+    models: Held,
 }
 
-/// Loaded networks, least recently used first out, within `budget` bytes of weights.
+/// Loaded networks, least recently used first out, within `budget` bytes of weights:
+/// whole checkpoints, and UNets and text encoders loaded from their own files.
 pub struct ModelCache {
     budget: u64,
     device: Device,
@@ -48,13 +108,52 @@ impl ModelCache {
     /// The networks in `path` with layout `config`, loading them on a miss. The lock is not
     /// held while loading, so two callers may load the same file once each.
     pub fn get(&self, path: &Path, config: &ModelConfig) -> Result<Arc<CheckpointModels>> {
-        let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
         let key = Key {
-            path: path.to_path_buf(),
-            len: meta.len(),
-            modified: meta.modified().ok(),
+            files: vec![Stamp::of(path)?],
+            kind: Kind::Checkpoint,
             config: config.clone(),
         };
+        match self.fetch(key, || {
+            Ok(Held::Checkpoint(Arc::new(load_models(path, config, &self.device)?)))
+        })? {
+            Held::Checkpoint(m) => Ok(m),
+            _ => anyhow::bail!("model cache: a checkpoint entry holds other networks"),
+        }
+    }
+
+    /// The UNet file `path` (keys `keys`, layout `config`), loading it on a miss.
+    pub fn get_unet(&self, path: &Path, config: &ModelConfig, keys: UnetKeys) -> Result<Arc<UnetModels>> {
+        let key = Key {
+            files: vec![Stamp::of(path)?],
+            kind: Kind::Unet(keys),
+            config: config.clone(),
+        };
+        match self.fetch(key, || {
+            Ok(Held::Unet(Arc::new(load_unet(path, config, keys, &self.device)?)))
+        })? {
+            Held::Unet(m) => Ok(m),
+            _ => anyhow::bail!("model cache: a UNet entry holds other networks"),
+        }
+    }
+
+    /// The text encoders of layout `config` in `files` (one `(path, key prefix)` per
+    /// encoder, in order), loading them on a miss.
+    pub fn get_text(&self, files: &[(PathBuf, String)], config: &ModelConfig) -> Result<Arc<TextModels>> {
+        let key = Key {
+            files: files.iter().map(|(p, _)| Stamp::of(p)).collect::<Result<_>>()?,
+            kind: Kind::Text,
+            config: config.clone(),
+        };
+        match self.fetch(key, || {
+            Ok(Held::Text(Arc::new(load_text(files, config, &self.device)?)))
+        })? {
+            Held::Text(m) => Ok(m),
+            _ => anyhow::bail!("model cache: a text-encoder entry holds other networks"),
+        }
+    }
+
+    /// The entry for `key`, or `load`'s networks kept under it.
+    fn fetch(&self, key: Key, load: impl FnOnce() -> Result<Held>) -> Result<Held> {
         {
             let mut entries = self.entries.lock().expect("model cache lock");
             if let Some(i) = entries.iter().position(|e| e.key == key) {
@@ -64,10 +163,10 @@ impl ModelCache {
                 return Ok(models);
             }
         }
-        let models = Arc::new(load_models(path, config, &self.device)?);
-        let bytes = models.bytes;
+        let models = load()?;
+        let bytes = models.bytes();
         let mut entries = self.entries.lock().expect("model cache lock");
-        entries.retain(|e| e.key.path != key.path || e.key.config != key.config);
+        entries.retain(|e| !e.key.same_source(&key));
         if bytes <= self.budget {
             entries.push(Entry {
                 key,

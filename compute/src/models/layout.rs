@@ -984,40 +984,97 @@ pub fn detect_config(index: &SafetensorsIndex) -> Result<ModelConfig, String> {
 /// that claims more is refused before a layout of that size is built.
 const MAX_TRANSFORMER_DEPTH: usize = 64;
 
-/// Transformer blocks in UNet block `block` (`input_blocks.3.1` or `middle_block.1`): the
+/// A UNet block that may hold transformer blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Block {
+    /// Residual block `j` of level `level` of the down path.
+    Down {
+        /// The level.
+        level: usize,
+        /// The block in the level.
+        j: usize,
+        /// Residual blocks per level.
+        blocks: usize,
+    },
+    /// Block `j` of up block `up` (up blocks are numbered from the bottom level).
+    Up {
+        /// The up block.
+        up: usize,
+        /// The block in it.
+        j: usize,
+        /// Residual blocks per level.
+        blocks: usize,
+    },
+    /// The middle block.
+    Middle,
+}
+
+impl Block {
+    /// Its attention's original (LDM) name: `input_blocks.4.1`, `output_blocks.2.1`,
+    /// `middle_block.1`.
+    pub fn ldm_name(self) -> String {
+        match self {
+            Block::Down { level, j, blocks } => format!("input_blocks.{}.1", 1 + level * (blocks + 1) + j),
+            Block::Up { up, j, blocks } => format!("output_blocks.{}.1", up * (blocks + 1) + j),
+            Block::Middle => "middle_block.1".to_string(),
+        }
+    }
+
+    /// Its attention's diffusers name: `down_blocks.1.attentions.0`, `mid_block.attentions.0`.
+    pub fn diffusers_name(self) -> String {
+        match self {
+            Block::Down { level, j, .. } => format!("down_blocks.{level}.attentions.{j}"),
+            Block::Up { up, j, .. } => format!("up_blocks.{up}.attentions.{j}"),
+            Block::Middle => "mid_block.attentions.0".to_string(),
+        }
+    }
+}
+
+/// Transformer blocks under `prefix` (`...input_blocks.3.1.transformer_blocks.`): the
 /// blocks `0..n` the file has, or an error for gaps or more than [`MAX_TRANSFORMER_DEPTH`].
-fn transformer_blocks(index: &SafetensorsIndex, block: &str) -> Result<usize, String> {
-    let prefix = format!("{UNET_PREFIX}{block}.transformer_blocks.");
+fn transformer_blocks(index: &SafetensorsIndex, prefix: &str) -> Result<usize, String> {
     let found: std::collections::BTreeSet<usize> = index
         .tensors
         .keys()
-        .filter_map(|k| k.strip_prefix(&prefix)?.split('.').next()?.parse::<usize>().ok())
+        .filter_map(|k| k.strip_prefix(prefix)?.split('.').next()?.parse::<usize>().ok())
         .collect();
     let depth = found.last().map_or(0, |last| last + 1);
     if depth > MAX_TRANSFORMER_DEPTH || found.len() != depth {
         return Err(format!(
-            "{UNET_PREFIX}{block} has transformer blocks {:?}; a UNet block has 0 to {MAX_TRANSFORMER_DEPTH}, numbered from 0",
+            "{prefix} has transformer blocks {:?}; a UNet block has 0 to {MAX_TRANSFORMER_DEPTH}, numbered from 0",
             found.iter().take(8).collect::<Vec<_>>()
         ));
     }
     Ok(depth)
 }
 
-/// Sets `cfg`'s transformer depths to those the file has.
+/// Sets `cfg`'s transformer depths to those the checkpoint has.
 fn count_transformer_depths(index: &SafetensorsIndex, cfg: &mut ModelConfig) -> Result<(), String> {
+    count_depths_by(index, cfg, |block| {
+        format!("{UNET_PREFIX}{}.transformer_blocks.", block.ldm_name())
+    })
+}
+
+/// Sets `cfg`'s transformer depths to those the file has, where `prefix` names each block's
+/// transformer blocks (`....transformer_blocks.`) in the file.
+pub fn count_depths_by(
+    index: &SafetensorsIndex,
+    cfg: &mut ModelConfig,
+    prefix: impl Fn(Block) -> String,
+) -> Result<(), String> {
     let (levels, blocks) = (cfg.channel_mult.len(), cfg.num_res_blocks);
     for level in 0..levels {
         for j in 0..blocks {
-            let n = 1 + level * (blocks + 1) + j;
-            cfg.transformer_depth[level * blocks + j] = transformer_blocks(index, &format!("input_blocks.{n}.1"))?;
+            cfg.transformer_depth[level * blocks + j] =
+                transformer_blocks(index, &prefix(Block::Down { level, j, blocks }))?;
         }
         for j in 0..=blocks {
-            let n = (levels - 1 - level) * (blocks + 1) + j;
+            let up = levels - 1 - level;
             cfg.transformer_depth_output[level * (blocks + 1) + j] =
-                transformer_blocks(index, &format!("output_blocks.{n}.1"))?;
+                transformer_blocks(index, &prefix(Block::Up { up, j, blocks }))?;
         }
     }
-    let middle = transformer_blocks(index, "middle_block.1")?;
+    let middle = transformer_blocks(index, &prefix(Block::Middle))?;
     cfg.transformer_depth_middle = (middle > 0).then_some(middle);
     Ok(())
 }

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -19,13 +20,14 @@ use crate::device::{Precision, Precisions};
 use crate::models::autoencoder::Sd1Vae;
 use crate::models::clip_text::ClipText;
 use crate::models::layout::{fit_to_network, ldm_to_candle, network_shape, open_checkpoint, Component, ModelConfig};
-use crate::models::safetensors::DEFAULT_MAX_HEADER;
+use crate::models::safetensors::{CheckpointError, SafetensorsIndex, DEFAULT_MAX_HEADER};
+use crate::models::separate::{self, UnetKeys};
 use crate::models::unet::Unet;
 
 /// A checkpoint's networks.
 pub struct CheckpointModels {
-    /// Denoising UNet (EPS prediction).
-    pub unet: Unet,
+    /// Denoising UNet (EPS prediction), shared with the `MODEL`s made from it.
+    pub unet: Arc<Unet>,
     /// KL autoencoder (encoding gives the posterior's mean, as ComfyUI's).
     pub vae: Sd1Vae,
     /// The text encoders, in the order of the configuration's `text` (SD1: ViT-L; SDXL:
@@ -89,7 +91,7 @@ pub fn load_models(path: &Path, cfg: &ModelConfig, device: &Device) -> Result<Ch
     }
     let mut take = |c: Component| parts.remove(&c).unwrap_or_default();
     let unet_vb = VarBuilder::from_tensors(take(Component::Unet), precisions.unet.dtype(), device);
-    let unet = Unet::new(unet_vb, cfg).context("building the UNet")?;
+    let unet = Arc::new(Unet::new(unet_vb, cfg).context("building the UNet")?);
     let vae_vb = VarBuilder::from_tensors(take(Component::Vae), precisions.vae.dtype(), device);
     let vae = Sd1Vae::new(vae_vb, cfg).context("building the VAE")?;
     let text = cfg
@@ -111,6 +113,121 @@ pub fn load_models(path: &Path, cfg: &ModelConfig, device: &Device) -> Result<Ch
         precisions,
         bytes,
     })
+}
+
+/// A UNet without the rest of a checkpoint: a checkpoint's, or one loaded from its own file
+/// (`UNETLoader`).
+pub struct UnetModels {
+    /// The UNet.
+    pub unet: Arc<Unet>,
+    /// The layout it was built from (the family's text encoders and VAE included, unused).
+    pub config: ModelConfig,
+    /// The device holding the weights.
+    pub device: Device,
+    /// The precision each network holds its weights and computes in.
+    pub precisions: Precisions,
+    /// Bytes of weights held (0 for a checkpoint's UNet: the checkpoint counts them).
+    pub bytes: u64,
+}
+
+/// Text encoders without the rest of a checkpoint: a checkpoint's, or loaded from their own
+/// files (`CLIPLoader`, `DualCLIPLoader`).
+pub struct TextModels {
+    /// The text encoders, in the order of the configuration's `text`.
+    pub text: Vec<ClipText>,
+    /// The layout they belong to (the family's UNet and VAE included, unused).
+    pub config: ModelConfig,
+    /// The device holding the weights.
+    pub device: Device,
+    /// The precision each network holds its weights and computes in.
+    pub precisions: Precisions,
+    /// Bytes of weights held (0 for a checkpoint's encoders: the checkpoint counts them).
+    pub bytes: u64,
+}
+
+impl CheckpointModels {
+    /// The checkpoint's UNet, sharing its weights.
+    pub fn unet_part(&self) -> UnetModels {
+        UnetModels {
+            unet: self.unet.clone(),
+            config: self.config.clone(),
+            device: self.device.clone(),
+            precisions: self.precisions,
+            bytes: 0,
+        }
+    }
+
+    /// The checkpoint's text encoders, sharing their weights.
+    pub fn text_part(&self) -> TextModels {
+        TextModels {
+            text: self.text.clone(),
+            config: self.config.clone(),
+            device: self.device.clone(),
+            precisions: self.precisions,
+            bytes: 0,
+        }
+    }
+}
+
+/// Loads the UNet file at `path` (keys in style `keys`, layout `cfg`, checked with
+/// [`separate::check_unet`] first) onto `device`.
+pub fn load_unet(path: &Path, cfg: &ModelConfig, keys: UnetKeys, device: &Device) -> Result<UnetModels> {
+    let precisions = crate::device::precisions(device);
+    let index = SafetensorsIndex::open(path, DEFAULT_MAX_HEADER)?;
+    separate::check_unet(&index, cfg, keys).map_err(|detail| CheckpointError::WrongArch {
+        path: path.to_path_buf(),
+        detail,
+    })?;
+    let dtype = precisions.unet.dtype();
+    let tensors = separate::unet_tensors(&index, cfg, keys, device, dtype)?;
+    let bytes = tensor_bytes(&tensors);
+    let unet = Unet::new(VarBuilder::from_tensors(tensors, dtype, device), cfg).context("building the UNet")?;
+    tracing::info!(path = %path.display(), "UNet loaded ({})", precisions.describe());
+    Ok(UnetModels {
+        unet: Arc::new(unet),
+        config: cfg.clone(),
+        device: device.clone(),
+        precisions,
+        bytes,
+    })
+}
+
+/// Loads the text encoders of layout `cfg` from their own Hugging Face layout files, one
+/// `(path, key prefix)` per encoder of `cfg.text` in its order, onto `device`.
+pub fn load_text(files: &[(std::path::PathBuf, String)], cfg: &ModelConfig, device: &Device) -> Result<TextModels> {
+    let precisions = crate::device::precisions(device);
+    let dtype = precisions.text.dtype();
+    if files.len() != cfg.text.len() {
+        anyhow::bail!("{} text-encoder files for {} encoders", files.len(), cfg.text.len());
+    }
+    let mut text = Vec::with_capacity(files.len());
+    let mut bytes = 0;
+    for ((path, prefix), clip) in files.iter().zip(&cfg.text) {
+        let index = SafetensorsIndex::open(path, DEFAULT_MAX_HEADER)?;
+        separate::check_clip(&index, prefix, clip).map_err(|detail| CheckpointError::WrongArch {
+            path: path.clone(),
+            detail,
+        })?;
+        let tensors = separate::clip_tensors(&index, prefix, clip, device, dtype)?;
+        bytes += tensor_bytes(&tensors);
+        let vb = VarBuilder::from_tensors(tensors, dtype, device);
+        text.push(ClipText::new(vb, clip).with_context(|| format!("building {}", clip.name))?);
+    }
+    Ok(TextModels {
+        text,
+        config: cfg.clone(),
+        device: device.clone(),
+        precisions,
+        bytes,
+    })
+}
+
+/// Bytes of `tensors`' elements.
+fn tensor_bytes(tensors: &HashMap<String, Tensor>) -> u64 {
+    tensors
+        .values()
+        .map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64)
+        .sum()
 }
 
 /// The precision `precisions` gives the network `component` belongs to.

@@ -9,6 +9,7 @@ pub mod layout;
 pub mod loader;
 pub mod random_checkpoint;
 pub mod safetensors;
+pub mod separate;
 mod storage;
 pub mod unet;
 mod working;
@@ -20,6 +21,6 @@ pub use layout::{
     checkpoint_layout, detect_arch, ldm_to_candle, open_checkpoint, write_random_checkpoint, Arch, Component,
     ModelConfig,
 };
-pub use loader::{load_models, load_sd1, CheckpointModels};
+pub use loader::{load_models, load_sd1, CheckpointModels, TextModels, UnetModels};
 pub use safetensors::{CheckpointError, Dtype, SafetensorsIndex, TensorInfo, DEFAULT_MAX_HEADER};
 pub use unet::Unet;

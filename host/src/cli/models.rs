@@ -38,6 +38,17 @@ pub(crate) enum ModelsCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Writes a checkpoint's networks as the separate files ComfyUI's `UNETLoader`,
+    /// `CLIPLoader` / `DualCLIPLoader` and `VAELoader` read: `<stem>_unet`, `<stem>_clip_l`
+    /// and/or `<stem>_clip_g` (Hugging Face layout) and `<stem>_vae`, float32.
+    Split {
+        /// The checkpoint (.safetensors, SD1.x, SDXL or the refiner; weft's tiny ones too).
+        #[arg(long)]
+        checkpoint: PathBuf,
+        /// Directory to write the files into.
+        #[arg(long)]
+        out_dir: PathBuf,
+    },
     /// Writes the deterministic random-weight checkpoint with the exact SD1.5 layout (2.1 GB,
     /// float16; seed 0 is the checkpoint of the ComfyUI parity vectors).
     Sd15Random {
@@ -159,6 +170,7 @@ impl ModelsCommand {
             ModelsCommand::TinySdxlRefiner { out, seed } => {
                 tiny(&models::ModelConfig::tiny_sdxl_refiner(), "SDXL refiner", out, seed)
             }
+            ModelsCommand::Split { checkpoint, out_dir } => split(&checkpoint, &out_dir),
             ModelsCommand::Sd15Random { out, seed, dtype } => write_recipe(&random_checkpoint::SD15, out, seed, dtype),
             ModelsCommand::SdxlRandom { out, seed, dtype } => write_recipe(&random_checkpoint::SDXL, out, seed, dtype),
             ModelsCommand::TinyVae { out, seed } => tiny_vae(out, seed),
@@ -173,6 +185,23 @@ impl ModelsCommand {
 fn tiny(config: &models::ModelConfig, what: &str, out: PathBuf, seed: u64) -> anyhow::Result<()> {
     models::write_random_checkpoint(&out, config, seed)?;
     println!("wrote a tiny random-weight {what} checkpoint to {}", out.display());
+    Ok(())
+}
+
+/// Writes the networks of `checkpoint` into `out_dir` as separate files.
+fn split(checkpoint: &std::path::Path, out_dir: &std::path::Path) -> anyhow::Result<()> {
+    let config = diffusion::detect_layout(checkpoint)?;
+    let index = models::SafetensorsIndex::open(checkpoint, models::DEFAULT_MAX_HEADER)?;
+    let stem = checkpoint
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .ok_or_else(|| anyhow::anyhow!("{}: no file name", checkpoint.display()))?;
+    let files = models::separate::write_split(&index, &config, out_dir, stem)?;
+    println!("{}", files.unet.display());
+    for (_, path) in &files.text {
+        println!("{}", path.display());
+    }
+    println!("{}", files.vae.display());
     Ok(())
 }
 

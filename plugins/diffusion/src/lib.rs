@@ -26,7 +26,9 @@ pub use latent::{
     EmptyLatentImage, LatentComposite, LatentFromBatch, LatentUpscale, LatentUpscaleBy, LoadLatent, RepeatLatentBatch,
     SaveLatent, SetLatentNoiseMask,
 };
-pub use loaders::{CheckpointLoaderSimple, LoraLoader, LoraLoaderModelOnly, VAELoader};
+pub use loaders::{
+    CLIPLoader, CheckpointLoaderSimple, DualCLIPLoader, LoraLoader, LoraLoaderModelOnly, UNETLoader, VAELoader,
+};
 pub use model_patches::{ModelSamplingContinuousEDM, ModelSamplingDiscrete, RescaleCFG};
 pub use sampling::{KSampler, KSamplerAdvanced};
 pub use vae::{VAEDecode, VAEEncode, VAEEncodeForInpaint};
@@ -37,6 +39,9 @@ pub const MAX_RESOLUTION: i64 = 16384;
 weft_sdk::export_plugin!(
     CheckpointLoaderSimple,
     VAELoader,
+    UNETLoader,
+    CLIPLoader,
+    DualCLIPLoader,
     LoraLoader,
     LoraLoaderModelOnly,
     CLIPTextEncode,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use notify::event::{EventKind, ModifyKind};
 use notify::{RecursiveMode, Watcher};
 
-use super::models_dir::{ModelsDir, FOLDERS};
+use super::models_dir::{ModelsDir, DIRECTORIES, FOLDERS};
 
 /// How long after a folder appears listings are not kept: the watcher reports a new folder
 /// before it watches it, so a file put in it meanwhile has no event of its own.
@@ -156,19 +156,19 @@ impl Cache {
     }
 }
 
-/// Whether a change at `path` may change a listing: it is in one of `root`'s [`FOLDERS`]
+/// Whether a change at `path` may change a listing: it is in one of `root`'s [`DIRECTORIES`]
 /// or is one of them (or an entry of `root` that may become one).
 fn concerns_listing(root: &Path, path: &Path) -> bool {
-    path.parent() == Some(root) || FOLDERS.iter().any(|folder| path.starts_with(root.join(folder)))
+    path.parent() == Some(root) || DIRECTORIES.iter().any(|dir| path.starts_with(root.join(dir)))
 }
 
-/// Whether `path` is one of `root`'s [`FOLDERS`], as a symlink.
+/// Whether `path` is one of `root`'s [`DIRECTORIES`], as a symlink.
 fn is_folder_symlink(root: &Path, path: &Path) -> bool {
     path.parent() == Some(root)
         && path
             .file_name()
             .and_then(|n| n.to_str())
-            .is_some_and(|n| FOLDERS.contains(&n))
+            .is_some_and(|n| DIRECTORIES.contains(&n))
         && path.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink())
 }
 

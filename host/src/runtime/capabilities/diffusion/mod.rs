@@ -12,6 +12,7 @@ mod embeddings;
 mod listings;
 mod model_patches;
 mod models_dir;
+mod separate_files;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -103,15 +104,19 @@ impl Library {
     /// The networks of checkpoint file `path` (called `name`), loaded once however many
     /// calls ask for it at the same time.
     fn checkpoint(&self, path: &Path, name: &str) -> Result<Arc<CheckpointModels>, ModelError> {
-        let gate = self
-            .loading
+        let gate = self.gate(path);
+        let _one_at_a_time = gate.lock().unwrap_or_else(|e| e.into_inner());
+        sd::load_checkpoint(&self.cache, path, name)
+    }
+
+    /// The gate of the file at `path`: a load holds it, so others wait for that load.
+    fn gate(&self, path: &Path) -> Arc<Mutex<()>> {
+        self.loading
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(path.to_path_buf())
             .or_default()
-            .clone();
-        let _one_at_a_time = gate.lock().unwrap_or_else(|e| e.into_inner());
-        sd::load_checkpoint(&self.cache, path, name)
+            .clone()
     }
 
     /// The files of models folder `folder` as they are now (nothing without a models
@@ -423,6 +428,25 @@ impl Host for Ctx<'_> {
         let own = attempt!(StandaloneVae::load(&path, &vae_name, &device::select_device()).map_err(model_error));
         let vae = Arc::new(Autoencoder::File(Arc::new(own)));
         Ok(Ok(self.push_model("VAE", vae_name, vae)?))
+    }
+
+    fn load_unet(
+        &mut self,
+        unet_name: String,
+        weight_dtype: String,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let model = attempt!(self.state.library.unet(&unet_name, &weight_dtype));
+        Ok(Ok(self.push_model("MODEL", unet_name, Arc::new(model))?))
+    }
+
+    fn load_clip(
+        &mut self,
+        clip_names: Vec<String>,
+        clip_type: String,
+        device: String,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let clip = attempt!(self.state.library.clip(&clip_names, &clip_type, &device));
+        Ok(Ok(self.push_model("CLIP", clip_names.join(" + "), Arc::new(clip))?))
     }
 
     fn load_lora(

@@ -1,5 +1,6 @@
-//! The operator's ComfyUI-style models folder: `checkpoints/`, `loras/`, `vae/` and
-//! `embeddings/` under one directory. Files are listed by walking the folder (the catalogue
+//! The operator's ComfyUI-style models folder: `checkpoints/`, `loras/`, `vae/`,
+//! `embeddings/`, `diffusion_models/` (and the legacy `unet/`) and `text_encoders/` (and the
+//! legacy `clip/`) under one directory. Files are listed by walking the folder (the catalogue
 //! reads them through [`ModelListings`](super::listings::ModelListings), which keeps a walk
 //! until the folder changes: no restart to pick up a new checkpoint), and a workflow's name is resolved only inside
 //! its folder: absolute names, `..`, and symlinks that lead out of the folder are refused.
@@ -7,7 +8,42 @@
 use std::path::{Component, Path, PathBuf};
 
 /// The folders of a models directory that nodes may name files in.
-pub(crate) const FOLDERS: [&str; 4] = ["checkpoints", "loras", "vae", "embeddings"];
+pub(crate) const FOLDERS: [&str; 6] = [
+    "checkpoints",
+    "loras",
+    "vae",
+    "embeddings",
+    "diffusion_models",
+    "text_encoders",
+];
+
+/// The directories of the models directory that hold model files: each folder's own, and
+/// the legacy ones ComfyUI still lists under a folder's name (`unet`, `clip`).
+pub(crate) const DIRECTORIES: [&str; 8] = [
+    "checkpoints",
+    "loras",
+    "vae",
+    "embeddings",
+    "diffusion_models",
+    "unet",
+    "text_encoders",
+    "clip",
+];
+
+/// The directories folder `folder` lists, in the order a name is looked up in them (as
+/// ComfyUI's `folder_paths`: `diffusion_models` is `unet` and `diffusion_models`,
+/// `text_encoders` is `text_encoders` and `clip`).
+fn directories(folder: &str) -> &'static [&'static str] {
+    match folder {
+        "diffusion_models" => &["unet", "diffusion_models"],
+        "text_encoders" => &["text_encoders", "clip"],
+        "checkpoints" => &["checkpoints"],
+        "loras" => &["loras"],
+        "vae" => &["vae"],
+        "embeddings" => &["embeddings"],
+        _ => &[],
+    }
+}
 
 /// File extensions listed (weft loads safetensors only).
 const EXTENSIONS: [&str; 2] = ["safetensors", "sft"];
@@ -71,19 +107,19 @@ impl ModelsDir {
         &self.root
     }
 
-    /// The model files of `folder`, as names relative to it (`/`-separated), sorted. Files
-    /// that resolve outside the folder are left out; a missing folder lists nothing.
+    /// The model files of `folder` (of each of its directories), as names relative to it
+    /// (`/`-separated), sorted, each once. Files that resolve outside their directory are
+    /// left out; a missing directory lists nothing.
     pub(crate) fn list(&self, folder: &str) -> Vec<String> {
-        if !FOLDERS.contains(&folder) {
-            return Vec::new();
-        }
-        let dir = self.root.join(folder);
-        let Ok(base) = dir.canonicalize() else {
-            return Vec::new();
-        };
         let mut names = Vec::new();
-        walk(&base, &dir, "", 0, &mut names);
+        for directory in directories(folder) {
+            let dir = self.root.join(directory);
+            if let Ok(base) = dir.canonicalize() {
+                walk(&base, &dir, "", 0, &mut names);
+            }
+        }
         names.sort();
+        names.dedup();
         names
     }
 
@@ -104,18 +140,27 @@ impl ModelsDir {
             folder: folder.to_string(),
             name: name.to_string(),
         };
-        let base = self.root.join(folder).canonicalize().map_err(|_| not_found())?;
-        let file = base.join(relative).canonicalize().map_err(|_| not_found())?;
-        if !file.starts_with(&base) {
+        let mut escaped = false;
+        for directory in directories(folder) {
+            let Ok(base) = self.root.join(directory).canonicalize() else {
+                continue;
+            };
+            let Ok(file) = base.join(relative).canonicalize() else {
+                continue;
+            };
+            if !file.starts_with(&base) {
+                escaped = true;
+            } else if file.is_file() {
+                return Ok(file);
+            }
+        }
+        if escaped {
             return Err(NameError::Escapes {
                 folder: folder.to_string(),
                 name: name.to_string(),
             });
         }
-        if !file.is_file() {
-            return Err(not_found());
-        }
-        Ok(file)
+        Err(not_found())
     }
 }
 
@@ -189,5 +234,31 @@ mod tests {
         assert_eq!(code("out.safetensors"), "invalid_model_name");
         assert!(models.list("nowhere").is_empty());
         assert_eq!(models.list("loras"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_legacy_unet_and_clip_directories_are_listed_and_resolved_under_the_new_names() {
+        let root = tempfile::tempdir().unwrap();
+        for (dir, file) in [
+            ("unet", "old.safetensors"),
+            ("diffusion_models", "new.safetensors"),
+            ("clip", "clip_l.safetensors"),
+            ("text_encoders", "clip_g.safetensors"),
+        ] {
+            std::fs::create_dir_all(root.path().join(dir)).unwrap();
+            std::fs::write(root.path().join(dir).join(file), b"x").unwrap();
+        }
+        let models = ModelsDir::new(root.path().to_path_buf());
+        assert_eq!(models.list("diffusion_models"), ["new.safetensors", "old.safetensors"]);
+        assert_eq!(
+            models.list("text_encoders"),
+            ["clip_g.safetensors", "clip_l.safetensors"]
+        );
+        assert!(models.resolve("diffusion_models", "old.safetensors").is_ok());
+        assert!(models.resolve("text_encoders", "clip_l.safetensors").is_ok());
+        assert_eq!(
+            models.resolve("unet", "old.safetensors").unwrap_err().code(),
+            "invalid_model_name"
+        );
     }
 }
