@@ -19,9 +19,10 @@ use candle_nn::VarBuilder;
 use crate::device::{Precision, Precisions};
 use crate::models::autoencoder::Sd1Vae;
 use crate::models::clip_text::ClipText;
-use crate::models::layout::{fit_to_network, ldm_to_candle, network_shape, open_checkpoint, Component, ModelConfig};
+use crate::models::layout::{ldm_to_candle, network_shape, open_checkpoint, Component, ModelConfig};
 use crate::models::safetensors::{CheckpointError, SafetensorsIndex, DEFAULT_MAX_HEADER};
 use crate::models::separate::{self, UnetKeys};
+use crate::models::storage;
 use crate::models::unet::Unet;
 
 /// A checkpoint's networks.
@@ -67,39 +68,31 @@ pub fn load_sd1(path: &Path, device: &Device) -> Result<CheckpointModels> {
 pub fn load_models(path: &Path, cfg: &ModelConfig, device: &Device) -> Result<CheckpointModels> {
     let precisions = crate::device::precisions(device);
     let index = open_checkpoint(path, cfg, DEFAULT_MAX_HEADER)?;
-    // Tensor by tensor. On the CPU, read and widened to float32 in parallel: the file is not
-    // mapped, so only its float32 copy counts against the process's memory, not the float16
-    // pages as well. On a GPU, uploaded as stored and converted there.
+    // Tensor by tensor, as `storage` holds them: on the CPU, the layer matrices of a half-
+    // precision file as stored and the rest widened to float32 in parallel (the file is not
+    // mapped, so only what is held counts against the process's memory); on a GPU, uploaded
+    // as stored and converted there.
     let mut parts: HashMap<Component, HashMap<String, Tensor>> = HashMap::new();
-    let mut bytes = 0u64;
-    for (name, info) in &index.tensors {
+    for name in index.tensors.keys() {
         let Some((component, target)) = ldm_to_candle(name, cfg) else {
             continue;
         };
-        let stored = if device.is_cpu() {
-            Tensor::from_vec(index.read_f32(name)?, info.shape.as_slice(), device)?
-        } else {
-            index.read_stored(name, device)?
-        };
         let dtype = precision_of(&precisions, component).dtype();
-        let t = stored
-            .to_dtype(dtype)
-            .and_then(|t| fit_to_network(&target, t))
-            .with_context(|| format!("loading tensor {name}"))?;
-        bytes += (t.elem_count() * dtype.size_in_bytes()) as u64;
+        let t = storage::read_tensor(&index, name, &target, device, dtype)?;
         parts.entry(component).or_default().insert(target, t);
     }
+    let bytes = parts.values().map(tensor_bytes).sum();
     let mut take = |c: Component| parts.remove(&c).unwrap_or_default();
-    let unet_vb = VarBuilder::from_tensors(take(Component::Unet), precisions.unet.dtype(), device);
+    let unet_vb = storage::var_builder(take(Component::Unet), precisions.unet.dtype(), device);
     let unet = Arc::new(Unet::new(unet_vb, cfg).context("building the UNet")?);
-    let vae_vb = VarBuilder::from_tensors(take(Component::Vae), precisions.vae.dtype(), device);
+    let vae_vb = storage::var_builder(take(Component::Vae), precisions.vae.dtype(), device);
     let vae = Sd1Vae::new(vae_vb, cfg).context("building the VAE")?;
     let text = cfg
         .text
         .iter()
         .enumerate()
         .map(|(i, clip)| {
-            let vb = VarBuilder::from_tensors(take(Component::Clip(i)), precisions.text.dtype(), device);
+            let vb = storage::var_builder(take(Component::Clip(i)), precisions.text.dtype(), device);
             ClipText::new(vb, clip).with_context(|| format!("building {}", clip.name))
         })
         .collect::<Result<_>>()?;
@@ -181,7 +174,7 @@ pub fn load_unet(path: &Path, cfg: &ModelConfig, keys: UnetKeys, device: &Device
     let dtype = precisions.unet.dtype();
     let tensors = separate::unet_tensors(&index, cfg, keys, device, dtype)?;
     let bytes = tensor_bytes(&tensors);
-    let unet = Unet::new(VarBuilder::from_tensors(tensors, dtype, device), cfg).context("building the UNet")?;
+    let unet = Unet::new(storage::var_builder(tensors, dtype, device), cfg).context("building the UNet")?;
     tracing::info!(path = %path.display(), "UNet loaded ({})", precisions.describe());
     Ok(UnetModels {
         unet: Arc::new(unet),
@@ -210,7 +203,7 @@ pub fn load_text(files: &[(std::path::PathBuf, String)], cfg: &ModelConfig, devi
         })?;
         let tensors = separate::clip_tensors(&index, prefix, clip, device, dtype)?;
         bytes += tensor_bytes(&tensors);
-        let vb = VarBuilder::from_tensors(tensors, dtype, device);
+        let vb = storage::var_builder(tensors, dtype, device);
         text.push(ClipText::new(vb, clip).with_context(|| format!("building {}", clip.name))?);
     }
     Ok(TextModels {
@@ -410,6 +403,43 @@ mod tests {
         let b = m.vae.encode(&img)?.flatten_all()?.to_vec1::<f32>()?;
         assert_eq!(a, b);
         assert_eq!(a.len(), 4 * 8 * 8);
+        Ok(())
+    }
+
+    /// A float16 checkpoint keeps its layer matrices in float16 on the CPU, holds less, and
+    /// computes exactly what the same values widened to a float32 file compute.
+    #[test]
+    fn a_half_checkpoint_stays_half_and_computes_on_its_exact_values() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let dev = Device::Cpu;
+        let f32s = candle_core::safetensors::load(tiny_file(&dir)?, &dev)?;
+        let half: HashMap<String, Tensor> = f32s
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), v.to_dtype(DType::F16)?)))
+            .collect::<Result<_>>()?;
+        let widened: HashMap<String, Tensor> = half
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), v.to_dtype(DType::F32)?)))
+            .collect::<Result<_>>()?;
+        let (half_path, wide_path) = (dir.path().join("half.safetensors"), dir.path().join("wide.safetensors"));
+        candle_core::safetensors::save(&half, &half_path)?;
+        candle_core::safetensors::save(&widened, &wide_path)?;
+        let cfg = ModelConfig::tiny();
+        let (h, w) = (
+            load_models(&half_path, &cfg, &dev)?,
+            load_models(&wide_path, &cfg, &dev)?,
+        );
+        // The tiny layout is mostly its (widened) token embeddings; SDXL is mostly layer matrices.
+        assert!(h.bytes < w.bytes, "{} bytes half, {} widened", h.bytes, w.bytes);
+        let x = Tensor::randn(0f32, 1.0, (1, 4, 8, 8), &dev)?;
+        let ids = Tensor::new(&[[49406u32, 320, 1125, 49407]], &dev)?;
+        let same = |a: &Tensor, b: &Tensor| crate::max_abs_diff(a, b) == 0.0;
+        let (ctx, ctx_w) = (h.text[0].forward(&ids)?, w.text[0].forward(&ids)?);
+        assert!(same(&ctx, &ctx_w));
+        let eps = h.unet.forward(&x, 999.0, &ctx, None)?;
+        assert!(same(&eps, &w.unet.forward(&x, 999.0, &ctx, None)?));
+        assert_eq!(eps.dtype(), DType::F32);
+        assert!(same(&h.vae.decode(&x)?, &w.vae.decode(&x)?));
         Ok(())
     }
 

@@ -17,10 +17,11 @@ use anyhow::{anyhow, Context, Result};
 use candle_core::{DType, Device, Tensor};
 
 use super::layout::{
-    clip_layout, count_depths_by, fit_to_network, ldm_to_candle, unet_layout, vae_layout, Block, ClipConfig, ClipNames,
-    ModelConfig, UNET_PREFIX, VAE_PREFIX,
+    clip_layout, count_depths_by, ldm_to_candle, unet_layout, vae_layout, Block, ClipConfig, ClipNames, ModelConfig,
+    UNET_PREFIX, VAE_PREFIX,
 };
 use super::safetensors::{write_f32_safetensors, Dtype, SafetensorsIndex};
+use super::storage::read_tensor;
 
 /// How a UNet file names its tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -155,31 +156,6 @@ fn check_tensors(
 /// An error unless the UNet file `index` (keys `keys`) has every tensor of layout `cfg`.
 pub fn check_unet(index: &SafetensorsIndex, cfg: &ModelConfig, keys: UnetKeys) -> Result<(), String> {
     check_tensors(index, unet_layout(cfg), |n| keys.file_name(n, cfg))
-}
-
-/// Reads tensor `name` of `index` onto `device` in `dtype`, in the shape the network
-/// `target` belongs to reads it, as the checkpoint loader does.
-pub fn read_tensor(
-    index: &SafetensorsIndex,
-    name: &str,
-    target: &str,
-    device: &Device,
-    dtype: DType,
-) -> Result<Tensor> {
-    let info = index
-        .tensors
-        .get(name)
-        .ok_or_else(|| anyhow!("tensor {name} missing"))?;
-    let stored = if device.is_cpu() {
-        Tensor::from_vec(index.read_f32(name)?, info.shape.as_slice(), device)?
-    } else {
-        index.read_stored(name, device)?
-    };
-    let t = stored
-        .to_dtype(dtype)
-        .and_then(|t| fit_to_network(target, t))
-        .with_context(|| format!("loading tensor {name}"))?;
-    Ok(t)
 }
 
 /// The UNet tensors of file `index` (keys `keys`, layout `cfg`) under the names weft's UNet

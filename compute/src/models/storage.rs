@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::VarBuilder;
 
+use super::layout::fit_to_network;
 use super::safetensors::{Dtype, SafetensorsIndex};
 
 /// Whether the network tensor `target` is the matrix of a linear layer or a convolution
@@ -25,10 +26,10 @@ fn is_layer_matrix(target: &str, rank: usize) -> bool {
             .any(|other| target.contains(other))
 }
 
-/// Tensor `name` of `index`, for the network tensor `target` of a network computing in
-/// `compute` on `device`: on the CPU, a layer matrix stored in float16 or bfloat16 stays so
-/// and anything else is read as float32; on a GPU, uploaded as stored and converted to
-/// `compute`. `shape` is the tensor's shape in the file.
+/// Tensor `name` of `index` in the shape the network tensor `target` reads it, for a network
+/// computing in `compute` on `device`: on the CPU, a layer matrix stored in float16 or
+/// bfloat16 stays so and anything else is read as float32; on a GPU, uploaded as stored and
+/// converted to `compute`.
 pub(crate) fn read_tensor(
     index: &SafetensorsIndex,
     name: &str,
@@ -39,23 +40,18 @@ pub(crate) fn read_tensor(
     let info = index
         .tensors
         .get(name)
-        .with_context(|| format!("no tensor {name}"))?;
-    if !device.is_cpu() {
-        return Ok(index.read_stored(name, device)?.to_dtype(compute)?);
-    }
+        .with_context(|| format!("tensor {name} missing"))?;
     let half = matches!(info.dtype, Dtype::F16 | Dtype::BF16);
-    if half && compute == DType::F32 && is_layer_matrix(target, info.shape.len()) {
-        return Ok(index.read_stored(name, device)?);
-    }
-    Ok(Tensor::from_vec(index.read_f32(name)?, info.shape.as_slice(), device)?.to_dtype(compute)?)
-}
-
-/// Bytes `tensors` hold.
-pub(crate) fn held_bytes<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> u64 {
-    tensors
-        .into_iter()
-        .map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64)
-        .sum()
+    let tensor = if !device.is_cpu() {
+        index.read_stored(name, device)?.to_dtype(compute)
+    } else if half && compute == DType::F32 && is_layer_matrix(target, info.shape.len()) {
+        Ok(index.read_stored(name, device)?)
+    } else {
+        Tensor::from_vec(index.read_f32(name)?, info.shape.as_slice(), device)?.to_dtype(compute)
+    };
+    tensor
+        .and_then(|t| fit_to_network(target, t))
+        .with_context(|| format!("loading tensor {name}"))
 }
 
 /// A network's tensors for its constructor: each converted to the network's dtype, except
@@ -64,12 +60,10 @@ struct AsRead(HashMap<String, Tensor>);
 
 impl AsRead {
     fn tensor(&self, name: &str, dtype: DType, device: &Device) -> candle_core::Result<Tensor> {
-        let tensor = self.0.get(name).ok_or_else(|| {
-            candle_core::Error::CannotFindTensor {
-                path: name.to_string(),
-            }
-            .bt()
-        })?;
+        let tensor = self
+            .0
+            .get(name)
+            .ok_or_else(|| candle_core::Error::CannotFindTensor { path: name.to_string() }.bt())?;
         let kept_half = device.is_cpu() && dtype == DType::F32 && matches!(tensor.dtype(), DType::F16 | DType::BF16);
         if kept_half {
             tensor.to_device(device)
