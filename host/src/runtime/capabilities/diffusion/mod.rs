@@ -51,7 +51,7 @@ pub struct DiffusionConfig {
     /// The ComfyUI-style models directory; none means no model files.
     pub models_dir: Option<PathBuf>,
     /// Bytes of loaded weights kept for later jobs. 8 GiB by default: two SD1.5 checkpoints
-    /// at float32 (about 4.3 GB each).
+    /// stored in float32 (about 4.3 GB each held), or an SDXL one stored in float16 (about 7).
     pub model_cache_bytes: u64,
 }
 
