@@ -23,6 +23,8 @@ pub mod codecs;
 mod comfyui_components;
 #[cfg(test)]
 mod comfyui_parity;
+#[cfg(test)]
+mod comfyui_sd2_components;
 mod conv;
 #[cfg(feature = "cuda")]
 mod cuda;

@@ -19,7 +19,7 @@ pub enum PromptKind {
 }
 
 /// The `[1, adm_in_channels]` vector of `entry` for a model of `family` sampling a latent of
-/// `(height, width)` cells, or `None` for families without one (SD1).
+/// `(height, width)` cells, or `None` for families without one (SD1, SD2).
 pub fn adm_vector(
     family: Family,
     entry: &CondEntry,
@@ -27,7 +27,7 @@ pub fn adm_vector(
     kind: PromptKind,
 ) -> Result<Option<Tensor>, ComputeError> {
     let numbers = match family {
-        Family::Sd1 => return Ok(None),
+        Family::Sd1 | Family::Sd2 => return Ok(None),
         Family::Sdxl => sdxl_numbers(&entry.size, (height, width)).to_vec(),
         Family::SdxlRefiner => refiner_numbers(&entry.size, (height, width), kind),
     };

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::models::layout::{detect_config, open_checkpoint, ModelConfig};
+use crate::models::layout::{detect_config, open_checkpoint, sd2_predicts_v, Family, ModelConfig};
 use crate::models::safetensors::{CheckpointError, SafetensorsIndex, DEFAULT_MAX_HEADER};
 use crate::models::{CheckpointModels, ModelCache};
 
@@ -54,9 +54,9 @@ impl ModelError {
     }
 }
 
-/// The layout of the checkpoint at `path`: Stable Diffusion 1.x, SDXL (with the transformer
-/// depths the file has, so distilled SDXL models load too), the SDXL refiner, or weft's tiny
-/// test layouts (`weft models tiny-sd`). Other families and incomplete files are
+/// The layout of the checkpoint at `path`: Stable Diffusion 1.x, SD2.x (eps or v prediction,
+/// as the file says), SDXL (with the transformer depths the file has, so distilled SDXL
+/// models load too), the SDXL refiner, or weft's tiny test layouts (`weft models tiny-sd`). Other families and incomplete files are
 /// [`CheckpointError`]s that say what was found.
 pub fn detect_layout(path: &Path) -> Result<ModelConfig, CheckpointError> {
     let index = SafetensorsIndex::open(path, DEFAULT_MAX_HEADER)?;
@@ -71,8 +71,13 @@ pub fn detect_layout(path: &Path) -> Result<ModelConfig, CheckpointError> {
                 ModelConfig::tiny(),
                 ModelConfig::tiny_sdxl(),
                 ModelConfig::tiny_sdxl_refiner(),
+                ModelConfig::tiny_sd2(),
             ] {
                 match open_checkpoint(path, &tiny, DEFAULT_MAX_HEADER) {
+                    Ok(index) if tiny.family == Family::Sd2 => {
+                        let v_prediction = sd2_predicts_v(&index).map_err(unsupported)?;
+                        return Ok(ModelConfig { v_prediction, ..tiny });
+                    }
                     Ok(_) => return Ok(tiny),
                     Err(CheckpointError::MissingKeys { .. }) => {}
                     Err(e) => return Err(e),

@@ -86,10 +86,16 @@ impl DiffusionModel {
         self.patched.as_deref().unwrap_or(&self.checkpoint.unet)
     }
 
-    /// The model sampling to sample with: a node's patch, or the checkpoint's own (SD1 and
-    /// SDXL: the discrete linear schedule with EPS prediction).
+    /// The model sampling to sample with: a node's patch, or the checkpoint's own: the
+    /// discrete linear schedule with EPS prediction (SD1, SDXL, SD2 512-base), or with v
+    /// prediction for a checkpoint that predicts v (SD2 768-v).
     pub fn model_sampling(&self) -> Arc<ModelSampling> {
-        self.sampling.clone().unwrap_or_else(|| Arc::new(ModelSampling::sd1()))
+        self.sampling.clone().unwrap_or_else(|| {
+            Arc::new(match self.checkpoint.config.v_prediction {
+                true => ModelSampling::discrete(DiscreteSampling::VPrediction, false),
+                false => ModelSampling::sd1(),
+            })
+        })
     }
 
     /// How sampling reads and writes latents.

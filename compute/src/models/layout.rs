@@ -19,6 +19,14 @@ pub const SDXL_CLIP_L_PREFIX: &str = "conditioner.embedders.0.transformer.";
 pub const SDXL_CLIP_G_PREFIX: &str = "conditioner.embedders.1.model.";
 /// The SDXL refiner's OpenCLIP bigG prefix.
 pub const REFINER_CLIP_G_PREFIX: &str = "conditioner.embedders.0.model.";
+/// SD2's OpenCLIP ViT-H prefix.
+pub const SD2_CLIP_H_PREFIX: &str = "cond_stage_model.model.";
+/// The UNet tensor (without the UNet prefix) whose spread tells an SD2 v-prediction
+/// checkpoint from an eps one, as ComfyUI tells them apart.
+pub const SD2_V_PROBE: &str = "output_blocks.11.1.transformer_blocks.0.norm1.bias";
+/// The population standard deviation of [`SD2_V_PROBE`] above which an SD2 checkpoint
+/// predicts v.
+pub const SD2_V_STD: f32 = 0.09;
 
 /// The model families weft runs, as ComfyUI's model detection names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -30,6 +38,9 @@ pub enum Family {
     Sdxl,
     /// The SDXL refiner: OpenCLIP ViT-bigG alone, aesthetic-score conditioning.
     SdxlRefiner,
+    /// Stable Diffusion 2.x: OpenCLIP ViT-H alone, 1024-wide context, linear projections,
+    /// 64-wide heads; eps or v prediction.
+    Sd2,
 }
 
 /// How the UNet's attention is split into heads.
@@ -56,7 +67,7 @@ impl Heads {
 pub enum ClipActivation {
     /// `x * sigmoid(1.702 x)` (OpenAI's CLIP).
     QuickGelu,
-    /// The exact, erf-based GELU (OpenCLIP's bigG).
+    /// The exact, erf-based GELU (OpenCLIP's bigG and ViT-H).
     Gelu,
 }
 
@@ -156,6 +167,21 @@ impl ClipConfig {
             pad_token: 0,
         }
     }
+
+    /// OpenCLIP ViT-H/14 as SD2 uses it (`clip_h`): the penultimate layer with the final
+    /// norm applied, padded with 0, no pooled output.
+    pub fn vit_h(prefix: &'static str) -> Self {
+        ClipConfig {
+            name: "clip_h",
+            width: 1024,
+            layers: 24,
+            heads: 16,
+            intermediate: 4096,
+            projection: false,
+            norm_hidden: true,
+            ..ClipConfig::big_g(prefix)
+        }
+    }
 }
 
 /// Hyper-parameters that determine a checkpoint's tensor layout and how its networks run.
@@ -197,6 +223,9 @@ pub struct ModelConfig {
     pub vae_res_blocks: usize,
     /// The text encoders, in the order their outputs are concatenated.
     pub text: Vec<ClipConfig>,
+    /// Whether the UNet predicts v rather than the noise (SD2's 768-v checkpoints): its own
+    /// model sampling is then v-prediction over the same discrete schedule.
+    pub v_prediction: bool,
 }
 
 /// Per-block depths of `levels` levels of `blocks` residual blocks, from per-level depths.
@@ -224,6 +253,7 @@ impl ModelConfig {
             vae_mult: vec![1, 2, 4, 4],
             vae_res_blocks: 2,
             text: vec![ClipConfig::vit_l(CLIP_PREFIX)],
+            v_prediction: false,
         }
     }
 
@@ -293,6 +323,7 @@ impl ModelConfig {
             vae_mult: vec![1, 2],
             vae_res_blocks: 1,
             text: vec![clip],
+            v_prediction: false,
         }
     }
 
@@ -353,6 +384,46 @@ impl ModelConfig {
         }
     }
 
+    /// Stable Diffusion 2.x (ComfyUI's `SD20`), eps prediction: SD1's UNet with linear
+    /// projections, 64-wide heads and a 1024-wide context from OpenCLIP ViT-H.
+    pub fn sd2() -> Self {
+        ModelConfig {
+            family: Family::Sd2,
+            heads: Heads::Width(64),
+            linear_projection: true,
+            context_dim: 1024,
+            text: vec![ClipConfig::vit_h(SD2_CLIP_H_PREFIX)],
+            ..ModelConfig::sd1()
+        }
+    }
+
+    /// A tiny SD2 (for tests), eps prediction: SD2's structure (four levels of two residual
+    /// blocks, attention at the first three, so [`SD2_V_PROBE`] exists; linear projections;
+    /// 16-wide heads; ViT-H-style text encoder under SD2's prefix) at small widths, with
+    /// `tiny`'s VAE.
+    pub fn tiny_sd2() -> Self {
+        let clip_h = ClipConfig {
+            width: 32,
+            layers: 3,
+            heads: 2,
+            intermediate: 64,
+            ..ClipConfig::vit_h(SD2_CLIP_H_PREFIX)
+        };
+        ModelConfig {
+            family: Family::Sd2,
+            channel_mult: vec![1, 1, 2, 2],
+            num_res_blocks: 2,
+            transformer_depth: per_block(&[1, 1, 1, 0], 2),
+            transformer_depth_middle: Some(1),
+            transformer_depth_output: per_block(&[1, 1, 1, 0], 3),
+            heads: Heads::Width(16),
+            linear_projection: true,
+            context_dim: clip_h.width,
+            text: vec![clip_h],
+            ..ModelConfig::tiny()
+        }
+    }
+
     /// Whether the UNet's down path has attention at `level`.
     pub fn level_has_attention(&self, level: usize) -> bool {
         (0..self.num_res_blocks).any(|j| self.depth_down(level, j) > 0)
@@ -377,16 +448,16 @@ impl ModelConfig {
     /// The projection of this family's latents onto RGB for previews.
     pub fn latent_rgb(&self) -> &'static crate::preview::LatentRgb {
         match self.family {
-            Family::Sd1 => &crate::preview::SD15_LATENT_RGB,
+            Family::Sd1 | Family::Sd2 => &crate::preview::SD15_LATENT_RGB,
             Family::Sdxl | Family::SdxlRefiner => &crate::preview::SDXL_LATENT_RGB,
         }
     }
 
     /// The factor from the VAE's latent space to the UNet's (ComfyUI's latent format
-    /// `scale_factor`): 0.18215 for SD1, 0.13025 for SDXL.
+    /// `scale_factor`): 0.18215 for SD1 and SD2, 0.13025 for SDXL.
     pub fn latent_scale(&self) -> f32 {
         match self.family {
-            Family::Sd1 => 0.18215,
+            Family::Sd1 | Family::Sd2 => 0.18215,
             Family::Sdxl | Family::SdxlRefiner => 0.13025,
         }
     }
@@ -970,14 +1041,57 @@ pub fn detect_config(index: &SafetensorsIndex) -> Result<ModelConfig, String> {
         Arch::Sd1 => return Ok(ModelConfig::sd1()),
         Arch::Sdxl => ModelConfig::sdxl(),
         Arch::SdxlRefiner => ModelConfig::sdxl_refiner(),
+        Arch::Sd2 => return sd2_config(index),
         other => {
             return Err(format!(
-                "{other}; weft runs Stable Diffusion 1.x, SDXL and the SDXL refiner"
+                "{other}; weft runs Stable Diffusion 1.x and 2.x, SDXL and the SDXL refiner"
             ))
         }
     };
     count_transformer_depths(index, &mut cfg)?;
     Ok(cfg)
+}
+
+/// The configuration of the SD2 checkpoint `index`: transformer depths counted from the
+/// file, the prediction read from it ([`sd2_predicts_v`]). The unCLIP (label embedding) and
+/// inpainting (more than 4 input channels) variants are refused.
+fn sd2_config(index: &SafetensorsIndex) -> Result<ModelConfig, String> {
+    if let Some(adm) = width_of(index, &format!("{UNET_PREFIX}label_emb.0.0.weight")) {
+        return Err(format!(
+            "Stable Diffusion 2.1 unCLIP (a {adm}-wide image embedding); weft runs SD2 text-to-image checkpoints, not unCLIP"
+        ));
+    }
+    match width_of(index, &format!("{UNET_PREFIX}input_blocks.0.0.weight")) {
+        Some(4) => {}
+        Some(c) => {
+            return Err(format!(
+                "a Stable Diffusion 2.x inpainting or other {c}-channel UNet; weft runs SD2 checkpoints of 4 input channels"
+            ))
+        }
+        None => return Err("a Stable Diffusion 2.x UNet without input_blocks.0.0.weight".to_string()),
+    }
+    let mut cfg = ModelConfig::sd2();
+    count_transformer_depths(index, &mut cfg)?;
+    cfg.v_prediction = sd2_predicts_v(index)?;
+    Ok(cfg)
+}
+
+/// Whether the SD2 checkpoint `index` predicts v: the population standard deviation of
+/// [`SD2_V_PROBE`] is above [`SD2_V_STD`] (ComfyUI's test). A file without that tensor
+/// predicts the noise.
+pub fn sd2_predicts_v(index: &SafetensorsIndex) -> Result<bool, String> {
+    let name = format!("{UNET_PREFIX}{SD2_V_PROBE}");
+    if !index.tensors.contains_key(&name) {
+        return Ok(false);
+    }
+    let values = index.read_f32(&name).map_err(|e| e.to_string())?;
+    if values.is_empty() {
+        return Ok(false);
+    }
+    let n = values.len() as f64;
+    let mean = values.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+    let variance = values.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n;
+    Ok(variance.sqrt() > f64::from(SD2_V_STD))
 }
 
 /// The most transformer blocks one UNet block may have (SDXL's deepest has 10): a file
@@ -1083,7 +1197,12 @@ pub fn count_depths_by(
 /// index.
 pub fn open_checkpoint(path: &Path, cfg: &ModelConfig, max_header: u64) -> Result<SafetensorsIndex, CheckpointError> {
     let index = SafetensorsIndex::open(path, max_header)?;
-    let stock = [ModelConfig::sd1(), ModelConfig::sdxl(), ModelConfig::sdxl_refiner()];
+    let stock = [
+        ModelConfig::sd1(),
+        ModelConfig::sdxl(),
+        ModelConfig::sdxl_refiner(),
+        ModelConfig::sd2(),
+    ];
     if stock
         .iter()
         .any(|s| s.family == cfg.family && s.model_channels == cfg.model_channels)
@@ -1093,6 +1212,7 @@ pub fn open_checkpoint(path: &Path, cfg: &ModelConfig, max_header: u64) -> Resul
             Family::Sd1 => Arch::Sd1,
             Family::Sdxl => Arch::Sdxl,
             Family::SdxlRefiner => Arch::SdxlRefiner,
+            Family::Sd2 => Arch::Sd2,
         };
         if found != expected {
             return Err(CheckpointError::WrongArch {
@@ -1141,15 +1261,20 @@ pub fn open_checkpoint(path: &Path, cfg: &ModelConfig, max_header: u64) -> Resul
 }
 
 /// Writes a random-weight checkpoint in the original single-file layout for `cfg`
-/// (weights ~ N(0, 0.02) from torch's seeded generator; norms at 1 / 0).
+/// (weights ~ N(0, 0.02) from torch's seeded generator; norms at 1 / 0). For an SD2 `cfg`
+/// that predicts v, [`SD2_V_PROBE`] gets values of standard deviation 0.2, which marks the
+/// file as v-prediction.
 pub fn write_random_checkpoint(path: &Path, cfg: &ModelConfig, seed: u64) -> std::io::Result<()> {
     let mut g = super::super::sampling::TorchGenerator::new(seed);
+    let probe = (cfg.family == Family::Sd2 && cfg.v_prediction).then(|| format!("{UNET_PREFIX}{SD2_V_PROBE}"));
     let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = checkpoint_layout(cfg)
         .into_iter()
         .map(|(name, shape)| {
             let n: usize = shape.iter().product();
             let is_norm = name.contains("norm") && shape.len() == 1;
-            let data = if is_norm {
+            let data = if probe.as_deref() == Some(name.as_str()) {
+                g.randn(n).into_iter().map(|v| v * 0.2).collect()
+            } else if is_norm {
                 vec![if name.ends_with(".weight") { 1.0 } else { 0.0 }; n]
             } else {
                 g.randn(n).into_iter().map(|v| v * 0.02).collect()
@@ -1279,6 +1404,25 @@ mod tests {
         assert_eq!(params(clip_layout(&sdxl.text[0])), 123_060_480);
         assert_eq!(params(clip_layout(&sdxl.text[1])), 694_659_840);
         assert_eq!(checkpoint_layout(&sdxl).len(), 2_515 - 2);
+        // SD2's UNet, and OpenCLIP ViT-H's text tower without its projection.
+        let sd2 = ModelConfig::sd2();
+        assert_eq!(params(unet_layout(&sd2)), 865_910_724);
+        assert_eq!(params(clip_layout(&sd2.text[0])), 354_032_640 - 1024 * 1024);
+    }
+
+    #[test]
+    fn sd2_prediction_is_read_from_the_probe_bias() {
+        let dir = tempfile::tempdir().unwrap();
+        for v_prediction in [false, true] {
+            let cfg = ModelConfig {
+                v_prediction,
+                ..ModelConfig::tiny_sd2()
+            };
+            let path = dir.path().join(format!("sd2-{v_prediction}.safetensors"));
+            write_random_checkpoint(&path, &cfg, 5).unwrap();
+            let index = open_checkpoint(&path, &cfg, super::super::safetensors::DEFAULT_MAX_HEADER).unwrap();
+            assert_eq!(sd2_predicts_v(&index).unwrap(), v_prediction);
+        }
     }
 
     #[test]
@@ -1288,6 +1432,8 @@ mod tests {
             ("sd1", ModelConfig::sd1(), Arch::Sd1),
             ("sdxl", ModelConfig::sdxl(), Arch::Sdxl),
             ("refiner", ModelConfig::sdxl_refiner(), Arch::SdxlRefiner),
+            // A hole reads as zeros: the probe's spread is 0, so eps.
+            ("sd2", ModelConfig::sd2(), Arch::Sd2),
         ] {
             let index = index_of(&sparse_checkpoint(dir.path(), name, &checkpoint_layout(&cfg)));
             assert_eq!(detect_arch(&index), arch, "{name}");
@@ -1308,12 +1454,33 @@ mod tests {
         let index = index_of(&sparse_checkpoint(dir.path(), "hostile", &hostile));
         let refused = detect_config(&index).unwrap_err();
         assert!(refused.contains("transformer blocks"), "{refused}");
-        // SD2's 1024-wide context is named, and refused.
-        let mut sd2 = ModelConfig::sd1();
-        sd2.context_dim = 1024;
-        let index = index_of(&sparse_checkpoint(dir.path(), "sd2", &checkpoint_layout(&sd2)));
+        // SD2's unCLIP (label embedding) and inpainting (9 input channels) variants are
+        // named, and refused.
+        let unclip = ModelConfig {
+            adm_in_channels: Some(1536),
+            ..ModelConfig::sd2()
+        };
+        let index = index_of(&sparse_checkpoint(dir.path(), "unclip", &checkpoint_layout(&unclip)));
+        assert_eq!(detect_arch(&index), Arch::Sd2);
         let refused = detect_config(&index).unwrap_err();
-        assert!(refused.contains("Stable Diffusion 2.x"), "{refused}");
+        assert!(refused.contains("unCLIP"), "{refused}");
+        let inpainting = ModelConfig {
+            latent_channels: 9,
+            ..ModelConfig::sd2()
+        };
+        let mut layout = checkpoint_layout(&ModelConfig::sd2());
+        let conv_in = format!("{UNET_PREFIX}input_blocks.0.0.weight");
+        let (_, inpaint_in) = checkpoint_layout(&inpainting)
+            .into_iter()
+            .find(|(n, _)| *n == conv_in)
+            .unwrap();
+        layout
+            .iter_mut()
+            .filter(|(n, _)| *n == conv_in)
+            .for_each(|(_, s)| *s = inpaint_in.clone());
+        let index = index_of(&sparse_checkpoint(dir.path(), "inpainting", &layout));
+        let refused = detect_config(&index).unwrap_err();
+        assert!(refused.contains("Stable Diffusion 2.x inpainting"), "{refused}");
         // A file without a UNet says what it has.
         let layout = clip_layout(&ModelConfig::sdxl().text[1]);
         let index = index_of(&sparse_checkpoint(dir.path(), "clip", &layout));

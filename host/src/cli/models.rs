@@ -38,6 +38,21 @@ pub(crate) enum ModelsCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Writes a tiny random-weight Stable Diffusion 2.x checkpoint in the single-file layout
+    /// (OpenCLIP ViT-H-style text encoder, linear projections; small widths), eps
+    /// prediction unless `--v-prediction`.
+    TinySd2 {
+        /// Output .safetensors file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Mark it a v-prediction checkpoint (SD2 768-v), as ComfyUI tells them apart: the
+        /// biases of `output_blocks.11.1.transformer_blocks.0.norm1` get a spread above 0.09.
+        #[arg(long)]
+        v_prediction: bool,
+    },
     /// Writes a checkpoint's networks as the separate files ComfyUI's `UNETLoader`,
     /// `CLIPLoader` / `DualCLIPLoader` and `VAELoader` read: `<stem>_unet`, `<stem>_clip_l`
     /// and/or `<stem>_clip_g` (Hugging Face layout) and `<stem>_vae`, float32.
@@ -169,6 +184,18 @@ impl ModelsCommand {
             ModelsCommand::TinySdxl { out, seed } => tiny(&models::ModelConfig::tiny_sdxl(), "SDXL", out, seed),
             ModelsCommand::TinySdxlRefiner { out, seed } => {
                 tiny(&models::ModelConfig::tiny_sdxl_refiner(), "SDXL refiner", out, seed)
+            }
+            ModelsCommand::TinySd2 {
+                out,
+                seed,
+                v_prediction,
+            } => {
+                let config = models::ModelConfig {
+                    v_prediction,
+                    ..models::ModelConfig::tiny_sd2()
+                };
+                let what = if v_prediction { "SD2 (v-prediction)" } else { "SD2" };
+                tiny(&config, what, out, seed)
             }
             ModelsCommand::Split { checkpoint, out_dir } => split(&checkpoint, &out_dir),
             ModelsCommand::Sd15Random { out, seed, dtype } => write_recipe(&random_checkpoint::SD15, out, seed, dtype),

@@ -82,6 +82,7 @@ fn family_name(family: Family) -> &'static str {
         Family::Sd1 => "SD1.x",
         Family::Sdxl => "SDXL",
         Family::SdxlRefiner => "SDXL refiner",
+        Family::Sd2 => "SD2.x",
     }
 }
 

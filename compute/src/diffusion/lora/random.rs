@@ -20,7 +20,7 @@ use crate::sampling::TorchGenerator;
 /// `lora_te_...` for the refiner's bigG).
 pub fn write_random_lora(path: &Path, cfg: &ModelConfig, seed: u64, rank: usize) -> std::io::Result<()> {
     let modules = match cfg.family {
-        Family::Sd1 => sd1_modules(cfg),
+        Family::Sd1 | Family::Sd2 => sd1_modules(cfg),
         Family::Sdxl | Family::SdxlRefiner => kohya_sdxl_modules(cfg),
     };
     let mut g = TorchGenerator::new(seed);
