@@ -167,9 +167,9 @@ pub fn load_clip(cache: &ModelCache, files: &[(PathBuf, String)], kind: ClipKind
     Ok(TextEncoder::from_files(models, ordered))
 }
 
-/// The weights of `UNETLoader`'s `weight_dtype` choices weft accepts. weft keeps weights in
-/// float32 on the CPU (float16 / bfloat16 on a GPU, as for checkpoints): the fp8 choices
-/// load and compute exactly as `default`.
+/// The weights of `UNETLoader`'s `weight_dtype` choices weft accepts. weft computes in
+/// float32 on the CPU, holding the file's precision (float16 / bfloat16 on a GPU, as for
+/// checkpoints): the fp8 choices load and compute exactly as `default`.
 pub const WEIGHT_DTYPES: &[&str] = &["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"];
 
 #[cfg(test)]

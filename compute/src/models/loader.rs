@@ -1,7 +1,8 @@
 //! Loads an original-layout checkpoint (SD1.x, SDXL, the SDXL refiner) into weft's UNet,
 //! autoencoder and CLIP text transformers, on the device chosen by
 //! [`crate::device::select_device`], in the precisions [`crate::device::precisions`] gives
-//! (float32 on the CPU; on a GPU the tensors are uploaded as stored and converted there).
+//! (float32 on the CPU, a half-precision file's layer matrices held as stored and widened per
+//! call; on a GPU the tensors are uploaded as stored and converted there: `storage`).
 //!
 //! The checkpoint is validated by [`open_checkpoint`] first (header cap, bounds, shapes, dtypes, arch),
 //! then read tensor by tensor; tensors are renamed with [`ldm_to_candle`]. Errors from validation are

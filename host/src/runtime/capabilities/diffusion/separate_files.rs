@@ -16,8 +16,8 @@ const DEVICES: [&str; 2] = ["default", "cpu"];
 
 impl Library {
     /// `UNETLoader`: the UNet file `unet_name` of the `diffusion_models` folder. The fp8
-    /// `weight_dtype` choices compute as `default` (weft keeps weights in float32 on the CPU,
-    /// in the GPU precision on a GPU).
+    /// `weight_dtype` choices compute as `default` (weft computes in float32 on the CPU, the
+    /// weights held in the file's precision; in the GPU precision on a GPU).
     pub(super) fn unet(&self, unet_name: &str, weight_dtype: &str) -> Result<DiffusionModel, NodeError> {
         if !sd::WEIGHT_DTYPES.contains(&weight_dtype) {
             return Err(node_error(
