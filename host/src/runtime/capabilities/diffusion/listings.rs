@@ -256,7 +256,11 @@ mod tests {
         ));
         assert!(concerns_listing(root, Path::new("/models/loras")));
         assert!(concerns_listing(root, Path::new("/models/new-folder")));
-        assert!(!concerns_listing(root, Path::new("/models/clip/a.safetensors")));
+        assert!(concerns_listing(root, Path::new("/models/clip/a.safetensors")));
+        assert!(!concerns_listing(
+            root,
+            Path::new("/models/upscale_models/a.safetensors")
+        ));
         assert!(!concerns_listing(
             root,
             Path::new("/models/checkpoints-old/a.safetensors")

@@ -948,6 +948,7 @@ impl Host for Ctx<'_> {
     }
 
     fn sigmas_from_values(&mut self, values: Vec<f32>) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        self.core.hostcalls.charge(values.len() * 4)?;
         self.push_sigmas(values)
     }
 
