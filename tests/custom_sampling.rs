@@ -8,7 +8,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{Options, Server};
+use support::Server;
 
 /// The SD1 checkpoint name ComfyUI's default workflow uses.
 const SD1: &str = "v1-5-pruned-emaonly.safetensors";
@@ -23,15 +23,7 @@ fn setup() -> (tempfile::TempDir, Server) {
     std::fs::create_dir_all(&checkpoints).unwrap();
     support::tiny_checkpoint(&checkpoints.join(SD1), 0);
     support::tiny_model("tiny-sdxl", &checkpoints.join(TURBO), 0);
-    let server = Server::with(Options {
-        args: vec![
-            "--models-dir".into(),
-            dir.path().display().to_string(),
-            "--cache-mib".into(),
-            "0".into(),
-        ],
-        ..Default::default()
-    });
+    let server = support::models_server(dir.path());
     (dir, server)
 }
 
@@ -189,10 +181,29 @@ fn comfyuis_sdxl_turbo_graph_runs_with_sd_turbo_scheduler_and_sampler_custom() {
     let image = job["outputs"].as_array().unwrap().iter().find(|o| o["node_id"] == "25");
     let png = server.download(image.expect("an image")["url"].as_str().unwrap());
     assert_eq!(&png[1..4], b"PNG");
-    // The step ran: one progress event per step reaches the job.
     let mut two = graph;
     two["22"]["inputs"]["steps"] = json!(2);
     assert_eq!(server.run(two)["status"], "succeeded");
+}
+
+#[test]
+fn sampler_custom_reports_its_sampler_steps_as_job_progress() {
+    let (_dir, server) = setup();
+    // Enough steps that the stream, opened after the submit, sees some of them live.
+    let mut g = sampler_custom(select("euler"), 0);
+    g["21"]["inputs"]["steps"] = json!(300);
+    let job = server.submit(g);
+    let frames = support::sse::Sse::open(&server, job["id"].as_str().unwrap(), None).rest();
+    let steps: Vec<&Value> = frames
+        .iter()
+        .filter(|f| f.event == "progress" && f.data["steps"] == 300)
+        .map(|f| &f.data)
+        .collect();
+    assert!(!steps.is_empty(), "{frames:?}");
+    for progress in steps {
+        assert_eq!(progress["current_node"], "3", "{progress}");
+        assert!((1..=300).contains(&progress["step"].as_u64().unwrap()), "{progress}");
+    }
 }
 
 #[test]

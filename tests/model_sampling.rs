@@ -7,7 +7,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{Options, Server};
+use support::Server;
 
 /// The SD1 checkpoint name ComfyUI's default workflow uses.
 const SD1: &str = "v1-5-pruned-emaonly.safetensors";
@@ -22,15 +22,7 @@ fn setup() -> (tempfile::TempDir, Server) {
     std::fs::create_dir_all(&checkpoints).unwrap();
     support::tiny_checkpoint(&checkpoints.join(SD1), 0);
     support::tiny_model("tiny-sdxl", &checkpoints.join(SDXL), 0);
-    let server = Server::with(Options {
-        args: vec![
-            "--models-dir".into(),
-            dir.path().display().to_string(),
-            "--cache-mib".into(),
-            "0".into(),
-        ],
-        ..Default::default()
-    });
+    let server = support::models_server(dir.path());
     (dir, server)
 }
 

@@ -10,7 +10,7 @@ mod support;
 use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
-use support::{Options, Server};
+use support::Server;
 
 /// SD 2.1 512-base's checkpoint name (eps prediction).
 const SD2_BASE: &str = "v2-1_512-ema-pruned.safetensors";
@@ -58,15 +58,7 @@ fn setup() -> (tempfile::TempDir, Server) {
     std::fs::create_dir_all(&checkpoints).unwrap();
     tiny_sd2(&checkpoints.join(SD2_BASE), false);
     tiny_sd2(&checkpoints.join(SD2_V), true);
-    let server = Server::with(Options {
-        args: vec![
-            "--models-dir".into(),
-            dir.path().display().to_string(),
-            "--cache-mib".into(),
-            "0".into(),
-        ],
-        ..Default::default()
-    });
+    let server = support::models_server(dir.path());
     (dir, server)
 }
 
@@ -89,20 +81,14 @@ fn default_graph(ckpt: &str, seed: u64) -> Value {
 
 /// Runs `graph`, asserting success and a PNG, and returns the bytes of its latent output.
 fn latent(server: &Server, graph: Value) -> Vec<u8> {
-    let job = server.run(graph);
-    assert_eq!(job["status"], "succeeded", "{job}");
-    let mut files: Vec<(String, Vec<u8>)> = job["outputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| {
-            let name = o["filename"].as_str().or(o["name"].as_str()).unwrap_or("").to_string();
-            (name, server.download(o["url"].as_str().unwrap()))
-        })
-        .collect();
-    assert_eq!(files.len(), 2, "{job}");
-    files.sort_by_key(|(name, _)| !name.ends_with(".png"));
-    assert!(files[0].1.starts_with(b"\x89PNG\r\n\x1a\n"), "{job}");
+    let mut files = support::run_outputs(server, graph);
+    assert_eq!(
+        files.len(),
+        2,
+        "{:?}",
+        files.iter().map(|(name, _)| name).collect::<Vec<_>>()
+    );
+    assert!(files[0].1.starts_with(b"\x89PNG\r\n\x1a\n"), "{}", files[0].0);
     files.pop().unwrap().1
 }
 

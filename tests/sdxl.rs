@@ -7,7 +7,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{Options, Server};
+use support::Server;
 
 /// The checkpoint name ComfyUI's SDXL example workflow uses.
 const SDXL: &str = "sd_xl_base_1.0.safetensors";
@@ -24,15 +24,7 @@ fn setup() -> (tempfile::TempDir, Server) {
     std::fs::create_dir_all(&checkpoints).unwrap();
     support::tiny_model("tiny-sdxl", &checkpoints.join(SDXL), 0);
     support::tiny_model("tiny-sd", &checkpoints.join(SD1), 0);
-    let server = Server::with(Options {
-        args: vec![
-            "--models-dir".into(),
-            dir.path().display().to_string(),
-            "--cache-mib".into(),
-            "0".into(),
-        ],
-        ..Default::default()
-    });
+    let server = support::models_server(dir.path());
     (dir, server)
 }
 
@@ -63,18 +55,7 @@ fn sdxl_text_encode(graph: &mut Value, id: &str, crop_w: u32) {
 
 /// Runs `graph` and returns the bytes of its outputs, PNG first, asserting success.
 fn outputs(server: &Server, graph: Value) -> Vec<Vec<u8>> {
-    let job = server.run(graph);
-    assert_eq!(job["status"], "succeeded", "{job}");
-    let mut files: Vec<(String, Vec<u8>)> = job["outputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| {
-            let name = o["filename"].as_str().or(o["name"].as_str()).unwrap_or("").to_string();
-            (name, server.download(o["url"].as_str().unwrap()))
-        })
-        .collect();
-    files.sort_by_key(|(name, _)| !name.ends_with(".png"));
+    let files = support::run_outputs(server, graph);
     files.into_iter().map(|(_, bytes)| bytes).collect()
 }
 

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
-use support::{weft_bin, Options, Server};
+use support::{weft_bin, Server};
 
 /// The checkpoint name ComfyUI's SDXL example workflow uses.
 const SDXL: &str = "sd_xl_base_1.0.safetensors";
@@ -42,15 +42,7 @@ fn setup() -> (tempfile::TempDir, Server) {
     weft_models(&["tiny-sdxl", "--seed", "0"], &checkpoints.join(SDXL));
     weft_models(&["tiny-lora", "--sdxl", "--seed", "3"], &loras.join(SDXL_LORA));
     weft_models(&["tiny-lora", "--seed", "3"], &loras.join(SD1_LORA));
-    let server = Server::with(Options {
-        args: vec![
-            "--models-dir".into(),
-            dir.path().display().to_string(),
-            "--cache-mib".into(),
-            "0".into(),
-        ],
-        ..Default::default()
-    });
+    let server = support::models_server(dir.path());
     (dir, server)
 }
 

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
-use support::{Options, Server};
+use support::Server;
 
 /// The tiny SDXL checkpoint's name.
 const SDXL: &str = "sdxl.safetensors";
@@ -63,15 +63,7 @@ fn setup() -> (tempfile::TempDir, Server) {
     )
     .unwrap();
     std::fs::write(root.join("text_encoders/a_unet.safetensors"), &unet).unwrap();
-    let server = Server::with(Options {
-        args: vec![
-            "--models-dir".into(),
-            root.display().to_string(),
-            "--cache-mib".into(),
-            "0".into(),
-        ],
-        ..Default::default()
-    });
+    let server = support::models_server(root);
     (dir, server)
 }
 
@@ -109,18 +101,7 @@ fn separate_graph() -> Value {
 
 /// Runs `graph` and returns the bytes of its outputs, PNG first, asserting success.
 fn outputs(server: &Server, graph: Value) -> Vec<Vec<u8>> {
-    let job = server.run(graph);
-    assert_eq!(job["status"], "succeeded", "{job}");
-    let mut files: Vec<(String, Vec<u8>)> = job["outputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| {
-            let name = o["filename"].as_str().or(o["name"].as_str()).unwrap_or("").to_string();
-            (name, server.download(o["url"].as_str().unwrap()))
-        })
-        .collect();
-    files.sort_by_key(|(name, _)| !name.ends_with(".png"));
+    let files = support::run_outputs(server, graph);
     files.into_iter().map(|(_, bytes)| bytes).collect()
 }
 

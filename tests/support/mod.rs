@@ -36,6 +36,38 @@ pub(crate) fn tiny_model(command: &str, path: &Path, seed: u64) {
     assert!(status.success(), "weft models {command} failed");
 }
 
+/// A server over the ComfyUI-style models folder `dir`, with the node cache off (every run
+/// computes).
+pub(crate) fn models_server(dir: &Path) -> Server {
+    Server::with(Options {
+        args: vec![
+            "--models-dir".into(),
+            dir.display().to_string(),
+            "--cache-mib".into(),
+            "0".into(),
+        ],
+        ..Default::default()
+    })
+}
+
+/// Runs `graph`, asserting it succeeds, and returns each output's file name and bytes, the
+/// PNGs first.
+pub(crate) fn run_outputs(server: &Server, graph: Value) -> Vec<(String, Vec<u8>)> {
+    let job = server.run(graph);
+    assert_eq!(job["status"], "succeeded", "{job}");
+    let mut files: Vec<(String, Vec<u8>)> = job["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            let name = o["filename"].as_str().or(o["name"].as_str()).unwrap_or("").to_string();
+            (name, server.download(o["url"].as_str().unwrap()))
+        })
+        .collect();
+    files.sort_by_key(|(name, _)| !name.ends_with(".png"));
+    files
+}
+
 /// The weft binary under test.
 pub(crate) fn weft_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_weft"))

@@ -799,9 +799,24 @@ fn dpmpp_2m(r: &mut Run, mut x: V, s: &[f32]) -> Result<V, SampleError> {
     Ok(x)
 }
 
-fn dpmpp_2m_sde(r: &mut Run, mut x: V, s: &[f32], heun: bool) -> Result<V, SampleError> {
+/// The multistep SDE samplers' noise for step `i` (`h` in log sigma):
+/// `x + noise * sigma_next * sqrt(1 - e^(-2 h eta)) * s_noise`, unless they add none.
+fn add_sde_noise(r: &mut Run, x: V, s: &[f32], i: usize, h: f32) -> Result<V, SampleError> {
     let options = r.options;
+    if !options.adds_noise() {
+        return Ok(x);
+    }
     let (eta, s_noise) = (options.eta as f32, options.s_noise as f32);
+    let n = r.noise(s[i], s[i + 1])?;
+    let sq = sqrt(-expm1(-2.0 * h * eta));
+    Ok(x.iter()
+        .zip(&n)
+        .map(|(&a, &nv)| a + ((nv * s[i + 1]) * sq) * s_noise)
+        .collect())
+}
+
+fn dpmpp_2m_sde(r: &mut Run, mut x: V, s: &[f32], heun: bool) -> Result<V, SampleError> {
+    let eta = r.options.eta as f32;
     let lambda_fn = |sigma: f32| -ln(sigma);
     let mut old: Option<V> = None;
     let mut h_last: Option<f32> = None;
@@ -832,15 +847,7 @@ fn dpmpp_2m_sde(r: &mut Run, mut x: V, s: &[f32], heun: bool) -> Result<V, Sampl
                 let diff = sub(&den, od);
                 x = add_scaled(&x, &diff, c);
             }
-            if options.adds_noise() {
-                let n = r.noise(s[i], s[i + 1])?;
-                let sq = sqrt(-expm1(-2.0 * hh * eta));
-                x = x
-                    .iter()
-                    .zip(&n)
-                    .map(|(&a, &nv)| a + ((nv * s[i + 1]) * sq) * s_noise)
-                    .collect();
-            }
+            x = add_sde_noise(r, x, s, i, hh)?;
         }
         old = Some(den);
         h_last = h;
@@ -849,8 +856,7 @@ fn dpmpp_2m_sde(r: &mut Run, mut x: V, s: &[f32], heun: bool) -> Result<V, Sampl
 }
 
 fn dpmpp_3m_sde(r: &mut Run, mut x: V, s: &[f32]) -> Result<V, SampleError> {
-    let options = r.options;
-    let (eta, s_noise) = (options.eta as f32, options.s_noise as f32);
+    let eta = r.options.eta as f32;
     let lambda_fn = |sigma: f32| -ln(sigma);
     let mut den1: Option<V> = None;
     let mut den2: Option<V> = None;
@@ -896,15 +902,7 @@ fn dpmpp_3m_sde(r: &mut Run, mut x: V, s: &[f32]) -> Result<V, SampleError> {
                     .map(|(&xv, (&a, &b))| xv + k * ((a - b) / rr))
                     .collect();
             }
-            if options.adds_noise() {
-                let n = r.noise(s[i], s[i + 1])?;
-                let sq = sqrt(-expm1(-2.0 * hh * eta));
-                x = x
-                    .iter()
-                    .zip(&n)
-                    .map(|(&a, &nv)| a + ((nv * s[i + 1]) * sq) * s_noise)
-                    .collect();
-            }
+            x = add_sde_noise(r, x, s, i, hh)?;
         }
         den2 = den1.take();
         den1 = Some(den);

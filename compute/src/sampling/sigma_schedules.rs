@@ -7,7 +7,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::model_sampling::{exp_f32, linspace_f32, ModelSampling};
+use super::model_sampling::{exp_f32, linspace_f32, linspace_f64, ModelSampling};
 use super::scheduler::{pow_f32, UnknownName};
 
 /// `get_sigmas_polyexponential(n, sigma_min, sigma_max, rho)`: a polynomial in log sigma.
@@ -175,11 +175,12 @@ pub fn align_your_steps(model: AysModel, steps: usize, denoise: f64) -> Vec<f32>
     sigmas.into_iter().map(|s| s as f32).collect()
 }
 
-/// numpy's `interp` of the log of `levels` (highest first) at `count` evenly spaced points.
+/// The log of `levels` (highest first) interpolated linearly, as numpy's `interp`, at `count`
+/// evenly spaced points.
 fn loglinear_interp(levels: &[f64], count: usize) -> Vec<f64> {
     let ys: Vec<f64> = levels.iter().rev().map(|v| v.ln()).collect();
-    let xs = linspace_f64(levels.len());
-    let mut out: Vec<f64> = linspace_f64(count)
+    let xs = linspace_f64(0.0, 1.0, levels.len());
+    let mut out: Vec<f64> = linspace_f64(0.0, 1.0, count)
         .into_iter()
         .map(|x| {
             let i = xs.partition_point(|&p| p <= x).clamp(1, xs.len() - 1);
@@ -190,20 +191,6 @@ fn loglinear_interp(levels: &[f64], count: usize) -> Vec<f64> {
         .collect();
     out.reverse();
     out
-}
-
-/// numpy's `linspace(0, 1, count)`.
-fn linspace_f64(count: usize) -> Vec<f64> {
-    match count {
-        0 => Vec::new(),
-        1 => vec![0.0],
-        _ => {
-            let step = 1.0 / (count - 1) as f64;
-            let mut v: Vec<f64> = (0..count).map(|i| i as f64 * step).collect();
-            v[count - 1] = 1.0;
-            v
-        }
-    }
 }
 
 /// `SplitSigmas`: the sigmas up to and including `step`, and those from `step` on (they

@@ -195,10 +195,7 @@ impl Ctx<'_> {
     /// Keeps `values` as a `SIGMAS` handle; `invalid_input` for values sigmas cannot be.
     pub(super) fn push_sigmas(&mut self, values: Vec<f32>) -> Answer<Resource<HandleRes>> {
         let count = values.len();
-        let sigmas = match Sigmas::new(values) {
-            Ok(s) => s,
-            Err(e) => return Ok(Err(compute_error(e))),
-        };
+        let sigmas = attempt!(Sigmas::new(values).map_err(compute_error));
         let charge = self.core.charge(count as u64 * 4, || format!("{count} sigmas"))?;
         Ok(Ok(self.push_handle(
             "SIGMAS",
@@ -236,22 +233,10 @@ impl Ctx<'_> {
         sigmas: Resource<HandleRes>,
         latent: Resource<LatentRes>,
     ) -> Answer<(Resource<LatentRes>, Resource<LatentRes>)> {
-        let noise = match self.payload::<NoiseSpec>(&noise, "NOISE")? {
-            Ok(n) => *n,
-            Err(e) => return Ok(Err(e)),
-        };
-        let guider = match self.payload::<Guider>(&guider, "GUIDER")? {
-            Ok(g) => g,
-            Err(e) => return Ok(Err(e)),
-        };
-        let sampler = match self.payload::<CustomSampler>(&sampler, "SAMPLER")? {
-            Ok(s) => *s,
-            Err(e) => return Ok(Err(e)),
-        };
-        let sigmas = match self.sigmas(&sigmas)? {
-            Ok(s) => s,
-            Err(e) => return Ok(Err(e)),
-        };
+        let noise = *attempt!(self.payload::<NoiseSpec>(&noise, "NOISE")?);
+        let guider = attempt!(self.payload::<Guider>(&guider, "GUIDER")?);
+        let sampler = *attempt!(self.payload::<CustomSampler>(&sampler, "SAMPLER")?);
+        let sigmas = attempt!(self.sigmas(&sigmas)?);
         let latent = self.latent(&latent)?;
         if let Some(stop) = self.interruption() {
             return Err(stop.into());
@@ -266,10 +251,7 @@ impl Ctx<'_> {
         let sampled = self.sample_reporting(colours, |on_step, stop| {
             sd::sample_custom(&guider, &sampler, &sigmas, noise, &latent, on_step, stop)
         })?;
-        let sampled = match sampled {
-            Ok(s) => s,
-            Err(e) => return Ok(Err(e)),
-        };
+        let sampled = attempt!(sampled);
         let denoised = sampled.denoised.unwrap_or_else(|| sampled.latent.clone());
         let out = self.push_latent(sampled.latent, charge)?;
         let denoised = self.push_latent(denoised, denoised_charge)?;

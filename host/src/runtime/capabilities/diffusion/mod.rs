@@ -7,7 +7,6 @@
 //! share: the capability's configuration), [`DiffusionState`] (one call's part of
 //! `CallState`), and [`Library::list`] for the catalogue's model-file combos.
 
-mod custom_sampling;
 mod embeddings;
 mod listings;
 mod model_patches;
@@ -213,6 +212,9 @@ macro_rules! attempt {
         }
     };
 }
+
+// After the macros, which it uses.
+mod custom_sampling;
 
 impl Ctx<'_> {
     /// The payload of a handle of ComfyUI type `type_name`; a node error for another type.
