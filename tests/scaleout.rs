@@ -349,8 +349,8 @@ fn db_migrate_applies_the_schema_and_refuses_a_newer_one() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(&latest));
     assert_eq!(
         weft::store::postgres::SCHEMA_VERSION,
-        4,
-        "migration 4 keeps small outputs inline"
+        5,
+        "migration 5 counts events beside the jobs and indexes the claimable ones"
     );
     assert!(migrate().status.success(), "migrating again is a no-op");
     cluster.query("INSERT INTO weft_schema (version) VALUES (1000) RETURNING version::text");

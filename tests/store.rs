@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{TimeDelta, Utc};
 use weft::store::postgres::PgStore;
 use weft::store::{
-    AssetRecord, Coordinator, Database, Deleted, JobRecord, JobStatus, JobUpdate, NodeTime, Signal, Store, StoreError,
+    AssetRecord, Database, Deleted, JobRecord, JobStatus, JobUpdate, NodeTime, Store, StoreError,
 };
 
 /// A store of each kind, fresh: SQLite in a temp dir, PostgreSQL in a new database.
@@ -62,25 +62,7 @@ macro_rules! both {
     };
 }
 
-fn job(id: &str, tenant: &str, created_at: DateTime<Utc>) -> JobRecord {
-    JobRecord {
-        id: id.into(),
-        tenant: tenant.into(),
-        status: JobStatus::Queued,
-        workflow: serde_json::json!({"1": {"class_type": "X", "inputs": {"b": 1, "a": 2}}}),
-        labels: Default::default(),
-        created_at,
-        updated_at: created_at,
-        started_at: None,
-        completed_at: None,
-        expires_at: created_at + TimeDelta::days(7),
-        progress: None,
-        error: None,
-        logs: None,
-        node_times: Vec::new(),
-        seq: 0,
-    }
-}
+use support::records::queued_job as job;
 
 fn asset(id: &str, tenant: &str, blob: &str, job_id: Option<&str>, index: Option<i64>) -> AssetRecord {
     AssetRecord {
@@ -638,7 +620,7 @@ async fn a_status_this_build_does_not_know_is_an_error_that_names_it(f: Fixture)
 }
 both!(a_status_this_build_does_not_know_is_an_error_that_names_it);
 
-// ---- PostgreSQL only: coordination between processes ----
+// ---- PostgreSQL only: blob links shared between processes (claims: tests/claims.rs) ----
 
 async fn pg() -> (Arc<PgStore>, String) {
     let url = tokio::task::spawn_blocking(support::postgres::fresh_database)
@@ -648,275 +630,6 @@ async fn pg() -> (Arc<PgStore>, String) {
         panic!("a postgres URL")
     };
     (Arc::new(PgStore::connect(&url).await.unwrap()), url)
-}
-
-fn coordinator(store: &PgStore, name: &str, lease: Duration) -> Arc<dyn Coordinator> {
-    store.coordinator(name.to_string(), lease)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn every_queued_job_is_claimed_by_exactly_one_of_several_processes() {
-    let (store, url) = pg().await;
-    for i in 0..60 {
-        store
-            .insert_job(job(&format!("j{i}"), "t", Utc::now()), None, 0)
-            .await
-            .unwrap();
-    }
-    // Three "processes": separate stores (pools) and coordinators on one database.
-    let mut claimers = Vec::new();
-    for p in 0..3 {
-        let other = Arc::new(PgStore::connect(&url).await.unwrap());
-        let c = coordinator(&other, &format!("p{p}"), Duration::from_secs(30));
-        for _ in 0..4 {
-            let c = c.clone();
-            claimers.push(tokio::spawn(async move {
-                let mut got = Vec::new();
-                while let Some((_, id)) = c.claim().await.unwrap() {
-                    got.push(id);
-                }
-                got
-            }));
-        }
-    }
-    let mut all = Vec::new();
-    for c in claimers {
-        all.extend(c.await.unwrap());
-    }
-    all.sort();
-    let before = all.len();
-    all.dedup();
-    assert_eq!(before, 60, "every job claimed");
-    assert_eq!(all.len(), 60, "no job claimed twice");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claims_take_tenants_in_turn_like_the_local_queue() {
-    let (store, _) = pg().await;
-    for i in 0..3 {
-        store
-            .insert_job(job(&format!("a{i}"), "a", Utc::now()), None, 0)
-            .await
-            .unwrap();
-    }
-    store.insert_job(job("b0", "b", Utc::now()), None, 0).await.unwrap();
-    store.insert_job(job("c0", "c", Utc::now()), None, 0).await.unwrap();
-    let c = coordinator(&store, "p", Duration::from_secs(30));
-    let queued: Vec<String> = c.queued().await.unwrap().into_iter().map(|(_, id)| id).collect();
-    assert_eq!(
-        queued,
-        ["a0", "a1", "a2", "b0", "c0"],
-        "grouped by tenant, tenants by turn"
-    );
-    assert_eq!(c.queued_counts("a").await.unwrap(), (5, 3));
-    let mut order = Vec::new();
-    while let Some((_, id)) = c.claim().await.unwrap() {
-        order.push(id);
-    }
-    assert_eq!(order, ["a0", "b0", "c0", "a1", "a2"]);
-    assert_eq!(c.queued_counts("a").await.unwrap(), (0, 0));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_waits_out_a_lock_on_a_tenants_oldest_job_instead_of_skipping_it() {
-    let (store, url) = pg().await;
-    store.insert_job(job("a0", "a", Utc::now()), None, 0).await.unwrap();
-    store.insert_job(job("a1", "a", Utc::now()), None, 0).await.unwrap();
-    // Another writer (an event being numbered) holds the oldest job's row for a moment.
-    let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    let writer = client.transaction().await.unwrap();
-    writer
-        .execute("UPDATE jobs SET event_seq = event_seq + 1 WHERE id = 'a0'", &[])
-        .await
-        .unwrap();
-    let c = coordinator(&store, "p", Duration::from_secs(30));
-    let claim = tokio::spawn(async move { c.claim().await.unwrap().map(|(_, id)| id) });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    writer.commit().await.unwrap();
-    assert_eq!(claim.await.unwrap().as_deref(), Some("a0"), "FIFO within a tenant");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_that_empties_a_turn_keeps_it_for_a_submission_in_flight() {
-    let (store, url) = pg().await;
-    store.insert_job(job("a0", "a", Utc::now()), None, 0).await.unwrap();
-    let c = coordinator(&store, "p", Duration::from_secs(30));
-    assert_eq!(c.claim().await.unwrap().map(|(_, id)| id).as_deref(), Some("a0"));
-    // A submission of tenant a in flight, as the store makes one: it holds the tenant's turn
-    // (KEY SHARE) and has inserted its job, not yet committed.
-    let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    let submit = client.transaction().await.unwrap();
-    let held = submit
-        .query("SELECT 1 FROM queue_turns WHERE tenant = 'a' FOR KEY SHARE", &[])
-        .await
-        .unwrap();
-    assert_eq!(held.len(), 1, "the served tenant kept its turn");
-    submit
-        .execute(
-            "INSERT INTO jobs (id, tenant, status, workflow, labels, created_at, updated_at, expires_at)
-             VALUES ('a1', 'a', 'queued', '{}', '{}', now(), now(), now() + interval '1 day')",
-            &[],
-        )
-        .await
-        .unwrap();
-    // The claim finds nothing committed and would remove the turn; it waits for the submission.
-    let claim = tokio::spawn(async move { c.claim().await.unwrap().map(|(_, id)| id) });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    submit.commit().await.unwrap();
-    assert_eq!(
-        claim.await.unwrap().as_deref(),
-        Some("a1"),
-        "the submitted job is claimable"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn queued_jobs_whose_tenant_lost_its_turn_are_given_one_back() {
-    let (store, url) = pg().await;
-    store.insert_job(job("a0", "a", Utc::now()), None, 0).await.unwrap();
-    store.insert_job(job("b0", "b", Utc::now()), None, 0).await.unwrap();
-    // As a process of an older weft leaves them: queued, with no turn.
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    client.batch_execute("DELETE FROM queue_turns").await.unwrap();
-    let c = coordinator(&store, "p", Duration::from_secs(30));
-    assert_eq!(c.claim().await.unwrap(), None, "a job without a turn is not seen");
-    assert_eq!(c.restore_turns().await.unwrap(), 2);
-    assert_eq!(c.restore_turns().await.unwrap(), 0, "tenants with a turn keep it");
-    let mut order = Vec::new();
-    while let Some((_, id)) = c.claim().await.unwrap() {
-        order.push(id);
-    }
-    assert_eq!(order, ["a0", "b0"], "turns given back in the order the tenants queued");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lapsed_claim_is_taken_over_by_exactly_one_process() {
-    let (store, _) = pg().await;
-    store.insert_job(job("j", "t", Utc::now()), None, 0).await.unwrap();
-    let dead = coordinator(&store, "dead", Duration::from_millis(300));
-    assert!(dead.claim().await.unwrap().is_some());
-    let a = coordinator(&store, "a", Duration::from_secs(30));
-    let b = coordinator(&store, "b", Duration::from_secs(30));
-    assert!(a.lapsed().await.unwrap().is_empty(), "a live lease is not lapsed");
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(a.lapsed().await.unwrap(), ["j"]);
-    let (ta, tb) = tokio::join!(a.take_over("j"), b.take_over("j"));
-    assert!(ta.unwrap() ^ tb.unwrap(), "exactly one takes it over");
-    assert!(a.lapsed().await.unwrap().is_empty());
-    // A renewed lease does not lapse.
-    store.insert_job(job("k", "t", Utc::now()), None, 0).await.unwrap();
-    let live = coordinator(&store, "live", Duration::from_millis(500));
-    assert_eq!(live.claim().await.unwrap().map(|c| c.1).as_deref(), Some("k"));
-    for _ in 0..4 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(live.renew_leases().await.unwrap(), 1);
-    }
-    assert!(!a.lapsed().await.unwrap().contains(&"k".to_string()));
-    live.release("k").await.unwrap();
-    assert_eq!(
-        a.claim().await.unwrap().map(|c| c.1).as_deref(),
-        Some("k"),
-        "a released job can be claimed"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_renewal_locks_jobs_in_the_order_event_batches_do_and_never_deadlocks_with_one() {
-    let (store, url) = pg().await;
-    // "b" first: it is claimed first and lies first in the table, so a renewal that locked
-    // rows in scan order would take "b" before "a".
-    store.insert_job(job("b", "t", Utc::now()), None, 0).await.unwrap();
-    store.insert_job(job("a", "t", Utc::now()), None, 0).await.unwrap();
-    let c = coordinator(&store, "p", Duration::from_secs(30));
-    assert!(c.claim().await.unwrap().is_some());
-    assert!(c.claim().await.unwrap().is_some());
-    // An event batch of both jobs, as the log writes one: rows in id order, "a" locked first.
-    let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    let batch = client.transaction().await.unwrap();
-    let bump = "UPDATE jobs SET event_seq = event_seq + 1 WHERE id = $1";
-    batch.execute(bump, &[&"a"]).await.unwrap();
-    let renewal = tokio::spawn({
-        let c = c.clone();
-        async move { c.renew_leases().await }
-    });
-    // Once the renewal waits for "a", the batch goes on to "b": it must find "b" free.
-    let (watcher, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let waiting =
-        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
-    while watcher.query_one(waiting, &[]).await.unwrap().get::<_, i64>(0) == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the renewal never waited for the batch"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    batch.execute(bump, &[&"b"]).await.expect("the batch is not deadlocked");
-    batch.commit().await.unwrap();
-    assert_eq!(renewal.await.unwrap().expect("the renewal is not deadlocked"), 2);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn events_of_one_job_are_numbered_once_across_processes_and_wake_the_others() {
-    let (store, url) = pg().await;
-    store.insert_job(job("j", "t", Utc::now()), None, 0).await.unwrap();
-    let other = Arc::new(PgStore::connect(&url).await.unwrap());
-    let a = coordinator(&store, "a", Duration::from_secs(30));
-    let b = coordinator(&other, "b", Duration::from_secs(30));
-    let mut woken = b.signals();
-    // Wait until b's listening connection is up: a wake-up from a reaches it.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        assert!(tokio::time::Instant::now() < deadline, "b never heard a wake-up");
-        a.signal(Signal::Work).await.unwrap();
-        if let Ok(Ok(Signal::Work)) = tokio::time::timeout(Duration::from_millis(200), woken.recv()).await {
-            break;
-        }
-    }
-    let appends = (0..20).map(|i| {
-        let c = if i % 2 == 0 { a.clone() } else { b.clone() };
-        async move { c.append_event("j", format!("{{\"i\":{i}}}"), None).await.unwrap() }
-    });
-    let mut numbers = futures::future::join_all(appends).await;
-    numbers.sort();
-    assert_eq!(numbers, (1..=20).collect::<Vec<u64>>());
-    loop {
-        let s = tokio::time::timeout(Duration::from_secs(10), woken.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        if let Signal::Event(notice) = s {
-            assert_eq!((notice.job.as_str(), notice.tenant.as_str()), ("j", "t"));
-            assert!((1..=20).contains(&notice.n));
-            break;
-        }
-    }
-    let after = a.events_after("j", 15, 100).await.unwrap();
-    assert_eq!(after.iter().map(|e| e.0).collect::<Vec<_>>(), [16, 17, 18, 19, 20]);
-    assert_eq!(
-        a.latest_events("j", 2)
-            .await
-            .unwrap()
-            .iter()
-            .map(|e| e.0)
-            .collect::<Vec<_>>(),
-        [19, 20]
-    );
-    a.signal(Signal::Cancel("j".into())).await.unwrap();
-    loop {
-        let s = tokio::time::timeout(Duration::from_secs(10), woken.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        if s == Signal::Cancel("j".into()) {
-            break;
-        }
-    }
 }
 
 /// The blob-link locks held or awaited in the test's database: (mode, granted). The lock's

@@ -155,6 +155,17 @@ fn v2m_engine(settings: &V2mSettings, data_dir: &Path) -> Option<Arc<V2mEngine>>
         .ok()
 }
 
+/// The database connections of process `process` serving `config`: named after its role
+/// and it, as many as its role needs.
+fn connections(config: &ServeConfig, process: &str) -> crate::store::postgres::Connections {
+    let (role, api, workers) = match config.role {
+        Role::Api => ("api", true, 0),
+        Role::Worker => ("worker", false, config.jobs.workers),
+        Role::All => ("all", true, config.jobs.workers),
+    };
+    crate::store::postgres::Connections::for_process(&format!("{role} {process}"), api, workers)
+}
+
 /// Opens the store `database` names.
 pub async fn open_store(database: &Database) -> anyhow::Result<Arc<dyn Store>> {
     Ok(database
@@ -213,16 +224,16 @@ pub async fn start_embedded(config: ServeConfig) -> anyhow::Result<SocketAddr> {
 async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<Started> {
     std::fs::create_dir_all(&config.data_dir)?;
     let stop_http = CancellationToken::new();
+    let process = format!("{}-{}", std::process::id(), uuid::Uuid::new_v4());
     let opened = config
         .database
-        .open()
+        .open_as(&connections(&config, &process))
         .await
         .map_err(|e| anyhow::anyhow!("opening the database: {e}"))?;
     let store = opened.store;
-    let coordinator: Option<Arc<dyn Coordinator>> = opened.postgres.map(|pg| {
-        let name = format!("{}-{}", std::process::id(), uuid::Uuid::new_v4());
-        pg.coordinator(name, config.lease) as Arc<dyn Coordinator>
-    });
+    let coordinator: Option<Arc<dyn Coordinator>> = opened
+        .postgres
+        .map(|pg| pg.coordinator(process, config.lease) as Arc<dyn Coordinator>);
     if config.jobs.job_cost > 0 {
         store
             .ensure_tenant(api::auth::DEFAULT_TENANT, config.initial_credits)

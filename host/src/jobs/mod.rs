@@ -259,6 +259,12 @@ impl Jobs {
         self.shared.as_ref().map(|s| &s.coordinator)
     }
 
+    /// Whether this process runs the maintenance (retention, rescue): with a shared store,
+    /// only its leader does.
+    pub fn leads_maintenance(&self) -> bool {
+        self.coordinator().is_none_or(|c| c.is_leader())
+    }
+
     /// Starts what a process that serves the API needs even when it runs no jobs: with a
     /// shared store, the event writer, the wake-up listener and the lease renewer. Call
     /// once, before [`start_workers`](Self::start_workers).
@@ -337,13 +343,14 @@ impl Jobs {
         use std::sync::atomic::Ordering;
         let count = self.config.workers.max(1);
         self.workers_started.store(count, Ordering::SeqCst);
+        let feed = self.shared.as_ref().map(|_| self.start_claimer());
         for _ in 0..count {
-            let jobs = self.clone();
+            let (jobs, feed) = (self.clone(), feed.clone());
             tokio::spawn(async move {
                 loop {
                     jobs.workers.0.fetch_add(1, Ordering::SeqCst);
-                    let worker = match jobs.shared {
-                        Some(_) => tokio::spawn(jobs.clone().work_shared()),
+                    let worker = match &feed {
+                        Some(feed) => tokio::spawn(jobs.clone().work_shared(feed.clone())),
                         None => tokio::spawn(jobs.clone().work()),
                     };
                     let ended = worker.await;
@@ -571,10 +578,12 @@ impl Jobs {
             Err(e) => return Err(SubmitError::Store(e)),
         }
         // The job is durable now: it is queued even if a race filled the queue meanwhile.
-        // A shared store woke the workers of every process when it committed the job.
-        if self.shared.is_none() {
-            self.handover.offer(&job.id, &job.workflow);
-            let _ = self.queue.push(tenant, job.id.clone(), true);
+        match &self.shared {
+            Some(shared) => shared.wake_workers().await,
+            None => {
+                self.handover.offer(&job.id, &job.workflow);
+                let _ = self.queue.push(tenant, job.id.clone(), true);
+            }
         }
         self.metrics.submitted();
         self.publish(&job.id, status_event(&job));

@@ -1,6 +1,7 @@
-//! Rescue: a small service of its own, like retention, run by every process of a shared
-//! store. It wakes a few times per lease and looks for unfinished jobs whose claim lapsed
-//! because the process that held it died (kill -9, machine loss). It takes each such claim
+//! Rescue: a small service of its own, like retention, run by the leader of the processes
+//! sharing a store. It wakes every [`RESCUE_EVERY`] and looks for unfinished jobs whose
+//! claim lapsed: the process that held it died (kill -9, machine loss), which the database
+//! shows at once when its connection closes, or stopped renewing its lease. It takes each such claim
 //! over (one process wins it) and settles the job by the rules of crash
 //! [`recovery`](super::recovery): a queued or running job is queued to run again from the
 //! start (every built-in node is safe to re-run; partial outputs are discarded), a
@@ -15,6 +16,9 @@ use super::recovery::{recover_one, Recovered};
 use super::Jobs;
 use crate::store::StoreError;
 
+/// How often the leader looks for lapsed claims (more often with a lease under 2 s).
+const RESCUE_EVERY: Duration = Duration::from_millis(500);
+
 /// Starts the rescue service, if `jobs` shares its store. It stops when the service
 /// drains ([`Jobs::shut_down`]).
 pub fn start(jobs: Arc<Jobs>) {
@@ -22,7 +26,7 @@ pub fn start(jobs: Arc<Jobs>) {
         return;
     };
     tokio::spawn(async move {
-        let every = (coordinator.lease() / 4).clamp(Duration::from_millis(200), Duration::from_secs(15));
+        let every = RESCUE_EVERY.min(coordinator.lease() / 4);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -34,6 +38,9 @@ pub fn start(jobs: Arc<Jobs>) {
             let _settling = jobs.shutdown.settling.lock().await;
             if jobs.shutdown.is_draining() {
                 return;
+            }
+            if !coordinator.is_leader() {
+                continue;
             }
             match rescue(&jobs).await {
                 Ok(done) if done != Recovered::default() => {

@@ -33,6 +33,7 @@ pub const ORPHAN_GRACE: Duration = Duration::from_secs(3600);
 const ORPHAN_SWEEP_EVERY: Duration = Duration::from_secs(3600);
 
 /// Starts the sweeper, every `interval`, with the orphan sweep every [`ORPHAN_SWEEP_EVERY`].
+/// Of the processes sharing a store, only the leader sweeps.
 pub fn start(jobs: Arc<Jobs>, interval: Duration) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
@@ -40,6 +41,9 @@ pub fn start(jobs: Arc<Jobs>, interval: Duration) {
         let mut orphans_swept: Option<std::time::Instant> = None;
         loop {
             tick.tick().await;
+            if !jobs.leads_maintenance() {
+                continue;
+            }
             if let Err(e) = sweep(&jobs).await {
                 tracing::warn!(error = %e, "retention sweep failed");
             }

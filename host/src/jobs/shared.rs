@@ -8,36 +8,52 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{broadcast, mpsc, Notify};
+use tokio::sync::{broadcast, mpsc, oneshot, Notify, Semaphore};
 
 use super::events::{JobEvent, Subscription, REPLAY};
 use super::Jobs;
-use crate::store::{Coordinator, Signal, StoreError};
+use crate::store::{ClaimedJob, Coordinator, JobRecord, JobStatus, JobUpdate, LogWrite, Signal, StoreError};
 
-/// Events waiting to be written to the shared log; beyond it new events are dropped, with a
-/// warning (a stream that reconnects re-syncs from the job's stored snapshot).
-const EVENT_BACKLOG: usize = 4096;
+/// Writes waiting for the shared log; beyond it new events are dropped, with a warning (a
+/// stream that reconnects re-syncs from the job's stored snapshot), and moves wait.
+const LOG_BACKLOG: usize = 4096;
 
 /// How long an idle worker waits for a wake-up before it polls the database anyway.
 const POLL: Duration = Duration::from_secs(1);
 
+/// The most jobs one claim takes.
+const CLAIM_BATCH: usize = 64;
+
+/// What waits for the shared log: an event, or a move whose caller awaits its outcome.
+enum Pending {
+    Event(String, JobEvent),
+    Move(LogWrite, oneshot::Sender<Result<Option<JobRecord>, StoreError>>),
+}
+
 /// This process's part in the shared job service.
 pub(crate) struct Shared {
     pub(crate) coordinator: Arc<dyn Coordinator>,
-    events: mpsc::Sender<(String, JobEvent)>,
-    events_rx: std::sync::Mutex<Option<mpsc::Receiver<(String, JobEvent)>>>,
+    log: mpsc::Sender<Pending>,
+    log_rx: std::sync::Mutex<Option<mpsc::Receiver<Pending>>>,
     work: Notify,
     /// Serialises feeding the hub from the log, so every event reaches it once, in order.
     feeding: tokio::sync::Mutex<()>,
 }
 
+/// The jobs this process's claimer hands its workers: each idle worker adds a slot, and a
+/// claim takes at most as many jobs as there are slots.
+pub(super) struct Feed {
+    jobs: tokio::sync::Mutex<mpsc::UnboundedReceiver<ClaimedJob>>,
+    slots: Semaphore,
+}
+
 impl Shared {
     pub(crate) fn new(coordinator: Arc<dyn Coordinator>) -> Self {
-        let (events, events_rx) = mpsc::channel(EVENT_BACKLOG);
+        let (log, log_rx) = mpsc::channel(LOG_BACKLOG);
         Self {
             coordinator,
-            events,
-            events_rx: std::sync::Mutex::new(Some(events_rx)),
+            log,
+            log_rx: std::sync::Mutex::new(Some(log_rx)),
             work: Notify::new(),
             feeding: tokio::sync::Mutex::new(()),
         }
@@ -45,16 +61,43 @@ impl Shared {
 
     /// Queues `event` of `job` for the shared log (never blocks: called from node code).
     pub(crate) fn publish(&self, job: &str, event: JobEvent) {
-        if let Err(e) = self.events.try_send((job.to_string(), event)) {
+        if let Err(e) = self.log.try_send(Pending::Event(job.to_string(), event)) {
             tracing::warn!(job = %job, error = %e, "an event was dropped: the event log is behind");
         }
+    }
+
+    /// Moves job `id` by one of `moves` with `update`, in the shared log's next batch: when
+    /// it moves, `announce` and its status event follow it in the log and this process's
+    /// claim on it is given up. Returns once the batch is committed, with the job as it
+    /// became (`None` when no move started at its status).
+    pub(crate) async fn finish(
+        &self,
+        id: &str,
+        moves: Vec<(JobStatus, JobStatus)>,
+        update: JobUpdate,
+        announce: Vec<JobEvent>,
+    ) -> Result<Option<JobRecord>, StoreError> {
+        let write = LogWrite::Move {
+            id: id.to_string(),
+            moves,
+            update,
+            announce: announce.iter().map(JobEvent::to_log).collect(),
+        };
+        let (reply, outcome) = oneshot::channel();
+        self.log
+            .send(Pending::Move(write, reply))
+            .await
+            .map_err(|_| StoreError::Backend("the event log writer has stopped".into()))?;
+        outcome
+            .await
+            .map_err(|_| StoreError::Backend("the event log writer has stopped".into()))?
     }
 
     /// Waits (at most `within`) until the events published so far have been taken for the
     /// shared log, so that a process about to exit leaves none behind.
     pub(crate) async fn flush_events(&self, within: Duration) {
         let flushed = async {
-            while self.events.capacity() < self.events.max_capacity() {
+            while self.log.capacity() < self.log.max_capacity() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         };
@@ -73,14 +116,21 @@ impl Shared {
             }
         });
     }
+
+    /// Wakes the idle workers of every process (coalesced by the coordinator).
+    pub(crate) async fn wake_workers(&self) {
+        if let Err(e) = self.coordinator.signal(Signal::Work).await {
+            tracing::warn!(error = %e, "cannot wake the workers");
+        }
+    }
 }
 
 impl Jobs {
     /// Starts this process's shared services: the event writer, the wake-up listener and
     /// the lease renewer. Call once, with a coordinator.
     pub(super) fn start_shared(self: &Arc<Self>, shared: &Shared) {
-        if let Some(rx) = shared.events_rx.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            tokio::spawn(write_events(shared.coordinator.clone(), rx));
+        if let Some(rx) = shared.log_rx.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            tokio::spawn(write_log(shared.coordinator.clone(), rx));
         }
         let jobs = self.clone();
         let signals = shared.coordinator.signals();
@@ -191,39 +241,103 @@ impl Jobs {
         Ok((subscription, mark))
     }
 
-    /// The worker loop of a shared store: claim, run, release; wait for a wake-up (or
-    /// poll) when nothing is queued. It ends when the service drains.
-    pub(super) async fn work_shared(self: Arc<Self>) {
-        use futures::FutureExt;
+    /// Starts this process's claimer, which claims as many jobs as its workers have free
+    /// slots, in one statement, and hands them to the workers ([`work_shared`](Self::work_shared)).
+    /// It stops when the service drains, and the workers after it once the jobs it handed
+    /// them are done. A claimer that panics is restarted.
+    pub(super) fn start_claimer(self: &Arc<Self>) -> Arc<Feed> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let feed = Arc::new(Feed {
+            jobs: tokio::sync::Mutex::new(rx),
+            slots: Semaphore::new(0),
+        });
+        let (jobs, handed) = (self.clone(), feed.clone());
+        tokio::spawn(async move {
+            loop {
+                let claimer = tokio::spawn(jobs.clone().claim_for_workers(tx.clone(), handed.clone()));
+                match claimer.await {
+                    Err(e) if e.is_panic() => tracing::error!(error = %e, "the job claimer panicked; it is restarted"),
+                    _ => return,
+                }
+            }
+        });
+        feed
+    }
+
+    /// The claimer's loop: waits for a free slot, claims up to the free slots, hands the
+    /// jobs over; when the queue runs short it waits for a wake-up (or polls).
+    async fn claim_for_workers(self: Arc<Self>, handed: mpsc::UnboundedSender<ClaimedJob>, feed: Arc<Feed>) {
         let Some(shared) = &self.shared else { return };
-        while !self.shutdown.is_draining() {
+        loop {
+            let first = tokio::select! {
+                biased;
+                () = self.shutdown.draining() => return,
+                slot = feed.slots.acquire() => slot,
+            };
+            let Ok(first) = first else { return };
+            first.forget();
+            let mut wanted = 1;
+            while wanted < CLAIM_BATCH {
+                match feed.slots.try_acquire() {
+                    Ok(slot) => slot.forget(),
+                    Err(_) => break,
+                }
+                wanted += 1;
+            }
             // Registered before the claim, so a wake-up sent while claiming is not missed.
             let woken = shared.work.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let idle = match shared.coordinator.claim().await {
-                Ok(Some((_tenant, id))) => {
-                    // A job claimed as the drain began is released unstarted, still queued.
-                    if !self.shutdown.is_draining() {
-                        let run = std::panic::AssertUnwindSafe(self.run(id.clone())).catch_unwind();
-                        if let Err(panic) = run.await {
-                            self.fail_after_panic(&id, panic).await;
-                        }
-                    }
-                    release(shared.coordinator.as_ref(), &id).await;
-                    continue;
-                }
-                Ok(None) => futures::future::Either::Left(async {
-                    let _ = tokio::time::timeout(POLL, woken).await;
-                }),
+            let claimed = match shared.coordinator.claim(wanted).await {
+                Ok(claimed) => claimed,
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot claim a job");
-                    futures::future::Either::Right(tokio::time::sleep(POLL))
+                    tracing::warn!(error = %e, "cannot claim jobs");
+                    Vec::new()
                 }
             };
-            tokio::select! {
-                () = idle => {}
-                () = self.shutdown.draining() => return,
+            let short = claimed.len() < wanted;
+            feed.slots.add_permits(wanted - claimed.len());
+            for job in claimed {
+                self.announce_start(&job.job);
+                let _ = handed.send(job);
+            }
+            if short {
+                tokio::select! {
+                    () = &mut woken => {}
+                    () = tokio::time::sleep(POLL) => {}
+                    () = self.shutdown.draining() => return,
+                }
+            }
+        }
+    }
+
+    /// One worker of a shared store: runs the jobs the claimer hands it, giving up each
+    /// one's claim when its run ends. It ends when the claimer has stopped and every job it
+    /// handed over is taken.
+    pub(super) async fn work_shared(self: Arc<Self>, feed: Arc<Feed>) {
+        use futures::FutureExt;
+        let Some(shared) = &self.shared else { return };
+        loop {
+            feed.slots.add_permits(1);
+            let Some(claimed) = feed.jobs.lock().await.recv().await else {
+                return;
+            };
+            let id = claimed.job.id.clone();
+            let released = if self.shutdown.is_draining() {
+                // Claimed as the drain began: queued again, unstarted.
+                self.requeue_interrupted(&id).await;
+                false
+            } else {
+                match std::panic::AssertUnwindSafe(self.run_claimed(claimed)).catch_unwind().await {
+                    Ok(released) => released,
+                    Err(panic) => {
+                        self.fail_after_panic(&id, panic).await;
+                        false
+                    }
+                }
+            };
+            if !released {
+                release(shared.coordinator.as_ref(), &id).await;
             }
         }
     }
@@ -235,10 +349,10 @@ const WRITE_ATTEMPTS: u32 = 5;
 
 /// Runs `write` until it succeeds or has failed [`WRITE_ATTEMPTS`] times, pausing longer
 /// after each failure; the last error if every attempt failed.
-async fn with_retries<F: Future<Output = Result<(), StoreError>>>(
+async fn with_retries<T, F: Future<Output = Result<T, StoreError>>>(
     what: &str,
     mut write: impl FnMut() -> F,
-) -> Result<(), StoreError> {
+) -> Result<T, StoreError> {
     let mut attempt = 1;
     loop {
         match write().await {
@@ -260,29 +374,50 @@ pub(super) async fn release(coordinator: &dyn Coordinator, id: &str) {
     }
 }
 
-/// Most events written in one transaction.
-const EVENT_BATCH: usize = 256;
+/// Most writes in one transaction.
+const LOG_BATCH: usize = 256;
 
-/// Writes queued events to the shared log, in the order they were published, all those
-/// waiting in one transaction. The batch is ordered by job (stably: each job's events keep
-/// their order), so every process locks job rows in the same order and two batches cannot
-/// deadlock; a batch that fails anyway is retried, since a failed one wrote nothing.
-async fn write_events(coordinator: Arc<dyn Coordinator>, mut rx: mpsc::Receiver<(String, JobEvent)>) {
-    let mut batch = Vec::with_capacity(EVENT_BATCH);
-    while rx.recv_many(&mut batch, EVENT_BATCH).await > 0 {
-        batch.sort_by(|a, b| a.0.cmp(&b.0));
-        let events: Vec<(String, String, Option<String>)> = batch
-            .drain(..)
-            .map(|(job, event)| {
-                let progress = match &event {
-                    JobEvent::Progress(p) => serde_json::to_string(p).ok(),
-                    _ => None,
-                };
-                (job, event.to_log(), progress)
-            })
-            .collect();
-        if let Err(e) = with_retries("writing events", || coordinator.append_events(events.clone())).await {
-            tracing::warn!(error = %e, events = events.len(), "cannot write events to the log; they are lost");
+/// Writes what waits for the shared log, in the order it was published, all that waits
+/// (up to [`LOG_BATCH`]) in one transaction, and answers each move once it is committed.
+/// A batch that fails is retried, since a failed one wrote nothing.
+async fn write_log(coordinator: Arc<dyn Coordinator>, mut rx: mpsc::Receiver<Pending>) {
+    let mut batch = Vec::with_capacity(LOG_BATCH);
+    let status_body = |job: &JobRecord| super::status_event(job).to_log();
+    while rx.recv_many(&mut batch, LOG_BATCH).await > 0 {
+        let mut writes = Vec::with_capacity(batch.len());
+        let mut replies = Vec::new();
+        for pending in batch.drain(..) {
+            match pending {
+                Pending::Event(job, event) => {
+                    let progress = match &event {
+                        JobEvent::Progress(p) => serde_json::to_string(p).ok(),
+                        _ => None,
+                    };
+                    writes.push(LogWrite::Event {
+                        job,
+                        body: event.to_log(),
+                        progress,
+                    });
+                }
+                Pending::Move(write, reply) => {
+                    writes.push(write);
+                    replies.push(reply);
+                }
+            }
+        }
+        let written = with_retries("writing the event log", || coordinator.write(writes.clone(), &status_body)).await;
+        match written {
+            Ok(written) => {
+                for (reply, moved) in replies.into_iter().zip(written.moved) {
+                    let _ = reply.send(Ok(moved));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, writes = writes.len(), "cannot write to the event log; its events are lost");
+                for reply in replies {
+                    let _ = reply.send(Err(StoreError::Backend(e.to_string())));
+                }
+            }
         }
     }
 }

@@ -19,7 +19,7 @@ mod records;
 pub mod sqlite;
 
 pub use blobs::Blobs;
-pub use coordinator::{Coordinator, EventNotice, Signal};
+pub use coordinator::{ClaimedJob, Coordinator, EventNotice, LogWrite, Signal, Written};
 pub use records::*;
 
 /// How long an idempotency key stays claimed after its first use. An older claim no longer
@@ -384,6 +384,12 @@ impl Database {
     /// Opens the store, migrating its schema to the newest version this build knows (and
     /// refusing a schema newer than that).
     pub async fn open(&self) -> Result<Opened, StoreError> {
+        self.open_as(&postgres::Connections::default()).await
+    }
+
+    /// [`open`](Self::open), naming and sizing a PostgreSQL store's connections as
+    /// `connections` says (SQLite has none to size).
+    pub async fn open_as(&self, connections: &postgres::Connections) -> Result<Opened, StoreError> {
         match self {
             Database::Sqlite(path) => {
                 if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -396,7 +402,7 @@ impl Database {
                 })
             }
             Database::Postgres(url) => {
-                let pg = Arc::new(postgres::PgStore::connect(url).await?);
+                let pg = Arc::new(postgres::PgStore::connect_as(url, connections).await?);
                 Ok(Opened {
                     store: pg.clone(),
                     postgres: Some(pg),

@@ -78,12 +78,48 @@ impl Jobs {
     pub(super) async fn run(self: &Arc<Self>, id: String) {
         let started = Instant::now();
         let handed_over = self.handover.take(&id);
-        let Some((job, cancel, tracker)) = self.start_running(&id, started).await else {
-            return;
+        let update = JobUpdate {
+            started_at: Some(Utc::now()),
+            ..Default::default()
         };
+        let job = match self.transition(&id, Trigger::Start, update).await {
+            Ok(Some(job)) => job,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(job = %id, error = %e, "cannot start job");
+                return;
+            }
+        };
+        self.run_started(job, handed_over, started).await;
+    }
+
+    /// Runs `claimed`, a job that a claim of the shared store started (see
+    /// [`announce_start`](Self::announce_start)). Returns whether the claim on it was given
+    /// up with its outcome.
+    pub(super) async fn run_claimed(self: &Arc<Self>, claimed: crate::store::ClaimedJob) -> bool {
+        let workflow = Arc::new(claimed.workflow);
+        self.run_started(claimed.job, Some(workflow), Instant::now()).await
+    }
+
+    /// What the start of `job` (by a claim) tells: its status event, and the metrics.
+    pub(super) fn announce_start(&self, job: &JobRecord) {
+        self.metrics.transition(job.status);
+        self.publish(&job.id, super::status_event(job));
+    }
+
+    /// Runs `job`, just started, on `workflow` (else the one in the store), and records how
+    /// it ended; returns whether that also gave up this process's claim on it.
+    async fn run_started(
+        self: &Arc<Self>,
+        job: JobRecord,
+        workflow: Option<Arc<serde_json::Value>>,
+        started: Instant,
+    ) -> bool {
+        let id = job.id.clone();
+        let (cancel, tracker) = self.make_running(&job, started);
         let log = TailLog::new(self.runtime().limits().log_bytes);
         let outcome = match self
-            .execute(&job, handed_over.as_deref(), &cancel, &log, &tracker)
+            .execute(&job, workflow.as_deref(), &cancel, &log, &tracker)
             .await
         {
             _ if cancel.is_canceled() && self.shutdown.is_abandoning() => {
@@ -98,7 +134,7 @@ impl Jobs {
                 {
                     self.requeue_interrupted(&id).await;
                 }
-                return;
+                return false;
             }
             Ok(_) if cancel.is_canceled() => Outcome::Canceled,
             Ok(final_move) => Outcome::Succeeded(final_move),
@@ -107,35 +143,20 @@ impl Jobs {
         };
         let (trigger, update, announce) = self.outcome_update(outcome, &log, &tracker);
         self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-        self.record_outcome(&id, trigger, update, announce).await;
+        let released = self.record_outcome(&id, trigger, update, announce).await;
         self.metrics.job_finished(started.elapsed());
+        released
     }
 
-    /// Moves job `id` to running, if it is still queued, and makes it one of the running
-    /// jobs: returns its record, its cancel token and its progress tracker.
-    async fn start_running(
-        self: &Arc<Self>,
-        id: &str,
-        started: Instant,
-    ) -> Option<(JobRecord, CancelToken, Arc<Tracker>)> {
-        let update = JobUpdate {
-            started_at: Some(Utc::now()),
-            ..Default::default()
-        };
-        let job = match self.transition(id, Trigger::Start, update).await {
-            Ok(Some(job)) => job,
-            Ok(None) => return None,
-            Err(e) => {
-                tracing::error!(job = %id, error = %e, "cannot start job");
-                return None;
-            }
-        };
+    /// Makes `job`, just started, one of the running jobs: returns its cancel token and its
+    /// progress tracker.
+    fn make_running(self: &Arc<Self>, job: &JobRecord, started: Instant) -> (CancelToken, Arc<Tracker>) {
         self.metrics.queue_wait(job.created_at);
         let cancel = CancelToken::new();
         let progress = Arc::new(Mutex::new(Progress::default()));
         let preview = Arc::new(Mutex::new(None));
         self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            id.to_string(),
+            job.id.clone(),
             Running {
                 cancel: cancel.clone(),
                 progress: progress.clone(),
@@ -146,8 +167,8 @@ impl Jobs {
             // Started as the grace period ended, after the running nodes were interrupted.
             cancel.cancel();
         }
-        let tracker = Arc::new(Tracker::new(id.to_string(), self.clone(), progress, preview, started));
-        Some((job, cancel, tracker))
+        let tracker = Arc::new(Tracker::new(job.id.clone(), self.clone(), progress, preview, started));
+        (cancel, tracker)
     }
 
     /// The move that records `outcome`, the update it writes (with the job's `log` and its
@@ -216,11 +237,25 @@ impl Jobs {
     }
 
     /// Records job `id`'s outcome: the move by `trigger` with `update`, announcing
-    /// `announce`. A job canceled or expired meanwhile keeps the log, progress and node times
-    /// on what it became (and a job being canceled is canceled now).
-    async fn record_outcome(&self, id: &str, trigger: Trigger, update: JobUpdate, announce: Vec<JobEvent>) {
-        match self.transition_announcing(id, trigger, update.clone(), announce).await {
-            Ok(Some(_)) => {}
+    /// `announce` (with a shared store, in the log's next batch, which also gives up the
+    /// claim). A job canceled or expired meanwhile keeps the log, progress and node times
+    /// on what it became (and a job being canceled is canceled now). Returns whether the
+    /// move happened and gave up this process's claim on the job.
+    async fn record_outcome(&self, id: &str, trigger: Trigger, update: JobUpdate, announce: Vec<JobEvent>) -> bool {
+        let moved = match &self.shared {
+            Some(shared) => {
+                let moved = shared
+                    .finish(id, super::state::moves(trigger), update.clone(), announce)
+                    .await;
+                if let Ok(Some(job)) = &moved {
+                    self.metrics.transition(job.status);
+                }
+                moved
+            }
+            None => self.transition_announcing(id, trigger, update.clone(), announce).await,
+        };
+        match moved {
+            Ok(Some(_)) => return self.shared.is_some(),
             Ok(None) => {
                 if let Ok(Some(current)) = self.store.job_by_id(id).await {
                     let keep = JobUpdate {
@@ -240,6 +275,7 @@ impl Jobs {
             }
             Err(e) => tracing::error!(job = %id, error = %e, "cannot record job outcome"),
         }
+        false
     }
 
     /// Runs `job`'s graph: `workflow` when its submission handed it over, else the one

@@ -19,8 +19,11 @@ use tokio_postgres::{NoTls, Row};
 
 use super::*;
 
+mod claims;
 mod coordinator;
+mod log;
 mod schema;
+mod wakeups;
 
 pub use coordinator::PgCoordinator;
 
@@ -30,8 +33,48 @@ pub const SCHEMA_VERSION: i64 = schema::LATEST;
 /// Makes the current transaction's commit return before its WAL record is flushed.
 pub(crate) const RELAXED: &str = "SET LOCAL synchronous_commit = off";
 
-/// Connections one process keeps open.
-const POOL_SIZE: usize = 16;
+/// The connections of one process: how it names them in `pg_stat_activity` and how many
+/// its pool may open. Besides the pool a process holds one connection for wake-ups and its
+/// liveness lock, one for sending wake-ups, and up to [`LOCK_POOL_SIZE`] for blob-link locks
+/// (opened only while an upload or a collection holds one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connections {
+    /// `application_name` of every connection.
+    pub application_name: String,
+    /// The most connections the pool opens.
+    pub pool_size: usize,
+}
+
+/// Pool connections for serving the API: submissions, reads and event streams.
+const API_CONNECTIONS: usize = 12;
+
+/// Pool connections for running jobs: the claimer, the log writer, the lease renewal and
+/// the maintenance, plus one per two workers (a running job's own reads and writes).
+const WORKER_CONNECTIONS: usize = 4;
+
+/// The most pool connections job workers add, whatever their number.
+const MOST_WORKER_CONNECTIONS: usize = 16;
+
+impl Connections {
+    /// For process `process` that serves the API (`api`) and runs `workers` job workers.
+    pub fn for_process(process: &str, api: bool, workers: usize) -> Self {
+        let mut pool_size = if api { API_CONNECTIONS } else { 0 };
+        if workers > 0 {
+            pool_size += (WORKER_CONNECTIONS + workers.div_ceil(2)).min(MOST_WORKER_CONNECTIONS);
+        }
+        Self {
+            application_name: format!("weft {process}"),
+            pool_size: pool_size.max(2),
+        }
+    }
+}
+
+impl Default for Connections {
+    /// A process serving both the API and a few workers, named `weft`.
+    fn default() -> Self {
+        Self::for_process("", true, 4)
+    }
+}
 
 /// Connections that hold blob-link locks ([`BlobLinkLock`]): a pool of their own, so that
 /// callers holding a lock while they record an asset never wait for a connection that
@@ -82,7 +125,12 @@ impl PgStore {
     /// Connects to the database at `url` (`postgres://...`), migrating its schema to the
     /// newest version this build knows; fails if it is newer.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let store = Self::connect_unmigrated(url)?;
+        Self::connect_as(url, &Connections::default()).await
+    }
+
+    /// [`connect`](Self::connect), with `connections` named and sized as given.
+    pub async fn connect_as(url: &str, connections: &Connections) -> Result<Self, StoreError> {
+        let store = Self::connect_unmigrated(url, connections)?;
         let mut conn = store.pool.get().await?;
         schema::migrate(&mut conn).await?;
         store.start_health_probe();
@@ -114,15 +162,18 @@ impl PgStore {
 
     /// Applies the migrations the database at `url` lacks; returns the versions applied.
     pub async fn migrate(url: &str) -> Result<Vec<i64>, StoreError> {
-        let store = Self::connect_unmigrated(url)?;
+        let store = Self::connect_unmigrated(url, &Connections::default())?;
         let mut conn = store.pool.get().await?;
         schema::migrate(&mut conn).await
     }
 
-    fn connect_unmigrated(url: &str) -> Result<Self, StoreError> {
-        let config: tokio_postgres::Config = url
+    fn connect_unmigrated(url: &str, connections: &Connections) -> Result<Self, StoreError> {
+        let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| StoreError::Backend(format!("invalid database URL: {e}")))?;
+        if config.get_application_name().is_none() {
+            config.application_name(connections.application_name.trim());
+        }
         let pool_of = |size: usize| {
             let manager = Manager::from_config(
                 config.clone(),
@@ -138,7 +189,7 @@ impl PgStore {
                 .map_err(|e| StoreError::Backend(format!("database pool: {e}")))
         };
         Ok(Self {
-            pool: pool_of(POOL_SIZE)?,
+            pool: pool_of(connections.pool_size)?,
             locks: pool_of(LOCK_POOL_SIZE)?,
             config,
             failing: Arc::default(),
@@ -384,12 +435,9 @@ impl Store for PgStore {
             )
             .await?;
         }
-        // The tenant's turn, and a wake-up for idle workers of every process when the job
-        // commits (see `coordinator`), sent together in one round trip.
-        futures::try_join!(coordinator::join_turn(&tx, &job.tenant), async {
-            tx.execute("SELECT pg_notify($1, '')", &[&coordinator::WORK]).await?;
-            Ok(())
-        })?;
+        // The tenant's turn. The wake-up for idle workers goes out after the commit, from
+        // the coordinator's notifier: a NOTIFY here would serialise every commit.
+        claims::join_turn(&tx, &job.tenant).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -484,7 +532,7 @@ impl Store for PgStore {
         let mut conn = self.pool.get().await?;
         let tx = conn.transaction().await?;
         tx.batch_execute(RELAXED).await?;
-        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 FOR UPDATE");
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 FOR NO KEY UPDATE");
         let Some(job) = tx
             .query_opt(&sql, &[&id])
             .await?

@@ -119,6 +119,17 @@ CREATE INDEX queue_turns_in_order ON queue_turns (turn);
 -- Small outputs keep their bytes in their asset's row.
 ALTER TABLE assets ADD COLUMN content BYTEA;
 "#,
+    r#"
+-- Each job's event count lives beside the job, not in its row: appending an event then
+-- takes only a KEY SHARE on the job's row, and never holds back a claim.
+CREATE TABLE job_event_counts (
+    job_id TEXT PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE,
+    n BIGINT NOT NULL
+);
+INSERT INTO job_event_counts (job_id, n) SELECT id, event_seq FROM jobs WHERE event_seq > 0;
+-- The claimable jobs alone, each tenant's in order: what a claim scans.
+CREATE INDEX jobs_claimable ON jobs (tenant, seq) WHERE status = 'queued' AND claimed_by IS NULL;
+"#,
 ];
 
 /// The newest schema version this build knows.
