@@ -30,6 +30,7 @@ pub mod queue;
 pub mod recovery;
 pub mod rescue;
 pub mod retention;
+mod room;
 mod shared;
 pub mod shutdown;
 pub mod state;
@@ -579,7 +580,10 @@ impl Jobs {
         }
         // The job is durable now: it is queued even if a race filled the queue meanwhile.
         match &self.shared {
-            Some(shared) => shared.wake_workers().await,
+            Some(shared) => {
+                shared.room.submitted(tenant);
+                shared.wake_workers().await
+            }
             None => {
                 self.handover.offer(&job.id, &job.workflow);
                 let _ = self.queue.push(tenant, job.id.clone(), true);
@@ -591,13 +595,19 @@ impl Jobs {
     }
 
     /// Whether `tenant` may queue another job (see [`queue::Queue::has_room`]); with a
-    /// shared store the jobs waiting in it are counted.
+    /// shared store the jobs waiting in it are counted, unless a recent count (with this
+    /// process's submissions since) is far below the bounds.
     async fn has_room(&self, tenant: &str) -> Result<bool, StoreError> {
         let Some(shared) = &self.shared else {
             return Ok(self.queue.has_room(tenant).is_ok());
         };
+        let limits = (self.queue.capacity(), self.config.tenant_queue_depth);
+        if shared.room.far_below(tenant, limits) {
+            return Ok(true);
+        }
         let (all, mine) = shared.coordinator.queued_counts(tenant).await?;
-        Ok(all < self.queue.capacity() && mine < self.config.tenant_queue_depth)
+        shared.room.counted(tenant, all, mine);
+        Ok(all < limits.0 && mine < limits.1)
     }
 
     /// Jobs waiting to be taken by a worker (of any process, with a shared store).

@@ -38,6 +38,19 @@ pub(crate) struct Shared {
     work: Notify,
     /// Serialises feeding the hub from the log, so every event reaches it once, in order.
     feeding: tokio::sync::Mutex<()>,
+    /// Outcomes handed to the log and not yet recorded.
+    outcomes: Arc<std::sync::atomic::AtomicUsize>,
+    /// Recent counts of the shared queue, for admitting submissions.
+    pub(crate) room: super::room::Room,
+}
+
+/// An outcome being recorded (see [`Shared::finishing`]), until dropped.
+pub(crate) struct Finishing(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Finishing {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The jobs this process's claimer hands its workers: each idle worker adds a slot, and a
@@ -56,6 +69,8 @@ impl Shared {
             log_rx: std::sync::Mutex::new(Some(log_rx)),
             work: Notify::new(),
             feeding: tokio::sync::Mutex::new(()),
+            outcomes: Arc::default(),
+            room: Default::default(),
         }
     }
 
@@ -93,11 +108,20 @@ impl Shared {
             .map_err(|_| StoreError::Backend("the event log writer has stopped".into()))?
     }
 
+    /// Counts an outcome being recorded until the returned guard is dropped.
+    pub(crate) fn finishing(&self) -> Finishing {
+        self.outcomes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Finishing(self.outcomes.clone())
+    }
+
     /// Waits (at most `within`) until the events published so far have been taken for the
-    /// shared log, so that a process about to exit leaves none behind.
+    /// shared log and the outcomes handed to it are recorded, so that a process about to
+    /// exit leaves none behind.
     pub(crate) async fn flush_events(&self, within: Duration) {
         let flushed = async {
-            while self.log.capacity() < self.log.max_capacity() {
+            while self.log.capacity() < self.log.max_capacity()
+                || self.outcomes.load(std::sync::atomic::Ordering::SeqCst) > 0
+            {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         };
@@ -368,7 +392,7 @@ async fn with_retries<T, F: Future<Output = Result<T, StoreError>>>(
 
 /// Releases this process's claim on job `id`, retried: a claim left behind holds a queued
 /// job until its lease lapses.
-pub(super) async fn release(coordinator: &dyn Coordinator, id: &str) {
+pub(crate) async fn release(coordinator: &dyn Coordinator, id: &str) {
     if let Err(e) = with_retries("releasing a claim", || coordinator.release(id)).await {
         tracing::warn!(job = %id, error = %e, "cannot release a job's claim; its lease will lapse");
     }

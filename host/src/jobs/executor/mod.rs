@@ -108,7 +108,8 @@ impl Jobs {
     }
 
     /// Runs `job`, just started, on `workflow` (else the one in the store), and records how
-    /// it ended; returns whether that also gave up this process's claim on it.
+    /// it ended (with a shared store, in the background); returns whether that takes care of
+    /// this process's claim on it.
     async fn run_started(
         self: &Arc<Self>,
         job: JobRecord,
@@ -143,7 +144,23 @@ impl Jobs {
         };
         let (trigger, update, announce) = self.outcome_update(outcome, &log, &tracker);
         self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-        let released = self.record_outcome(&id, trigger, update, announce).await;
+        let released = match &self.shared {
+            Some(shared) => {
+                // The worker goes on to its next job while the log's next batch records
+                // this one's outcome (and gives up its claim).
+                let (jobs, finishing) = (self.clone(), shared.finishing());
+                tokio::spawn(async move {
+                    let _finishing = finishing;
+                    if !jobs.record_outcome(&id, trigger, update, announce).await {
+                        if let Some(shared) = &jobs.shared {
+                            super::shared::release(shared.coordinator.as_ref(), &id).await;
+                        }
+                    }
+                });
+                true
+            }
+            None => self.record_outcome(&id, trigger, update, announce).await,
+        };
         self.metrics.job_finished(started.elapsed());
         released
     }

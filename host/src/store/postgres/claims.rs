@@ -24,6 +24,35 @@ const JOIN_TURN: &str = "WITH held AS (
         ON CONFLICT (tenant) DO NOTHING RETURNING tenant)
      SELECT tenant FROM held UNION ALL SELECT tenant FROM joined";
 
+/// Inserts job `$1` of tenant `$2` (columns as [`PgStore::insert_job`](super::PgStore)
+/// writes them, labels `$10` = `$11`) and makes sure the tenant has a turn, as
+/// [`JOIN_TURN`] does, in one statement. Returns how many turns it found or made: 0 when a
+/// concurrent statement got in between (then see [`rejoin_turn`]).
+pub(super) const INSERT_JOB: &str = "WITH job AS (
+        INSERT INTO jobs (id, tenant, status, workflow, labels, created_at, updated_at, expires_at, progress)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id),
+     labels AS (
+        INSERT INTO job_labels (job_id, name, value)
+        SELECT job.id, l.name, l.value FROM job, unnest($10::text[], $11::text[]) AS l(name, value)),
+     held AS (
+        SELECT tenant FROM queue_turns WHERE tenant = $2 FOR KEY SHARE),
+     joined AS (
+        INSERT INTO queue_turns (tenant, turn)
+        SELECT $2, nextval('queue_turn_seq') WHERE NOT EXISTS (SELECT 1 FROM held)
+        ON CONFLICT (tenant) DO NOTHING RETURNING tenant)
+     SELECT (SELECT COUNT(*) FROM held) + (SELECT COUNT(*) FROM joined) FROM job";
+
+/// Gives tenant `tenant`, whose job is committed, a turn if it has none: the job being
+/// visible, no claim removes the turn after.
+pub(super) async fn rejoin_turn(conn: &Object, tenant: &str) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO queue_turns (tenant, turn) VALUES ($1, nextval('queue_turn_seq')) ON CONFLICT (tenant) DO NOTHING",
+        &[&tenant],
+    )
+    .await?;
+    Ok(())
+}
+
 /// How many times [`join_turn`] tries; each retry means a claim removed the turn between
 /// the statement's look-up and its insert, which takes a rare interleaving.
 const JOIN_ATTEMPTS: usize = 8;
@@ -44,6 +73,12 @@ pub(in crate::store::postgres) async fn join_turn(
     )))
 }
 
+/// Whether the tenant of turn `t` has a claimable job: probed turn by turn (a scalar
+/// subquery, which the planner cannot turn into a scan of the whole queue), each probe one
+/// step into [`jobs_claimable`](super::schema).
+const HAS_CLAIMABLE: &str = "(SELECT 1 FROM jobs j
+        WHERE j.tenant = t.tenant AND j.status = 'queued' AND j.claimed_by IS NULL LIMIT 1) IS NOT NULL";
+
 /// Claims, for process `$1` with a lease of `$2` seconds, up to `$3` claimable jobs and
 /// starts them. The first `$3` tenants in turn order that have claimable jobs each offer
 /// their oldest unlocked ones; the claim takes each tenant's first, then each one's second,
@@ -54,10 +89,7 @@ pub(super) fn claim_batch() -> String {
     let returned: Vec<String> = JOB_COLUMNS.split(", ").map(|c| format!("jobs.{c}")).collect();
     format!(
         "WITH turns AS (
-            SELECT tenant, turn FROM queue_turns t
-            WHERE EXISTS (SELECT 1 FROM jobs j
-                          WHERE j.tenant = t.tenant AND j.status = 'queued' AND j.claimed_by IS NULL)
-            ORDER BY turn LIMIT $3),
+            SELECT tenant, turn FROM queue_turns t WHERE {HAS_CLAIMABLE} ORDER BY turn LIMIT $3),
          offered AS (
             SELECT o.id, t.turn, row_number() OVER (PARTITION BY t.tenant ORDER BY o.seq) AS rank
             FROM turns t CROSS JOIN LATERAL (
@@ -70,14 +102,14 @@ pub(super) fn claim_batch() -> String {
             UPDATE jobs SET status = 'running', started_at = now(), updated_at = now(),
                 claimed_by = $1, lease_until = now() + make_interval(secs => $2)
             FROM chosen WHERE jobs.id = chosen.id
-            RETURNING {}, jobs.workflow),
+            RETURNING {returned}, jobs.workflow),
          served AS (
             UPDATE queue_turns q SET turn = nextval('queue_turn_seq')
             FROM (SELECT tenant FROM queue_turns WHERE tenant IN (SELECT tenant FROM claimed)
                   ORDER BY tenant FOR NO KEY UPDATE SKIP LOCKED) s
             WHERE q.tenant = s.tenant)
          SELECT * FROM claimed ORDER BY seq",
-        returned.join(", ")
+        returned = returned.join(", ")
     )
 }
 
@@ -96,8 +128,8 @@ pub(super) fn claimed_jobs(rows: &[tokio_postgres::Row]) -> Result<Vec<ClaimedJo
 
 /// Turns whose tenant may have no claimable job, locked unless a submission (or a claim)
 /// holds them: a submission in flight holds its tenant's turn, and this lock skips it.
-const EMPTY_TURNS: &str = "SELECT tenant FROM queue_turns t WHERE NOT EXISTS (
-        SELECT 1 FROM jobs j WHERE j.tenant = t.tenant AND j.status = 'queued' AND j.claimed_by IS NULL)
+const EMPTY_TURNS: &str = "SELECT tenant FROM queue_turns t WHERE (SELECT 1 FROM jobs j
+        WHERE j.tenant = t.tenant AND j.status = 'queued' AND j.claimed_by IS NULL LIMIT 1) IS NULL
      ORDER BY turn LIMIT 64 FOR UPDATE SKIP LOCKED";
 
 /// Removes the turns of `$1` (locked by [`EMPTY_TURNS`]) whose tenant has no claimable job.

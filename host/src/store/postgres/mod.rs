@@ -325,6 +325,49 @@ fn asset_from_row(row: &Row) -> AssetRecord {
     }
 }
 
+impl PgStore {
+    /// Records `job`, which claims no key and costs nothing, with its labels and its
+    /// tenant's turn, in one statement: one round trip and one commit.
+    async fn insert_plain_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        let conn = self.pool.get().await?;
+        let insert = conn.prepare_cached(claims::INSERT_JOB).await?;
+        let (names, values): (Vec<&str>, Vec<&str>) =
+            job.labels.iter().map(|(n, v)| (n.as_str(), v.as_str())).unzip();
+        let turns: i64 = conn
+            .query_one(
+                &insert,
+                &[
+                    &job.id,
+                    &job.tenant,
+                    &job.status.as_str(),
+                    &job.workflow.to_string(),
+                    &to_json(&job.labels),
+                    &job.created_at,
+                    &job.updated_at,
+                    &job.expires_at,
+                    &job.progress.as_ref().map(to_json),
+                    &names,
+                    &values,
+                ],
+            )
+            .await
+            .map_err(|e| {
+                if is_unique_violation(&e) {
+                    StoreError::Conflict("a job with this id exists".into())
+                } else {
+                    e.into()
+                }
+            })?
+            .get(0);
+        if turns == 0 {
+            // A claim removed the tenant's turn as the statement looked for it. The job is
+            // committed now, so the turn given here stays.
+            claims::rejoin_turn(&conn, &job.tenant).await?;
+        }
+        Ok(())
+    }
+}
+
 /// A blob-link lock: a transaction-level advisory lock on a connection of the lock pool,
 /// released when the transaction ends.
 struct AdvisoryLock(Option<deadpool_postgres::Object>);
@@ -362,6 +405,9 @@ impl Store for PgStore {
     }
 
     async fn insert_job(&self, job: JobRecord, idempotency_key: Option<String>, cost: i64) -> Result<(), StoreError> {
+        if idempotency_key.is_none() && cost == 0 {
+            return self.insert_plain_job(&job).await;
+        }
         let mut conn = self.pool.get().await?;
         let tx = conn.transaction().await?;
         if cost > 0 {
