@@ -111,12 +111,16 @@ async fn claims_take_tenants_in_turn_like_the_local_queue() {
     insert(&store, &["b0"], "b").await;
     insert(&store, &["c0"], "c").await;
     let c = coordinator(&store, "p", LONG).await;
-    let queued: Vec<String> = c.queued().await.unwrap().into_iter().map(|(_, id)| id).collect();
+    let mut positions = Vec::new();
+    for (tenant, id) in [("a", "a0"), ("a", "a1"), ("a", "a2"), ("b", "b0"), ("c", "c0")] {
+        positions.push(c.queue_position(tenant, id).await.unwrap());
+    }
     assert_eq!(
-        queued,
-        ["a0", "a1", "a2", "b0", "c0"],
-        "grouped by tenant, tenants by turn"
+        positions,
+        [Some(0), Some(3), Some(4), Some(1), Some(2)],
+        "round-robin positions, as the local queue counts them"
     );
+    assert_eq!(c.queue_position("b", "a0").await.unwrap(), None, "another tenant's job");
     assert_eq!(c.queued_counts("a").await.unwrap(), (5, 3));
     let mut order = Vec::new();
     loop {
@@ -139,7 +143,11 @@ async fn a_batched_claim_takes_each_tenants_oldest_in_turn_before_anyones_next()
     let c = coordinator(&store, "p", LONG).await;
     let mut first = claim_ids(&c, 4).await;
     first.sort();
-    assert_eq!(first, ["a0", "a1", "b0", "c0"], "every tenant's first, then the first tenant's second");
+    assert_eq!(
+        first,
+        ["a0", "a1", "b0", "c0"],
+        "every tenant's first, then the first tenant's second"
+    );
     let mut second = claim_ids(&c, 4).await;
     second.sort();
     assert_eq!(second, ["a2", "b1"]);
@@ -233,7 +241,11 @@ async fn a_claim_that_finds_a_turn_empty_keeps_it_for_a_submission_in_flight() {
         .unwrap();
     assert!(claim_ids(&c, 1).await.is_empty(), "nothing committed to claim");
     submit.commit().await.unwrap();
-    assert_eq!(claim_ids(&c, 1).await, ["a1"], "the submitted job kept its tenant's turn");
+    assert_eq!(
+        claim_ids(&c, 1).await,
+        ["a1"],
+        "the submitted job kept its tenant's turn"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -248,7 +260,11 @@ async fn queued_jobs_whose_tenant_lost_its_turn_are_given_one_back() {
     assert_eq!(c.restore_turns().await.unwrap(), 2);
     assert_eq!(c.restore_turns().await.unwrap(), 0, "tenants with a turn keep it");
     assert_eq!(claim_ids(&c, 1).await, ["a0"]);
-    assert_eq!(claim_ids(&c, 1).await, ["b0"], "turns given back in the order the tenants queued");
+    assert_eq!(
+        claim_ids(&c, 1).await,
+        ["b0"],
+        "turns given back in the order the tenants queued"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -426,7 +442,7 @@ fn finish(id: &str, to: JobStatus, update: JobUpdate) -> LogWrite {
     LogWrite::Move {
         id: id.into(),
         moves: vec![(JobStatus::Running, to)],
-        update,
+        update: Box::new(update),
         announce: vec!["{\"announced\":true}".into()],
     }
 }
@@ -482,8 +498,17 @@ async fn a_log_batch_writes_moves_events_and_outputs_together_and_skips_what_is_
         [Some(JobStatus::Succeeded), None, None],
         "a job moves once; a job that is gone does not"
     );
-    let log: Vec<String> = c.events_after("j", 0, 10).await.unwrap().into_iter().map(|e| e.1).collect();
-    assert_eq!(log, ["{\"first\":true}", "{\"announced\":true}", "{\"status\":\"succeeded\"}"]);
+    let log: Vec<String> = c
+        .events_after("j", 0, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.1)
+        .collect();
+    assert_eq!(
+        log,
+        ["{\"first\":true}", "{\"announced\":true}", "{\"status\":\"succeeded\"}"]
+    );
     assert_eq!(written.notices.len(), 1, "one notice for the job that exists");
     assert_eq!((written.notices[0].job.as_str(), written.notices[0].n), ("j", 1));
     let stored = store.job_by_id("j").await.unwrap().unwrap();
@@ -505,7 +530,10 @@ async fn the_same_finish_sent_by_two_processes_at_once_moves_the_job_once() {
     let b = coordinator(&other, "b", LONG).await;
     assert_eq!(claim_ids(&a, 1).await, ["j"]);
     let (ra, rb) = tokio::join!(
-        a.write(vec![finish("j", JobStatus::Succeeded, JobUpdate::default())], &status_body),
+        a.write(
+            vec![finish("j", JobStatus::Succeeded, JobUpdate::default())],
+            &status_body
+        ),
         b.write(vec![finish("j", JobStatus::Failed, JobUpdate::default())], &status_body),
     );
     let moved: Vec<JobStatus> = [ra.unwrap(), rb.unwrap()]
@@ -513,7 +541,17 @@ async fn the_same_finish_sent_by_two_processes_at_once_moves_the_job_once() {
         .filter_map(|w| w.moved[0].as_ref().map(|j| j.status))
         .collect();
     assert_eq!(moved.len(), 1, "exactly one finish moves it: {moved:?}");
-    let statuses: Vec<String> = a.events_after("j", 0, 10).await.unwrap().into_iter().map(|e| e.1).collect();
-    assert_eq!(statuses.iter().filter(|s| s.contains("status")).count(), 1, "one status event");
+    let statuses: Vec<String> = a
+        .events_after("j", 0, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.1)
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| s.contains("status")).count(),
+        1,
+        "one status event"
+    );
     assert_eq!(store.job_by_id("j").await.unwrap().unwrap().status, moved[0]);
 }

@@ -23,7 +23,7 @@ impl Cluster {
         Cluster {
             database: support::postgres::fresh_database(),
             blobs: tempfile::tempdir().unwrap(),
-            plugins: plugins_with(&["weft_test_counter"]),
+            plugins: plugins_with(&["weft_test_counter", "weft_test_host_hog"]),
         }
     }
 
@@ -122,8 +122,7 @@ fn a_thousand_jobs_submitted_round_robin_all_succeed_each_run_once() {
     let started =
         cluster.query("SELECT COUNT(DISTINCT job_id)::text FROM job_events WHERE body LIKE '%\"status\":\"running\"%'");
     assert_eq!(started, ["1000"]);
-    // A worker releases its claim right after recording the job's end, in a statement of
-    // its own: wait for the last releases.
+    // A job's end gives up its claim in the log batch that records it: wait for the last.
     let claimed = "SELECT COUNT(DISTINCT claimed_by)::text FROM jobs WHERE claimed_by IS NOT NULL";
     while cluster.query(claimed) != ["0"] && Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(200));
@@ -249,15 +248,71 @@ fn a_killed_process_jobs_are_rescued_and_finish() {
     let waiting: Vec<String> = (0..3)
         .map(|i| id_of(&api.submit(save_text(&format!("w{i}")))))
         .collect();
-    let killed_at = Instant::now();
     doomed.kill();
     let _rescuer = cluster.process("worker", &["--workers", "2"]);
     let done = api.wait(&id);
     assert_eq!(done["status"], "succeeded", "{done}");
-    println!("rescued and finished {:?} after the kill", killed_at.elapsed());
     for w in waiting {
         assert_eq!(api.wait(&w)["status"], "succeeded");
     }
+}
+
+/// A job that waits `seconds` without using a core (a sleep in WASI), then commits a
+/// preview of its number.
+fn sleeping(seconds: f64) -> Value {
+    json!({
+        "1": {"class_type": "HostileSleep", "inputs": {"seconds": seconds}},
+        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}},
+    })
+}
+
+#[test]
+fn a_worker_killed_mid_batch_loses_no_job_and_each_ends_once_at_the_default_lease() {
+    let cluster = Cluster::new();
+    let api = cluster.process("api", &[]);
+    // Default leases (30 s): the dead worker's claims lapse because its connection closed.
+    let doomed = Server::with(Options {
+        args: [
+            "--blob-dir",
+            &cluster.blobs.path().display().to_string(),
+            "--role",
+            "worker",
+            "--workers",
+            "8",
+        ]
+        .map(String::from)
+        .to_vec(),
+        database: Some(cluster.database.clone()),
+        plugins_dir: Some(cluster.plugins.path().to_path_buf()),
+        ..Default::default()
+    });
+    let ids: Vec<String> = (0..24).map(|_| id_of(&api.submit(sleeping(0.5)))).collect();
+    let claimed_by_doomed = format!(
+        "SELECT COUNT(*)::text FROM jobs WHERE status = 'running' AND claimed_by LIKE '{}-%'",
+        doomed.pid()
+    );
+    let deadline = Instant::now() + std::time::Duration::from_secs(120);
+    while cluster.query(&claimed_by_doomed)[0].parse::<u32>().unwrap() < 4 {
+        assert!(Instant::now() < deadline, "the worker never took a batch");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    doomed.kill();
+    let _survivor = cluster.process("worker", &["--workers", "8", "--lease-secs", "30"]);
+    for id in &ids {
+        let job = api.wait(id);
+        assert_eq!(job["status"], "succeeded", "{job}");
+    }
+    let ended_twice = cluster.query(
+        "SELECT job_id FROM job_events WHERE body LIKE '{\"kind\":\"status\"%' AND body LIKE '%\"status\":\"succeeded\"%'
+         GROUP BY job_id HAVING COUNT(*) <> 1",
+    );
+    assert!(
+        ended_twice.is_empty(),
+        "jobs that ended more than once: {ended_twice:?}"
+    );
+    let ended = cluster
+        .query("SELECT COUNT(DISTINCT job_id)::text FROM job_events WHERE body LIKE '%\"status\":\"succeeded\"%'");
+    assert_eq!(ended, ["24"], "every job's end is in its log");
 }
 
 #[test]

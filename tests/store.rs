@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
 use weft::store::postgres::PgStore;
-use weft::store::{
-    AssetRecord, Database, Deleted, JobRecord, JobStatus, JobUpdate, NodeTime, Store, StoreError,
-};
+use weft::store::{AssetRecord, Database, Deleted, JobRecord, JobStatus, JobUpdate, NodeTime, Store, StoreError};
 
 /// A store of each kind, fresh: SQLite in a temp dir, PostgreSQL in a new database.
 enum Kind {

@@ -624,12 +624,7 @@ impl Jobs {
         let Some(shared) = &self.shared else {
             return Ok(self.queue.position(tenant, id).unwrap_or(0));
         };
-        // The shared queue's order, replayed into a local queue that answers the same way.
-        let waiting = queue::Queue::new(usize::MAX, usize::MAX);
-        for (t, job) in shared.coordinator.queued().await? {
-            let _ = waiting.push(&t, job, true);
-        }
-        Ok(waiting.position(tenant, id).unwrap_or(0))
+        Ok(shared.coordinator.queue_position(tenant, id).await?.unwrap_or(0))
     }
 
     /// Publishes an event of job `id` to the streams following it, in every process.

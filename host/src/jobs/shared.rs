@@ -95,7 +95,7 @@ impl Shared {
         let write = LogWrite::Move {
             id: id.to_string(),
             moves,
-            update,
+            update: Box::new(update),
             announce: announce.iter().map(JobEvent::to_log).collect(),
         };
         let (reply, outcome) = oneshot::channel();
@@ -352,7 +352,10 @@ impl Jobs {
                 self.requeue_interrupted(&id).await;
                 false
             } else {
-                match std::panic::AssertUnwindSafe(self.run_claimed(claimed)).catch_unwind().await {
+                match std::panic::AssertUnwindSafe(self.run_claimed(claimed))
+                    .catch_unwind()
+                    .await
+                {
                     Ok(released) => released,
                     Err(panic) => {
                         self.fail_after_panic(&id, panic).await;
@@ -429,7 +432,10 @@ async fn write_log(coordinator: Arc<dyn Coordinator>, mut rx: mpsc::Receiver<Pen
                 }
             }
         }
-        let written = with_retries("writing the event log", || coordinator.write(writes.clone(), &status_body)).await;
+        let written = with_retries("writing the event log", || {
+            coordinator.write(writes.clone(), &status_body)
+        })
+        .await;
         match written {
             Ok(written) => {
                 for (reply, moved) in replies.into_iter().zip(written.moved) {

@@ -68,7 +68,7 @@ pub enum LogWrite {
         /// The allowed moves (from, to).
         moves: Vec<(JobStatus, JobStatus)>,
         /// What the move writes.
-        update: JobUpdate,
+        update: Box<JobUpdate>,
         /// Events appended before the move's status event.
         announce: Vec<String>,
     },
@@ -116,19 +116,15 @@ pub trait Coordinator: Send + Sync {
     /// Takes over the lapsed claim on `id` for this process; `false` if another process
     /// took it first or it no longer lapsed.
     async fn take_over(&self, id: &str) -> Result<bool, StoreError>;
-    /// Unclaimed queued jobs `(tenant, id)`, each tenant's oldest first, tenants listed in
-    /// the order of their turn.
-    async fn queued(&self) -> Result<Vec<(String, String)>, StoreError>;
+    /// The 0-based position at which queued job `id` of `tenant` will be claimed, counting
+    /// the tenants' turns as the local queue does; `None` when it is not waiting.
+    async fn queue_position(&self, tenant: &str, id: &str) -> Result<Option<usize>, StoreError>;
     /// Unclaimed queued jobs: `(all, tenant's)`.
     async fn queued_counts(&self, tenant: &str) -> Result<(usize, usize), StoreError>;
     /// Writes `writes` in order, in one transaction: events are appended to their job's log
     /// and numbered, moves applied with their events (`status_body` makes a moved job's
     /// status event). The listeners of every process are woken once it commits.
-    async fn write(
-        &self,
-        writes: Vec<LogWrite>,
-        status_body: &StatusBody,
-    ) -> Result<Written, StoreError>;
+    async fn write(&self, writes: Vec<LogWrite>, status_body: &StatusBody) -> Result<Written, StoreError>;
     /// Appends one event (see [`LogWrite::Event`]); returns its number, 0 if the job is gone.
     async fn append_event(&self, job: &str, body: String, progress: Option<String>) -> Result<u64, StoreError> {
         let event = LogWrite::Event {

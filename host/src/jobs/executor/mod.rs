@@ -119,10 +119,7 @@ impl Jobs {
         let id = job.id.clone();
         let (cancel, tracker) = self.make_running(&job, started);
         let log = TailLog::new(self.runtime().limits().log_bytes);
-        let outcome = match self
-            .execute(&job, workflow.as_deref(), &cancel, &log, &tracker)
-            .await
-        {
+        let outcome = match self.execute(&job, workflow.as_deref(), &cancel, &log, &tracker).await {
             _ if cancel.is_canceled() && self.shutdown.is_abandoning() => {
                 // Interrupted by the shutdown: queued again, unless the shutdown has queued
                 // it already (it took the job from the running ones).

@@ -126,6 +126,26 @@ pub(super) fn claimed_jobs(rows: &[tokio_postgres::Row]) -> Result<Vec<ClaimedJo
         .collect()
 }
 
+/// The position of queued job `$2` of tenant `$1`, as the local queue counts it: `k`, the
+/// tenant's claimable jobs ahead of it, plus from every other tenant with a turn at most
+/// `k + 1` jobs if its turn comes first, else at most `k`. Each count stops at its cap, so
+/// the cost grows with the position, not with the queue. No row when the job is not waiting.
+pub(super) const QUEUE_POSITION: &str = "WITH me AS (
+        SELECT seq FROM jobs WHERE id = $2 AND tenant = $1 AND status = 'queued' AND claimed_by IS NULL),
+     ahead AS (
+        SELECT COUNT(*) AS k FROM jobs j, me
+        WHERE j.tenant = $1 AND j.status = 'queued' AND j.claimed_by IS NULL AND j.seq < me.seq),
+     mine AS (
+        SELECT COALESCE((SELECT turn FROM queue_turns WHERE tenant = $1), 9223372036854775807) AS turn),
+     others AS (
+        SELECT LEAST(
+            (SELECT COUNT(*) FROM (
+                SELECT 1 FROM jobs j WHERE j.tenant = t.tenant AND j.status = 'queued' AND j.claimed_by IS NULL
+                LIMIT (SELECT k FROM ahead) + 1) AS capped),
+            (SELECT k FROM ahead) + CASE WHEN t.turn < (SELECT turn FROM mine) THEN 1 ELSE 0 END) AS before
+        FROM queue_turns t WHERE t.tenant <> $1)
+     SELECT (ahead.k + COALESCE((SELECT SUM(before) FROM others), 0))::bigint FROM ahead, me";
+
 /// Turns whose tenant may have no claimable job, locked unless a submission (or a claim)
 /// holds them: a submission in flight holds its tenant's turn, and this lock skips it.
 const EMPTY_TURNS: &str = "SELECT tenant FROM queue_turns t WHERE (SELECT 1 FROM jobs j

@@ -119,7 +119,6 @@ impl Coordinator for PgCoordinator {
         Ok(())
     }
 
-
     async fn restore_turns(&self) -> Result<u64, StoreError> {
         let conn = self.pool.get().await?;
         Ok(conn
@@ -135,7 +134,6 @@ impl Coordinator for PgCoordinator {
             )
             .await?)
     }
-
 
     /// Locks the rows in id order before writing them, as the event log's batches do: a
     /// renewal that locked them in scan order could deadlock with a batch, and with the
@@ -166,22 +164,14 @@ impl Coordinator for PgCoordinator {
             == 1)
     }
 
-
-    async fn queued(&self) -> Result<Vec<(String, String)>, StoreError> {
+    async fn queue_position(&self, tenant: &str, id: &str) -> Result<Option<usize>, StoreError> {
         let conn = self.pool.get().await?;
-        let rows = conn
-            .query(
-                "SELECT j.tenant, j.id FROM jobs j LEFT JOIN queue_turns t ON t.tenant = j.tenant
-                 WHERE j.status = 'queued' AND j.claimed_by IS NULL
-                 ORDER BY t.turn NULLS LAST,
-                          MIN(j.seq) OVER (PARTITION BY j.tenant),
-                          j.seq",
-                &[],
-            )
-            .await?;
-        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        let position = conn.prepare_cached(claims::QUEUE_POSITION).await?;
+        Ok(conn
+            .query_opt(&position, &[&tenant, &id])
+            .await?
+            .map(|r| r.get::<_, i64>(0) as usize))
     }
-
 
     async fn queued_counts(&self, tenant: &str) -> Result<(usize, usize), StoreError> {
         let conn = self.pool.get().await?;
@@ -194,11 +184,7 @@ impl Coordinator for PgCoordinator {
         Ok((row.get::<_, i64>(0) as usize, row.get::<_, i64>(1) as usize))
     }
 
-    async fn write(
-        &self,
-        writes: Vec<LogWrite>,
-        status_body: &StatusBody,
-    ) -> Result<Written, StoreError> {
+    async fn write(&self, writes: Vec<LogWrite>, status_body: &StatusBody) -> Result<Written, StoreError> {
         if writes.is_empty() {
             return Ok(Written::default());
         }
@@ -212,7 +198,6 @@ impl Coordinator for PgCoordinator {
         Ok(written)
     }
 
-
     async fn events_after(&self, job: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
         let conn = self.pool.get().await?;
         let rows = conn
@@ -223,7 +208,6 @@ impl Coordinator for PgCoordinator {
             .await?;
         Ok(rows.iter().map(|r| (r.get::<_, i64>(0) as u64, r.get(1))).collect())
     }
-
 
     async fn latest_events(&self, job: &str, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
         let conn = self.pool.get().await?;

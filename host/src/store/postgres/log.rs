@@ -68,12 +68,7 @@ struct Batch {
 
 impl Batch {
     /// Applies `write` to the rows read so far.
-    fn apply(
-        &mut self,
-        write: LogWrite,
-        now: DateTime<Utc>,
-        status_body: &StatusBody,
-    ) {
+    fn apply(&mut self, write: LogWrite, now: DateTime<Utc>, status_body: &StatusBody) {
         match write {
             LogWrite::Event { job, body, progress } => {
                 if let (Some(progress), Some((record, _))) = (progress, self.jobs.get_mut(&job)) {

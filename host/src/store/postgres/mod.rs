@@ -331,8 +331,7 @@ impl PgStore {
     async fn insert_plain_job(&self, job: &JobRecord) -> Result<(), StoreError> {
         let conn = self.pool.get().await?;
         let insert = conn.prepare_cached(claims::INSERT_JOB).await?;
-        let (names, values): (Vec<&str>, Vec<&str>) =
-            job.labels.iter().map(|(n, v)| (n.as_str(), v.as_str())).unzip();
+        let (names, values): (Vec<&str>, Vec<&str>) = job.labels.iter().map(|(n, v)| (n.as_str(), v.as_str())).unzip();
         let turns: i64 = conn
             .query_one(
                 &insert,

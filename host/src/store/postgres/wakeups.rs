@@ -224,7 +224,11 @@ pub(super) async fn notify(config: tokio_postgres::Config, mut wakes: mpsc::Unbo
 }
 
 /// Sends one notification on `channel`.
-async fn notify_one(client: &tokio_postgres::Client, channel: &str, payload: &str) -> Result<u64, tokio_postgres::Error> {
+async fn notify_one(
+    client: &tokio_postgres::Client,
+    channel: &str,
+    payload: &str,
+) -> Result<u64, tokio_postgres::Error> {
     client.execute("SELECT pg_notify($1, $2)", &[&channel, &payload]).await
 }
 
