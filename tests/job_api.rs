@@ -1202,3 +1202,66 @@ fn outputs_fill_incrementally_during_execution() {
         "a committed output stays: {done}"
     );
 }
+
+/// Reads one HTTP response with a `Content-Length` body from `tcp`; returns its head and body.
+fn read_response(tcp: &mut TcpStream) -> (String, String) {
+    let mut response = Vec::new();
+    let mut buf = [0u8; 4096];
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    loop {
+        let text = String::from_utf8_lossy(&response).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let head = text[..end].to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if response.len() >= end + 4 + length {
+                return (text[..end].to_string(), text[end + 4..end + 4 + length].to_string());
+            }
+        }
+        let n = tcp.read(&mut buf).expect("the connection stays open for the response");
+        assert!(
+            n > 0,
+            "the server closed the connection: {}",
+            String::from_utf8_lossy(&response)
+        );
+        response.extend_from_slice(&buf[..n]);
+    }
+}
+
+#[test]
+fn a_cancel_whose_body_arrives_after_its_headers_keeps_the_connection_alive() {
+    let (server, _plugins) = support::slow_server(&[]);
+    let job = server.submit(slow_workflow(300.0));
+    let id = job["id"].as_str().unwrap();
+    let addr = server.base.strip_prefix("http://").unwrap().to_string();
+    let mut tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_nodelay(true).unwrap();
+    // As Python's http.client sends it: the head, then the body in a packet of its own.
+    write!(
+        tcp,
+        "POST /api/v2/jobs/{id}/cancel HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n"
+    )
+    .unwrap();
+    tcp.flush().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    tcp.write_all(b"{}").unwrap();
+    let (head, body) = read_response(&mut tcp);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(body.contains("cancel"), "{body}");
+    // The same connection serves the next request.
+    write!(tcp, "GET /api/v2/jobs/{id} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let (head, _) = read_response(&mut tcp);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+}
+
+#[test]
+fn a_cancel_with_a_large_body_is_refused() {
+    let (server, _plugins) = support::slow_server(&[]);
+    let job = server.submit(slow_workflow(300.0));
+    let big = json!({"padding": "x".repeat(100_000)});
+    let r = server.post(&format!("/api/v2/jobs/{}/cancel", job["id"].as_str().unwrap()), &big);
+    assert_eq!(r.status(), 413);
+    cancel(&server, job["id"].as_str().unwrap());
+}

@@ -154,6 +154,39 @@ pub fn budgeted_body(state: &Arc<AppState>) -> BoxedFilter<(BudgetedBody,)> {
         .boxed()
 }
 
+/// The most bytes of a body that a route reads only to drop it (see [`ignored_body`]).
+const IGNORED_BODY_BYTES: usize = 64 << 10;
+
+/// Reads and drops a body that the route does not use (a cancel's `{}`), refusing one over
+/// [`IGNORED_BODY_BYTES`]. Left unread, it would cost the client its keep-alive connection:
+/// a body that arrives after the reply leaves the server no way to find the next request.
+pub fn ignored_body() -> BoxedFilter<()> {
+    warp::body::stream().and_then(drain).untuple_one().boxed()
+}
+
+/// Reads `body` to its end, at most [`IGNORED_BODY_BYTES`] of it.
+async fn drain<B: bytes::Buf>(
+    body: impl futures::Stream<Item = Result<B, warp::Error>>,
+) -> Result<(), warp::Rejection> {
+    use futures::TryStreamExt;
+    let mut body = std::pin::pin!(body);
+    let mut read = 0;
+    while let Some(chunk) = body
+        .try_next()
+        .await
+        .map_err(|e| warp::reject::custom(ApiError::InvalidRequest(format!("the body could not be read: {e}"))))?
+    {
+        read += chunk.remaining();
+        if read > IGNORED_BODY_BYTES {
+            return Err(warp::reject::custom(ApiError::PayloadTooLarge(format!(
+                "this request takes no body; at most {} KiB of one is read",
+                IGNORED_BODY_BYTES >> 10
+            ))));
+        }
+    }
+    Ok(())
+}
+
 /// What a scan of JSON text counts, without building anything.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Shape {

@@ -51,6 +51,7 @@ pub fn routes(state: Arc<AppState>) -> BoxedFilter<(warp::reply::Response,)> {
         .and(warp::post())
         .and(with.clone())
         .and(caller.clone())
+        .and(super::body::ignored_body())
         .and_then(|id, s, c| async move { respond(cancel(s, c, id).await) });
     let events = warp::path!("jobs" / String / "events")
         .and(warp::get())
