@@ -366,7 +366,7 @@ class Deployment:
         self.db = url.rsplit("/", 1)[1]
         self.session = Session(bench.pg, self.db)
         self.apis = bench.start(apis, role="api", database=url)
-        self.workers = bench.start(worker_processes, role="worker", database=url)
+        self.workers = bench.start(worker_processes, role="worker", database=url, workers=workers)
         self.slots = worker_processes * workers
 
     def __enter__(self):

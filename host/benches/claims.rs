@@ -8,7 +8,8 @@
 //! p99), the jobs per claim, and the database's transactions and WAL bytes per job.
 //!
 //! It uses the tests' throw-away PostgreSQL (`tests/support/postgres.rs`, `fsync` off) or
-//! `WEFT_TEST_DATABASE_URL`. `WEFT_BENCH_PROCESSES=1,10` picks the process counts.
+//! `WEFT_TEST_DATABASE_URL`. `WEFT_BENCH_PROCESSES=1,10` picks the process counts, and
+//! `WEFT_BENCH_CLAIM=N` the most jobs a claim takes (8).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +23,15 @@ mod postgres;
 
 const JOBS: i64 = 20_000;
 const TENANTS: i64 = 20;
+/// The most jobs a claim takes, unless `WEFT_BENCH_CLAIM` says otherwise.
 const CLAIM: usize = 8;
+
+fn claim_size() -> usize {
+    std::env::var("WEFT_BENCH_CLAIM")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(CLAIM)
+}
 
 /// The latencies one simulated process saw, and how many jobs its claims took.
 #[derive(Default)]
@@ -71,7 +80,7 @@ async fn simulate(c: Arc<PgCoordinator>) -> Seen {
     let status = |job: &JobRecord| format!("{{\"status\":\"{}\"}}", job.status.as_str());
     loop {
         let t = Instant::now();
-        let claimed = c.claim(CLAIM).await.unwrap();
+        let claimed = c.claim(claim_size()).await.unwrap();
         seen.claims.push(t.elapsed());
         if claimed.is_empty() {
             return seen;
@@ -99,7 +108,7 @@ async fn run(processes: usize) {
     for p in 0..processes {
         let connections = Connections {
             application_name: format!("weft sim-{p}"),
-            pool_size: 2,
+            pool_size: 1,
         };
         let store = PgStore::connect_as(&url, &connections).await.unwrap();
         coordinators.push(store.coordinator(format!("sim-{p}"), Duration::from_secs(30)));
@@ -150,7 +159,8 @@ fn main() {
         .build()
         .unwrap();
     println!(
-        "claim protocol, {JOBS} jobs of {TENANTS} tenants, claims of up to {CLAIM}, on {} cores (load {})",
+        "claim protocol, {JOBS} jobs of {TENANTS} tenants, claims of up to {}, on {} cores (load {})",
+        claim_size(),
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
     );

@@ -75,9 +75,11 @@ pub(in crate::store::postgres) async fn join_turn(
 
 /// Whether the tenant of turn `t` has a claimable job: probed turn by turn (a scalar
 /// subquery, which the planner cannot turn into a scan of the whole queue), each probe one
-/// step into [`jobs_claimable`](super::schema).
+/// step into the `jobs_claimable` index. Every scan of the claimable jobs here orders them
+/// by `seq + 0`, the order of that index alone (see the schema).
 const HAS_CLAIMABLE: &str = "(SELECT 1 FROM jobs j
-        WHERE j.tenant = t.tenant AND j.status = 'queued' AND j.claimed_by IS NULL LIMIT 1) IS NOT NULL";
+        WHERE j.tenant = t.tenant AND j.status = 'queued' AND j.claimed_by IS NULL
+        ORDER BY j.seq + 0 LIMIT 1) IS NOT NULL";
 
 /// Claims, for process `$1` with a lease of `$2` seconds, up to `$3` claimable jobs and
 /// starts them. The first `$3` tenants in turn order that have claimable jobs each offer
@@ -95,7 +97,7 @@ pub(super) fn claim_batch() -> String {
             FROM turns t CROSS JOIN LATERAL (
                 SELECT j.id, j.seq FROM jobs j
                 WHERE j.tenant = t.tenant AND j.status = 'queued' AND j.claimed_by IS NULL
-                ORDER BY j.seq LIMIT $3 FOR NO KEY UPDATE OF j SKIP LOCKED) o),
+                ORDER BY j.seq + 0 LIMIT $3 FOR NO KEY UPDATE OF j SKIP LOCKED) o),
          chosen AS (
             SELECT id FROM offered ORDER BY rank, turn LIMIT $3),
          claimed AS (
@@ -134,14 +136,14 @@ pub(super) const QUEUE_POSITION: &str = "WITH me AS (
         SELECT seq FROM jobs WHERE id = $2 AND tenant = $1 AND status = 'queued' AND claimed_by IS NULL),
      ahead AS (
         SELECT COUNT(*) AS k FROM jobs j, me
-        WHERE j.tenant = $1 AND j.status = 'queued' AND j.claimed_by IS NULL AND j.seq < me.seq),
+        WHERE j.tenant = $1 AND j.status = 'queued' AND j.claimed_by IS NULL AND j.seq + 0 < me.seq),
      mine AS (
         SELECT COALESCE((SELECT turn FROM queue_turns WHERE tenant = $1), 9223372036854775807) AS turn),
      others AS (
         SELECT LEAST(
             (SELECT COUNT(*) FROM (
                 SELECT 1 FROM jobs j WHERE j.tenant = t.tenant AND j.status = 'queued' AND j.claimed_by IS NULL
-                LIMIT (SELECT k FROM ahead) + 1) AS capped),
+                ORDER BY j.seq + 0 LIMIT (SELECT k FROM ahead) + 1) AS capped),
             (SELECT k FROM ahead) + CASE WHEN t.turn < (SELECT turn FROM mine) THEN 1 ELSE 0 END) AS before
         FROM queue_turns t WHERE t.tenant <> $1)
      SELECT (ahead.k + COALESCE((SELECT SUM(before) FROM others), 0))::bigint FROM ahead, me";
@@ -149,7 +151,7 @@ pub(super) const QUEUE_POSITION: &str = "WITH me AS (
 /// Turns whose tenant may have no claimable job, locked unless a submission (or a claim)
 /// holds them: a submission in flight holds its tenant's turn, and this lock skips it.
 const EMPTY_TURNS: &str = "SELECT tenant FROM queue_turns t WHERE (SELECT 1 FROM jobs j
-        WHERE j.tenant = t.tenant AND j.status = 'queued' AND j.claimed_by IS NULL LIMIT 1) IS NULL
+        WHERE j.tenant = t.tenant AND j.status = 'queued' AND j.claimed_by IS NULL ORDER BY j.seq + 0 LIMIT 1) IS NULL
      ORDER BY turn LIMIT 64 FOR UPDATE SKIP LOCKED";
 
 /// Removes the turns of `$1` (locked by [`EMPTY_TURNS`]) whose tenant has no claimable job.

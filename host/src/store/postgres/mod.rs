@@ -331,39 +331,65 @@ impl PgStore {
     async fn insert_plain_job(&self, job: &JobRecord) -> Result<(), StoreError> {
         let conn = self.pool.get().await?;
         let insert = conn.prepare_cached(claims::INSERT_JOB).await?;
-        let (names, values): (Vec<&str>, Vec<&str>) = job.labels.iter().map(|(n, v)| (n.as_str(), v.as_str())).unzip();
-        let turns: i64 = conn
-            .query_one(
-                &insert,
-                &[
-                    &job.id,
-                    &job.tenant,
-                    &job.status.as_str(),
-                    &job.workflow.to_string(),
-                    &to_json(&job.labels),
-                    &job.created_at,
-                    &job.updated_at,
-                    &job.expires_at,
-                    &job.progress.as_ref().map(to_json),
-                    &names,
-                    &values,
-                ],
-            )
-            .await
-            .map_err(|e| {
-                if is_unique_violation(&e) {
-                    StoreError::Conflict("a job with this id exists".into())
-                } else {
-                    e.into()
-                }
-            })?
-            .get(0);
-        if turns == 0 {
+        let row = JobRow::new(job);
+        if job_inserted(conn.query_one(&insert, &row.params()).await)? == 0 {
             // A claim removed the tenant's turn as the statement looked for it. The job is
             // committed now, so the turn given here stays.
             claims::rejoin_turn(&conn, &job.tenant).await?;
         }
         Ok(())
+    }
+}
+
+/// A job's columns as [`claims::INSERT_JOB`] takes them.
+struct JobRow<'a> {
+    job: &'a JobRecord,
+    status: &'static str,
+    workflow: String,
+    labels: String,
+    progress: Option<String>,
+    names: Vec<&'a str>,
+    values: Vec<&'a str>,
+}
+
+impl<'a> JobRow<'a> {
+    fn new(job: &'a JobRecord) -> Self {
+        let (names, values) = job.labels.iter().map(|(n, v)| (n.as_str(), v.as_str())).unzip();
+        Self {
+            job,
+            status: job.status.as_str(),
+            workflow: job.workflow.to_string(),
+            labels: to_json(&job.labels),
+            progress: job.progress.as_ref().map(to_json),
+            names,
+            values,
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 11] {
+        [
+            &self.job.id,
+            &self.job.tenant,
+            &self.status,
+            &self.workflow,
+            &self.labels,
+            &self.job.created_at,
+            &self.job.updated_at,
+            &self.job.expires_at,
+            &self.progress,
+            &self.names,
+            &self.values,
+        ]
+    }
+}
+
+/// How many turns [`claims::INSERT_JOB`] found or made, or why it failed (a job with this id
+/// exists, or the database failed).
+fn job_inserted(inserted: Result<Row, tokio_postgres::Error>) -> Result<i64, StoreError> {
+    match inserted {
+        Ok(row) => Ok(row.get(0)),
+        Err(e) if is_unique_violation(&e) => Err(StoreError::Conflict("a job with this id exists".into())),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -450,40 +476,12 @@ impl Store for PgStore {
                 return Err(StoreError::IdempotencyReuse { job_id });
             }
         }
-        tx.execute(
-            "INSERT INTO jobs (id, tenant, status, workflow, labels, created_at, updated_at, expires_at, progress)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            &[
-                &job.id,
-                &job.tenant,
-                &job.status.as_str(),
-                &job.workflow.to_string(),
-                &to_json(&job.labels),
-                &job.created_at,
-                &job.updated_at,
-                &job.expires_at,
-                &job.progress.as_ref().map(to_json),
-            ],
-        )
-        .await
-        .map_err(|e| {
-            if is_unique_violation(&e) {
-                StoreError::Conflict("a job with this id exists".into())
-            } else {
-                e.into()
-            }
-        })?;
-        for (name, value) in &job.labels {
-            tx.execute(
-                "INSERT INTO job_labels (job_id, name, value) VALUES ($1, $2, $3)",
-                &[&job.id, name, value],
-            )
-            .await?;
-        }
-        // The tenant's turn. The wake-up for idle workers goes out after the commit, from
-        // the coordinator's notifier: a NOTIFY here would serialise every commit.
-        claims::join_turn(&tx, &job.tenant).await?;
+        let row = JobRow::new(&job);
+        let turns = job_inserted(tx.query_one(claims::INSERT_JOB, &row.params()).await)?;
         tx.commit().await?;
+        if turns == 0 {
+            claims::rejoin_turn(&conn, &job.tenant).await?;
+        }
         Ok(())
     }
 
