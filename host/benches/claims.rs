@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use weft::store::postgres::{Connections, PgCoordinator, PgStore};
+use weft::store::postgres::{Connections, Hears, PgCoordinator, PgStore};
 use weft::store::{Coordinator, JobRecord, JobStatus, LogWrite};
 
 #[path = "../../tests/support/postgres.rs"]
@@ -111,7 +111,11 @@ async fn run(processes: usize) {
             pool_size: 1,
         };
         let store = PgStore::connect_as(&url, &connections).await.unwrap();
-        coordinators.push(store.coordinator(format!("sim-{p}"), Duration::from_secs(30)));
+        let worker = Hears {
+            work: true,
+            events: false,
+        };
+        coordinators.push(store.coordinator_hearing(format!("sim-{p}"), Duration::from_secs(30), worker));
     }
     while !coordinators.iter().all(|c| c.is_alive()) {
         tokio::time::sleep(Duration::from_millis(20)).await;

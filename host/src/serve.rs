@@ -166,6 +166,15 @@ fn connections(config: &ServeConfig, process: &str) -> crate::store::postgres::C
     crate::store::postgres::Connections::for_process(&format!("{role} {process}"), api, workers)
 }
 
+/// The wake-ups a process of `role` listens for: work if it runs jobs, event notices if it
+/// serves event streams.
+fn hears(role: Role) -> crate::store::postgres::Hears {
+    crate::store::postgres::Hears {
+        work: role != Role::Api,
+        events: role != Role::Worker,
+    }
+}
+
 /// Opens the store `database` names.
 pub async fn open_store(database: &Database) -> anyhow::Result<Arc<dyn Store>> {
     Ok(database
@@ -233,7 +242,7 @@ async fn start(mut config: ServeConfig, standalone: bool) -> anyhow::Result<Star
     let store = opened.store;
     let coordinator: Option<Arc<dyn Coordinator>> = opened
         .postgres
-        .map(|pg| pg.coordinator(process, config.lease) as Arc<dyn Coordinator>);
+        .map(|pg| pg.coordinator_hearing(process, config.lease, hears(config.role)) as Arc<dyn Coordinator>);
     if config.jobs.job_cost > 0 {
         store
             .ensure_tenant(api::auth::DEFAULT_TENANT, config.initial_credits)

@@ -13,7 +13,7 @@ use deadpool_postgres::Pool;
 use tokio::sync::{broadcast, mpsc};
 
 use super::claims::{self, join_turn};
-use super::wakeups::{self, Standing, Wake};
+use super::wakeups::{self, Hears, Standing, Wake};
 use crate::store::coordinator::{ClaimedJob, Coordinator, LogWrite, Signal, StatusBody, Written};
 use crate::store::StoreError;
 
@@ -34,12 +34,19 @@ pub struct PgCoordinator {
 
 impl PgCoordinator {
     /// Starts listening for wake-ups and sending them, each on a connection of its own.
-    pub(super) fn start(pool: Pool, config: tokio_postgres::Config, process: String, lease: Duration) -> Arc<Self> {
+    pub(super) fn start(
+        pool: Pool,
+        config: tokio_postgres::Config,
+        process: String,
+        lease: Duration,
+        hears: Hears,
+    ) -> Arc<Self> {
         let (signals, _) = broadcast::channel(4096);
         let standing = Arc::new(Standing::default());
         tokio::spawn(wakeups::listen(
             config.clone(),
             process.clone(),
+            hears,
             signals.clone(),
             standing.clone(),
         ));

@@ -26,6 +26,7 @@ mod schema;
 mod wakeups;
 
 pub use coordinator::PgCoordinator;
+pub use wakeups::Hears;
 
 /// The schema version this build migrates to.
 pub const SCHEMA_VERSION: i64 = schema::LATEST;
@@ -199,7 +200,12 @@ impl PgStore {
     /// The cross-process coordinator over this database, for a process named `process`
     /// whose claims last `lease` unless renewed.
     pub fn coordinator(&self, process: String, lease: std::time::Duration) -> Arc<PgCoordinator> {
-        PgCoordinator::start(self.pool.clone(), self.config.clone(), process, lease)
+        self.coordinator_hearing(process, lease, Hears::ALL)
+    }
+
+    /// [`coordinator`](Self::coordinator), listening only for the wake-ups of `hears`.
+    pub fn coordinator_hearing(&self, process: String, lease: std::time::Duration, hears: Hears) -> Arc<PgCoordinator> {
+        PgCoordinator::start(self.pool.clone(), self.config.clone(), process, lease, hears)
     }
 
     async fn rows(&self, sql: &str, args: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, StoreError> {

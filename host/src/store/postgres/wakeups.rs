@@ -35,6 +35,37 @@ const NOTIFY_COOLDOWN: Duration = Duration::from_millis(1);
 /// The most bytes of notices in one notification (PostgreSQL allows 8000).
 const PAYLOAD_BYTES: usize = 7000;
 
+/// Which wake-ups a process listens for, besides cancels: each notification is delivered to
+/// every process listening on its channel (a transaction in each), so a process leaves out
+/// those it has no use for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hears {
+    /// Work wake-ups: the process runs jobs.
+    pub work: bool,
+    /// Event notices: the process serves event streams.
+    pub events: bool,
+}
+
+impl Hears {
+    /// Every wake-up.
+    pub const ALL: Hears = Hears {
+        work: true,
+        events: true,
+    };
+
+    /// The `LISTEN` statements for these channels.
+    fn statements(self) -> String {
+        let mut listen = format!("LISTEN {CANCEL};");
+        if self.work {
+            listen.push_str(&format!(" LISTEN {WORK};"));
+        }
+        if self.events {
+            listen.push_str(&format!(" LISTEN {EVENT};"));
+        }
+        listen
+    }
+}
+
 /// What this process knows of its own standing among the processes.
 #[derive(Default)]
 pub(super) struct Standing {
@@ -44,13 +75,14 @@ pub(super) struct Standing {
     pub(super) leader: AtomicBool,
 }
 
-/// Keeps a `LISTEN` connection open, turning notifications into [`Signal`]s and holding
+/// Keeps a `LISTEN` connection open (on the channels of `hears`), turning notifications into [`Signal`]s and holding
 /// the liveness lock of process `process` (and the leader lock when it can get it); after
 /// each (re)connection it sends [`Signal::Resync`], since notifications may have been
 /// missed. `standing` follows what the connection holds.
 pub(super) async fn listen(
     config: tokio_postgres::Config,
     process: String,
+    hears: Hears,
     signals: broadcast::Sender<Signal>,
     standing: Arc<Standing>,
 ) {
@@ -58,7 +90,7 @@ pub(super) async fn listen(
         match config.connect(NoTls).await {
             Ok((client, mut connection)) => {
                 let messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-                serve_connection(&client, messages, &process, &signals, &standing).await;
+                serve_connection(&client, messages, &process, hears, &signals, &standing).await;
             }
             Err(e) => tracing::warn!(error = %e, "cannot open the wake-up connection"),
         }
@@ -74,14 +106,18 @@ async fn serve_connection(
     client: &tokio_postgres::Client,
     messages: impl futures::Stream<Item = Result<AsyncMessage, tokio_postgres::Error>>,
     process: &str,
+    hears: Hears,
     signals: &broadcast::Sender<Signal>,
     standing: &Standing,
 ) {
     tokio::pin!(messages);
-    let listen = format!("LISTEN {WORK}; LISTEN {CANCEL}; LISTEN {EVENT};");
+    let listen = hears.statements();
     let mut subscribe = client.batch_execute(&listen).boxed();
     let mut subscribed = false;
     let mut retry = tokio::time::interval(LOCK_RETRY);
+    // A busy process tries again a period after its last try, never in a burst of the
+    // ticks it missed.
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut locking: Option<futures::future::BoxFuture<'_, Result<(bool, bool), tokio_postgres::Error>>> = None;
     loop {
         tokio::select! {
