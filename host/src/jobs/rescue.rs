@@ -5,7 +5,7 @@
 //! over (one process wins it) and settles the job by the rules of crash
 //! [`recovery`](super::recovery): a queued or running job is queued to run again from the
 //! start (every built-in node is safe to re-run; partial outputs are discarded), a
-//! canceling one is canceled. Then it releases the claim and wakes the workers. Each pass also
+//! canceling one is canceled. Then it releases the claim and wakes the workers. Every 15 s a pass also
 //! gives a turn to tenants whose queued jobs have none (see
 //! [`Coordinator::restore_turns`](crate::store::Coordinator::restore_turns)).
 
@@ -19,6 +19,10 @@ use crate::store::StoreError;
 /// How often the leader looks for lapsed claims (more often with a lease under 2 s).
 const RESCUE_EVERY: Duration = Duration::from_millis(500);
 
+/// How often a pass also gives turns back to tenants without one: a scan of the queue, and
+/// needed only after an older weft queued jobs during an upgrade.
+const RESTORE_TURNS_EVERY: Duration = Duration::from_secs(15);
+
 /// Starts the rescue service, if `jobs` shares its store. It stops when the service
 /// drains ([`Jobs::shut_down`]).
 pub fn start(jobs: Arc<Jobs>) {
@@ -29,6 +33,7 @@ pub fn start(jobs: Arc<Jobs>) {
         let every = RESCUE_EVERY.min(coordinator.lease() / 4);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut turns_restored: Option<std::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -42,7 +47,11 @@ pub fn start(jobs: Arc<Jobs>) {
             if !coordinator.is_leader() {
                 continue;
             }
-            match rescue(&jobs).await {
+            let restore = turns_restored.is_none_or(|at| at.elapsed() >= RESTORE_TURNS_EVERY);
+            if restore {
+                turns_restored = Some(std::time::Instant::now());
+            }
+            match rescue(&jobs, restore).await {
                 Ok(done) if done != Recovered::default() => {
                     tracing::info!(?done, "rescued the jobs of a process that stopped renewing its leases")
                 }
@@ -53,13 +62,14 @@ pub fn start(jobs: Arc<Jobs>) {
     });
 }
 
-/// One pass: settles every job whose claim lapsed.
-pub async fn rescue(jobs: &Arc<Jobs>) -> Result<Recovered, StoreError> {
+/// One pass: settles every job whose claim lapsed, after giving turns back to the tenants
+/// without one when `restore_turns`.
+pub async fn rescue(jobs: &Arc<Jobs>, restore_turns: bool) -> Result<Recovered, StoreError> {
     let mut done = Recovered::default();
     let Some(coordinator) = jobs.coordinator().cloned() else {
         return Ok(done);
     };
-    let mut woke = coordinator.restore_turns().await? > 0;
+    let mut woke = restore_turns && coordinator.restore_turns().await? > 0;
     for id in coordinator.lapsed().await? {
         if !coordinator.take_over(&id).await? {
             continue;

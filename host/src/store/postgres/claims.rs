@@ -180,10 +180,13 @@ pub(super) const LIVENESS_LOCKS: i32 = 0x7765_6674;
 /// Whether the claim of job row `j` lapsed: its process holds no liveness lock (its
 /// connection is gone), or its lease ran out; or the job runs with no claim. `live` names
 /// the liveness keys held (see [`with_live`]).
-const LAPSED: &str = "j.status IN ('queued', 'running', 'canceling') AND (
-        (j.claimed_by IS NOT NULL AND (j.lease_until < now()
-            OR (hashtext(j.claimed_by)::bigint & 4294967295) NOT IN (SELECT key FROM live)))
-        OR (j.claimed_by IS NULL AND j.status IN ('running', 'canceling')))";
+///
+/// Each branch names its own statuses, so the claimed jobs are found through the lease index
+/// and the unclaimed running ones through the status index: the queue is never scanned.
+const LAPSED: &str = "(j.claimed_by IS NOT NULL AND j.status IN ('queued', 'running', 'canceling')
+            AND (j.lease_until < now()
+                 OR (hashtext(j.claimed_by)::bigint & 4294967295) NOT IN (SELECT key FROM live)))
+        OR (j.claimed_by IS NULL AND j.status IN ('running', 'canceling'))";
 
 /// `statement` (which reads [`LAPSED`]) after the `live` table of held liveness keys.
 fn with_live(statement: &str) -> String {
@@ -205,6 +208,6 @@ pub(super) fn lapsed() -> String {
 pub(super) fn take_over() -> String {
     with_live(&format!(
         "UPDATE jobs j SET claimed_by = $2, lease_until = now() + make_interval(secs => $3)
-         WHERE j.id = $1 AND {LAPSED}"
+         WHERE j.id = $1 AND ({LAPSED})"
     ))
 }
