@@ -241,6 +241,11 @@ impl Jobs {
         };
         let _feeding = shared.feeding.lock().await;
         let mut ended = false;
+        if self.hub.is_watched(id) {
+            // Feeding may close the channel, when the streams that followed it have gone:
+            // then it is seeded afresh below.
+            self.feed_hub_locked(shared, id).await;
+        }
         if !self.hub.is_watched(id) {
             let backlog: Vec<(u64, JobEvent)> = shared
                 .coordinator
@@ -253,8 +258,6 @@ impl Jobs {
                 .last()
                 .is_some_and(|(_, e)| matches!(e, JobEvent::Status(j) if j.status.is_terminal()));
             self.hub.seed(id, backlog);
-        } else {
-            self.feed_hub_locked(shared, id).await;
         }
         let subscription = self.hub.subscribe(id, after);
         let mark = self.hub.next_id(id).saturating_sub(1);
