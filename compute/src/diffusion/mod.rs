@@ -12,6 +12,7 @@ pub mod custom_sampling;
 pub mod guidance;
 pub mod ksampler;
 pub mod latent;
+pub mod latent_ops;
 pub mod lora;
 pub mod model;
 pub mod prompt;

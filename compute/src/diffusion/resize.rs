@@ -103,7 +103,8 @@ fn cubic_weights(t: f32) -> [f32; 4] {
     const A: f32 = -0.75;
     let near = |x: f32| ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0;
     let far = |x: f32| ((A * x - 5.0 * A) * x + 8.0 * A) * x - 4.0 * A;
-    [far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)]
+    // As torch computes them: the last from `(1 - t) + 1`, which may round unlike `2 - t`.
+    [far(t + 1.0), near(t), near(1.0 - t), far((1.0 - t) + 1.0)]
 }
 
 #[cfg(test)]
