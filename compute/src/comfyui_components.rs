@@ -126,6 +126,8 @@ fn sdxl_and_refiner_size_conditioning_match_comfyui() -> Result<()> {
         pooled: Some(pooled),
         size,
         area: None,
+        area_fraction: None,
+        mask: None,
         strength: 1.0,
         timestep_range: None,
     };

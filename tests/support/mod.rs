@@ -6,6 +6,7 @@
 pub(crate) mod browser;
 pub(crate) mod postgres;
 pub(crate) mod records;
+pub(crate) mod specs;
 pub(crate) mod sse;
 
 use std::io::{BufRead, BufReader};

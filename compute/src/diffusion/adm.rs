@@ -99,6 +99,8 @@ mod tests {
             pooled: Some(pooled),
             size,
             area: None,
+            area_fraction: None,
+            mask: None,
             strength: 1.0,
             timestep_range: None,
         }

@@ -1,9 +1,12 @@
 //! ComfyUI's `CONDITIONING`: a list of encoded prompts, each with where it applies and how
 //! strongly, and the conditioning nodes' operations on it.
 
+use std::sync::Arc;
+
 use candle_core::{DType, Tensor};
 
 use super::latent::PIXELS_PER_CELL;
+use crate::image::MaskBatch;
 use crate::ComputeError;
 
 /// Where an entry applies, in latent cells.
@@ -30,11 +33,28 @@ pub struct CondEntry {
     pub size: SizeConditioning,
     /// Where it applies; the whole latent when none.
     pub area: Option<Area>,
+    /// Where it applies as fractions of the latent's `[height, width, y, x]`
+    /// (`ConditioningSetAreaPercentage`), turned into [`area`](Self::area) when sampling.
+    pub area_fraction: Option<[f64; 4]>,
+    /// The mask that weights it (`ConditioningSetMask`).
+    pub mask: Option<CondMask>,
     /// Weight against the other entries where they overlap.
     pub strength: f32,
     /// The part of sampling it applies to, as fractions of the way through (ComfyUI's
     /// `start_percent`, `end_percent`); all of it when none.
     pub timestep_range: Option<(f64, f64)>,
+}
+
+/// A mask that weights a conditioning entry's prediction cell by cell.
+#[derive(Debug, Clone)]
+pub struct CondMask {
+    /// The masks (one per latent of the batch, or one for all); at the latent's size once
+    /// sampling has resolved them.
+    pub mask: Arc<MaskBatch>,
+    /// Multiplies the mask (ComfyUI's `mask_strength`).
+    pub strength: f32,
+    /// Whether the entry's area becomes the mask's bounding box (`mask bounds`).
+    pub to_bounds: bool,
 }
 
 /// The numbers SDXL embeds beside the pooled output (ComfyUI's `width`, `height`,
@@ -120,6 +140,8 @@ impl Conditioning {
             pooled,
             size,
             area: None,
+            area_fraction: None,
+            mask: None,
             strength: 1.0,
             timestep_range: None,
         }])
@@ -170,8 +192,23 @@ impl Conditioning {
         Ok(Conditioning(entries))
     }
 
+    /// Every entry changed by `change`.
+    fn each(&self, change: impl Fn(&mut CondEntry)) -> Conditioning {
+        Conditioning(
+            self.0
+                .iter()
+                .map(|e| {
+                    let mut e = e.clone();
+                    change(&mut e);
+                    e
+                })
+                .collect(),
+        )
+    }
+
     /// `ConditioningSetArea`: every entry restricted to the `width` x `height` rectangle at
-    /// `x`, `y` (pixels, rounded down to latent cells) with `strength`.
+    /// `x`, `y` (pixels, rounded down to latent cells) with `strength`; a mask no longer sets
+    /// the area.
     pub fn set_area(&self, width: u32, height: u32, x: u32, y: u32, strength: f64) -> Conditioning {
         let cells = |v: u32| (v / PIXELS_PER_CELL) as usize;
         let area = Area {
@@ -180,16 +217,61 @@ impl Conditioning {
             y: cells(y),
             x: cells(x),
         };
-        Conditioning(
-            self.0
-                .iter()
-                .map(|e| CondEntry {
-                    area: Some(area),
-                    strength: strength as f32,
-                    ..e.clone()
-                })
-                .collect(),
-        )
+        self.each(|e| {
+            (e.area, e.area_fraction, e.strength) = (Some(area), None, strength as f32);
+            e.mask.iter_mut().for_each(|m| m.to_bounds = false);
+        })
+    }
+
+    /// `ConditioningSetAreaPercentage`: as [`set_area`](Self::set_area), with the rectangle
+    /// in fractions of the latent's sides.
+    pub fn set_area_fraction(&self, width: f64, height: f64, x: f64, y: f64, strength: f64) -> Conditioning {
+        self.each(|e| {
+            (e.area, e.area_fraction, e.strength) = (None, Some([height, width, y, x]), strength as f32);
+            e.mask.iter_mut().for_each(|m| m.to_bounds = false);
+        })
+    }
+
+    /// `ConditioningSetAreaStrength`: every entry's strength.
+    pub fn set_strength(&self, strength: f64) -> Conditioning {
+        self.each(|e| e.strength = strength as f32)
+    }
+
+    /// `ConditioningSetMask`: every entry weighted by `mask` times `strength`, its area the
+    /// mask's bounding box when `to_bounds`.
+    pub fn set_mask(&self, mask: Arc<MaskBatch>, strength: f64, to_bounds: bool) -> Conditioning {
+        self.each(|e| {
+            e.mask = Some(CondMask {
+                mask: mask.clone(),
+                strength: strength as f32,
+                to_bounds,
+            })
+        })
+    }
+
+    /// `ConditioningConcat`: every entry's tokens followed by those of `from`'s first entry.
+    pub fn concat(&self, from: &Conditioning) -> Result<Conditioning, ComputeError> {
+        let first = from
+            .0
+            .first()
+            .ok_or_else(|| ComputeError::invalid("conditioning_from is empty"))?;
+        let entries = self
+            .0
+            .iter()
+            .map(|e| {
+                if e.context.dim(2)? != first.context.dim(2)? {
+                    candle_core::bail!(
+                        "prompts of {} and {} features cannot be concatenated",
+                        e.context.dim(2)?,
+                        first.context.dim(2)?
+                    );
+                }
+                let context = Tensor::cat(&[&e.context, &first.context.to_device(e.context.device())?], 1)?;
+                Ok(CondEntry { context, ..e.clone() })
+            })
+            .collect::<candle_core::Result<_>>()
+            .map_err(|e| ComputeError::invalid(format!("ConditioningConcat: {e}")))?;
+        Ok(Conditioning(entries))
     }
 
     /// `ConditioningSetTimestepRange`: every entry applies from `start` to `end` of the way

@@ -7,8 +7,9 @@
 use candle_core::Tensor as CTensor;
 
 use super::adm::{adm_vector, PromptKind};
-use super::conditioning::{can_batch, repeat_to_common_length, Area, CondEntry, Conditioning};
+use super::conditioning::{can_batch, repeat_to_common_length, CondEntry, Conditioning};
 use super::model::DiffusionModel;
+use super::placement::{region, weights, Region};
 use crate::interrupt::Interrupt;
 use crate::sampling::{cfg, rescale_cfg, ModelSampling};
 
@@ -55,51 +56,6 @@ pub struct Guidance<'a> {
     pub rescale: Option<f64>,
     /// Asked between the UNet's blocks.
     pub stop: Interrupt<'a>,
-}
-
-/// A latent region in cells: `(y, x, height, width)`.
-type Region = (usize, usize, usize, usize);
-
-/// The latent region an entry reads, in cells: `(y, x, height, width)`, clamped to the latent.
-fn region(area: Option<Area>, height: usize, width: usize) -> Option<Region> {
-    match area {
-        None => Some((0, 0, height, width)),
-        Some(a) => {
-            let h = a.height.min(height.saturating_sub(a.y));
-            let w = a.width.min(width.saturating_sub(a.x));
-            (h > 0 && w > 0).then_some((a.y, a.x, h, w))
-        }
-    }
-}
-
-/// ComfyUI's weight of each cell of an area entry: its strength, faded in over up to 8 cells
-/// at every edge that is not the latent's border.
-fn weights(entry: &CondEntry, (y, x, h, w): (usize, usize, usize, usize), height: usize, width: usize) -> Vec<f32> {
-    let mut mult = vec![entry.strength; h * w];
-    if entry.area.is_none() {
-        return mult;
-    }
-    let fade = |size: usize, offset: usize, full: usize| -> Vec<f32> {
-        let mut f = vec![1.0f32; size];
-        let rr = 8.min(size / 4);
-        for t in 0..rr {
-            let ramp = (1.0 / rr as f32) * (t + 1) as f32;
-            if offset != 0 {
-                f[t] *= ramp;
-            }
-            if size + offset < full {
-                f[size - 1 - t] *= ramp;
-            }
-        }
-        f
-    };
-    let (fy, fx) = (fade(h, y, height), fade(w, x, width));
-    for r in 0..h {
-        for c in 0..w {
-            mult[r * w + c] *= fy[r] * fx[c];
-        }
-    }
-    mult
 }
 
 /// Entries that share a UNet call: their region, the first entry's token count, and each
@@ -219,13 +175,14 @@ impl Guidance<'_> {
                 .collect();
             let preds = self.unet(which, &members, &crop, [b, c, h, w], sigma)?;
             for (&(index, entry), pred) in members.iter().zip(preds.chunks_exact(crop.len())) {
-                let mult = weights(entry, region, height, width);
+                let mult = weights(entry, region, height, width, b);
                 let (out, counts) = (&mut out[index], &mut counts[index]);
                 for plane in 0..b * c {
+                    let latent = plane / c;
                     for r in 0..h {
                         for col in 0..w {
                             let i = (plane * height + y + r) * width + x0 + col;
-                            let m = mult[r * w + col];
+                            let m = mult[(latent * h + r) * w + col];
                             out[i] += pred[(plane * h + r) * w + col] * m;
                             counts[i] += m;
                         }

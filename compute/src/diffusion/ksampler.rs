@@ -183,11 +183,17 @@ pub fn run_sampling(
             denoised: None,
         });
     }
+    // Areas in fractions and masks are resolved against the latent once, as ComfyUI does.
+    let resolved: Vec<(Conditioning, PromptKind)> = run
+        .conds
+        .iter()
+        .map(|(c, kind)| (super::placement::resolve(c, shape[2], shape[3]), *kind))
+        .collect();
     let guide = Guidance {
         model,
         ms: &ms,
         shape: &shape,
-        conds: run.conds.clone(),
+        conds: resolved.iter().map(|(c, kind)| (c, *kind)).collect(),
         combine: run.combine,
         rescale: model.cfg_rescale(),
         stop,

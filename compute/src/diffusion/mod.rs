@@ -15,6 +15,7 @@ pub mod latent;
 pub mod latent_ops;
 pub mod lora;
 pub mod model;
+pub mod placement;
 pub mod prompt;
 pub mod resize;
 pub mod separate;

@@ -192,3 +192,78 @@ weft_sdk::node! {
         }
     }
 }
+
+weft_sdk::node! {
+    /// Every entry of `conditioning_to` with the tokens of `conditioning_from`'s first entry appended.
+    pub struct ConditioningConcat {
+        display_name: "Conditioning (Concat)",
+        category: "conditioning",
+        inputs {
+            conditioning_to: Conditioning = input::conditioning(),
+            conditioning_from: Conditioning = input::conditioning(),
+        }
+        outputs { CONDITIONING: Conditioning }
+        fn execute(_, inp) {
+            let c = diffusion::conditioning_concat(inp.conditioning_to.handle(), inp.conditioning_from.handle())?;
+            Ok((Conditioning(c),))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Applies the conditioning to a rectangle of the image only, in fractions of its sides.
+    pub struct ConditioningSetAreaPercentage {
+        display_name: "Conditioning (Set Area with Percentage)",
+        category: "conditioning",
+        inputs {
+            conditioning: Conditioning = input::conditioning(),
+            width: f64 = input::float().default(1.0).min(0.0).max(1.0).step(0.01),
+            height: f64 = input::float().default(1.0).min(0.0).max(1.0).step(0.01),
+            x: f64 = input::float().default(0.0).min(0.0).max(1.0).step(0.01),
+            y: f64 = input::float().default(0.0).min(0.0).max(1.0).step(0.01),
+            strength: f64 = input::float().default(1.0).min(0.0).max(10.0).step(0.01),
+        }
+        outputs { CONDITIONING: Conditioning }
+        fn execute(_, inp) {
+            let area = diffusion::AreaFraction { width: inp.width, height: inp.height, x: inp.x, y: inp.y };
+            let c = diffusion::conditioning_set_area_fraction(inp.conditioning.handle(), area, inp.strength)?;
+            Ok((Conditioning(c),))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// The conditioning's weight against the others where they overlap.
+    pub struct ConditioningSetAreaStrength {
+        category: "conditioning",
+        inputs {
+            conditioning: Conditioning = input::conditioning(),
+            strength: f64 = input::float().default(1.0).min(0.0).max(10.0).step(0.01),
+        }
+        outputs { CONDITIONING: Conditioning }
+        fn execute(_, inp) {
+            let c = diffusion::conditioning_set_strength(inp.conditioning.handle(), inp.strength)?;
+            Ok((Conditioning(c),))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Applies the conditioning where the mask is set, weighted by it.
+    pub struct ConditioningSetMask {
+        display_name: "Conditioning (Set Mask)",
+        category: "conditioning",
+        inputs {
+            conditioning: Conditioning = input::conditioning(),
+            mask: Mask = input::mask(),
+            strength: f64 = input::float().default(1.0).min(0.0).max(10.0).step(0.01),
+            set_cond_area: String = input::combo(["default", "mask bounds"]),
+        }
+        outputs { CONDITIONING: Conditioning }
+        fn execute(_, inp) {
+            let bounds = inp.set_cond_area != "default";
+            let c = diffusion::conditioning_set_mask(inp.conditioning.handle(), &inp.mask, inp.strength, bounds)?;
+            Ok((Conditioning(c),))
+        }
+    }
+}

@@ -6,6 +6,7 @@
 mod conditioning;
 mod custom_sampling;
 mod latent;
+mod latent_ops;
 mod loaders;
 mod model_patches;
 mod sampling;
@@ -13,7 +14,8 @@ mod vae;
 
 pub use conditioning::{
     CLIPSetLastLayer, CLIPTextEncode, CLIPTextEncodeSDXL, CLIPTextEncodeSDXLRefiner, ConditioningAverage,
-    ConditioningCombine, ConditioningSetArea, ConditioningSetTimestepRange, ConditioningZeroOut,
+    ConditioningCombine, ConditioningConcat, ConditioningSetArea, ConditioningSetAreaPercentage,
+    ConditioningSetAreaStrength, ConditioningSetMask, ConditioningSetTimestepRange, ConditioningZeroOut,
 };
 pub use custom_sampling::{
     AlignYourStepsScheduler, BasicGuider, BasicScheduler, BetaSamplingScheduler, CFGGuider, DisableNoise,
@@ -25,6 +27,10 @@ pub use custom_sampling::{
 pub use latent::{
     EmptyLatentImage, LatentComposite, LatentFromBatch, LatentUpscale, LatentUpscaleBy, LoadLatent, RepeatLatentBatch,
     SaveLatent, SetLatentNoiseMask,
+};
+pub use latent_ops::{
+    LatentAdd, LatentBatch, LatentBatchSeedBehavior, LatentBlend, LatentCrop, LatentFlip, LatentInterpolate,
+    LatentMultiply, LatentRotate, LatentSubtract,
 };
 pub use loaders::{
     CLIPLoader, CheckpointLoaderSimple, DualCLIPLoader, LoraLoader, LoraLoaderModelOnly, UNETLoader, VAELoader,
@@ -53,6 +59,10 @@ weft_sdk::export_plugin!(
     ConditioningSetArea,
     ConditioningZeroOut,
     ConditioningSetTimestepRange,
+    ConditioningConcat,
+    ConditioningSetAreaPercentage,
+    ConditioningSetAreaStrength,
+    ConditioningSetMask,
     EmptyLatentImage,
     LatentUpscale,
     LatentUpscaleBy,
@@ -62,6 +72,16 @@ weft_sdk::export_plugin!(
     SetLatentNoiseMask,
     SaveLatent,
     LoadLatent,
+    LatentAdd,
+    LatentSubtract,
+    LatentMultiply,
+    LatentInterpolate,
+    LatentBlend,
+    LatentBatch,
+    LatentBatchSeedBehavior,
+    LatentCrop,
+    LatentFlip,
+    LatentRotate,
     KSampler,
     KSamplerAdvanced,
     SamplerCustom,

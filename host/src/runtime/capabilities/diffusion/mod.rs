@@ -8,6 +8,7 @@
 //! `CallState`), and [`Library::list`] for the catalogue's model-file combos.
 
 mod embeddings;
+mod latent_ops;
 mod listings;
 mod model_patches;
 mod models_dir;
@@ -23,7 +24,8 @@ use weft_types::NodeErrorCode;
 
 use super::{own, CallState, Capabilities, Capability, CapabilityCtx, Own};
 use crate::runtime::bindings::v0_2::weft::node::diffusion::{
-    add_to_linker, Area, Checkpoint, Host, SampleOptions, SizeConditioning as WitSizeConditioning,
+    add_to_linker, Area, AreaFraction, Checkpoint, Host, LatentChange, LatentCombination, SampleOptions,
+    SizeConditioning as WitSizeConditioning,
 };
 use crate::runtime::bindings::v0_2::wit::{AssetRef, NodeError};
 use crate::runtime::call::{read_asset, AssetReader, CallContext, Interrupt, ProgressSink};
@@ -287,7 +289,11 @@ impl Ctx<'_> {
 
     fn push_conditioning(&mut self, c: Conditioning) -> wasmtime::Result<Resource<HandleRes>> {
         let len = c.0.len() as u32;
-        let bytes: u64 = c.0.iter().map(|e| e.context.elem_count() as u64 * 4).sum();
+        let mask_bytes = |e: &sd::CondEntry| e.mask.as_ref().map_or(0, |m| m.mask.data.len() as u64 * 4);
+        let bytes: u64 =
+            c.0.iter()
+                .map(|e| e.context.elem_count() as u64 * 4 + mask_bytes(e))
+                .sum();
         let charge = self.core.charge(bytes, || format!("a conditioning of {len} entries"))?;
         self.push_handle("CONDITIONING", format!("{len} entries"), len, Arc::new(c), charge)
     }
@@ -621,6 +627,57 @@ impl Host for Ctx<'_> {
         Ok(Ok(self.push_conditioning(out)?))
     }
 
+    fn conditioning_concat(
+        &mut self,
+        conditioning_to: Resource<HandleRes>,
+        conditioning_from: Resource<HandleRes>,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let to = attempt!(self.payload::<Conditioning>(&conditioning_to, "CONDITIONING")?);
+        let from = attempt!(self.payload::<Conditioning>(&conditioning_from, "CONDITIONING")?);
+        let out = attempt!(to.concat(&from).map_err(compute_error));
+        Ok(Ok(self.push_conditioning(out)?))
+    }
+
+    fn conditioning_set_area_fraction(
+        &mut self,
+        conditioning: Resource<HandleRes>,
+        area: AreaFraction,
+        strength: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let c = attempt!(self.payload::<Conditioning>(&conditioning, "CONDITIONING")?);
+        let fractions = [area.width, area.height, area.x, area.y];
+        if !fractions.iter().all(|f| (0.0..=1.0).contains(f)) {
+            fail!(node_error(
+                NodeErrorCode::InvalidInput,
+                format!("an area's fractions must be between 0 and 1, got {fractions:?}"),
+            ));
+        }
+        let out = c.set_area_fraction(area.width, area.height, area.x, area.y, strength);
+        Ok(Ok(self.push_conditioning(out)?))
+    }
+
+    fn conditioning_set_strength(
+        &mut self,
+        conditioning: Resource<HandleRes>,
+        strength: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let c = attempt!(self.payload::<Conditioning>(&conditioning, "CONDITIONING")?);
+        Ok(Ok(self.push_conditioning(c.set_strength(strength))?))
+    }
+
+    fn conditioning_set_mask(
+        &mut self,
+        conditioning: Resource<HandleRes>,
+        mask: Resource<MaskRes>,
+        strength: f64,
+        to_bounds: bool,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        let c = attempt!(self.payload::<Conditioning>(&conditioning, "CONDITIONING")?);
+        let mask = self.core.table.get(&mask)?.0.clone();
+        let own_mask = Arc::new(weft_compute::image::MaskBatch::clone(&mask));
+        Ok(Ok(self.push_conditioning(c.set_mask(own_mask, strength, to_bounds))?))
+    }
+
     fn conditioning_zero_out(
         &mut self,
         conditioning: Resource<HandleRes>,
@@ -734,6 +791,34 @@ impl Host for Ctx<'_> {
         Ok(Ok(
             self.push_latent(sd::latent::with_noise_mask(&latent, own_mask), charge)?
         ))
+    }
+
+    fn latent_combine(
+        &mut self,
+        samples1: Resource<LatentRes>,
+        samples2: Resource<LatentRes>,
+        how: LatentCombination,
+    ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
+        let (a, b) = (self.latent(&samples1)?, self.latent(&samples2)?);
+        let how = latent_ops::combination(how);
+        let (shape, resized) = latent_ops::combined_shape(&a, &b, how.is_none());
+        let charge = self.charge_latent(shape, resized, "combining latents")?;
+        let out = match how {
+            Some(how) => sd::latent_ops::combine(&a, &b, how),
+            None => sd::latent_ops::batch(&a, &b),
+        };
+        Ok(Ok(self.push_latent(attempt!(out.map_err(compute_error)), charge)?))
+    }
+
+    fn latent_transform(
+        &mut self,
+        samples: Resource<LatentRes>,
+        transform: LatentChange,
+    ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
+        let latent = self.latent(&samples)?;
+        let charge = self.charge_latent(latent.shape, 0, "transforming a latent")?;
+        let out = sd::latent_ops::transform(&latent, &latent_ops::transform(transform));
+        Ok(Ok(self.push_latent(attempt!(out.map_err(compute_error)), charge)?))
     }
 
     fn load_latent(&mut self, file: AssetRef) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
