@@ -296,4 +296,4 @@ fn crop(latent: &LatentBatch, width: u32, height: u32, x: u32, y: u32) -> Result
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

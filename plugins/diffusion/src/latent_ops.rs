@@ -6,84 +6,65 @@ use weft_sdk::prelude::*;
 use crate::MAX_RESOLUTION;
 use diffusion::{LatentChange as Change, LatentCombination as Combination};
 
-weft_sdk::node! {
-    /// The sum of two latent batches.
-    pub struct LatentAdd {
-        category: "latent/advanced",
-        inputs {
-            samples1: Latent = input::latent(),
-            samples2: Latent = input::latent(),
+/// Declares a node that combines its two latent batches by `$how`.
+macro_rules! combine_node {
+    ($doc:literal, $name:ident, $display:literal, $category:literal, |$inp:ident| $how:expr $(, $field:ident: $ty:ty = $spec:expr)*) => {
+        weft_sdk::node! {
+            #[doc = $doc]
+            pub struct $name {
+                display_name: $display,
+                category: $category,
+                inputs {
+                    samples1: Latent = input::latent(),
+                    samples2: Latent = input::latent(),
+                    $($field: $ty = $spec,)*
+                }
+                outputs { LATENT: Latent }
+                fn execute(_, $inp) {
+                    Ok((diffusion::latent_combine(&$inp.samples1, &$inp.samples2, $how)?,))
+                }
+            }
         }
-        outputs { LATENT: Latent }
-        fn execute(_, inp) {
-            Ok((diffusion::latent_combine(&inp.samples1, &inp.samples2, Combination::Add)?,))
-        }
-    }
+    };
 }
 
-weft_sdk::node! {
-    /// The first latent batch minus the second.
-    pub struct LatentSubtract {
-        category: "latent/advanced",
-        inputs {
-            samples1: Latent = input::latent(),
-            samples2: Latent = input::latent(),
-        }
-        outputs { LATENT: Latent }
-        fn execute(_, inp) {
-            Ok((diffusion::latent_combine(&inp.samples1, &inp.samples2, Combination::Subtract)?,))
-        }
-    }
-}
-
-weft_sdk::node! {
-    /// Each latent vector's direction and length interpolated between the two batches.
-    pub struct LatentInterpolate {
-        category: "latent/advanced",
-        inputs {
-            samples1: Latent = input::latent(),
-            samples2: Latent = input::latent(),
-            ratio: f64 = input::float().default(1.0).min(0.0).max(1.0).step(0.01),
-        }
-        outputs { LATENT: Latent }
-        fn execute(_, inp) {
-            Ok((diffusion::latent_combine(&inp.samples1, &inp.samples2, Combination::Interpolate(inp.ratio))?,))
-        }
-    }
-}
-
-weft_sdk::node! {
-    /// The second latent batch after the first.
-    pub struct LatentBatch {
-        category: "latent/batch",
-        inputs {
-            samples1: Latent = input::latent(),
-            samples2: Latent = input::latent(),
-        }
-        outputs { LATENT: Latent }
-        fn execute(_, inp) {
-            Ok((diffusion::latent_combine(&inp.samples1, &inp.samples2, Combination::Batch)?,))
-        }
-    }
-}
-
-weft_sdk::node! {
-    /// `samples1 * blend_factor + samples2 * (1 - blend_factor)`.
-    pub struct LatentBlend {
-        display_name: "Latent Blend",
-        category: "_for_testing",
-        inputs {
-            samples1: Latent = input::latent(),
-            samples2: Latent = input::latent(),
-            blend_factor: f64 = input::float().default(0.5).min(0.0).max(1.0).step(0.01),
-        }
-        outputs { LATENT: Latent }
-        fn execute(_, inp) {
-            let how = Combination::Blend(inp.blend_factor);
-            Ok((diffusion::latent_combine(&inp.samples1, &inp.samples2, how)?,))
-        }
-    }
-}
+combine_node!(
+    "The sum of two latent batches.",
+    LatentAdd,
+    "LatentAdd",
+    "latent/advanced",
+    |inp| Combination::Add
+);
+combine_node!(
+    "The first latent batch minus the second.",
+    LatentSubtract,
+    "LatentSubtract",
+    "latent/advanced",
+    |inp| Combination::Subtract
+);
+combine_node!(
+    "Each latent vector's direction and length interpolated between the two batches.",
+    LatentInterpolate,
+    "LatentInterpolate",
+    "latent/advanced",
+    |inp| Combination::Interpolate(inp.ratio),
+    ratio: f64 = input::float().default(1.0).min(0.0).max(1.0).step(0.01)
+);
+combine_node!(
+    "The second latent batch after the first.",
+    LatentBatch,
+    "LatentBatch",
+    "latent/batch",
+    |inp| Combination::Batch
+);
+combine_node!(
+    "`samples1 * blend_factor + samples2 * (1 - blend_factor)`.",
+    LatentBlend,
+    "Latent Blend",
+    "_for_testing",
+    |inp| Combination::Blend(inp.blend_factor),
+    blend_factor: f64 = input::float().default(0.5).min(0.0).max(1.0).step(0.01)
+);
 
 weft_sdk::node! {
     /// Every value of the latents times `multiplier`.

@@ -6,7 +6,8 @@ use serde_json::Value;
 use super::*;
 use crate::diffusion::latent::plain;
 
-fn fixture() -> Value {
+/// `tests/fixtures/latent-nodes/latent_nodes.json`.
+pub(crate) fn fixture() -> Value {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../tests/fixtures/latent-nodes/latent_nodes.json"
@@ -14,7 +15,8 @@ fn fixture() -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-fn floats(v: &Value) -> Vec<f32> {
+/// A JSON array of numbers as float32s.
+pub(crate) fn floats(v: &Value) -> Vec<f32> {
     v.as_array()
         .unwrap()
         .iter()

@@ -8,22 +8,7 @@ use candle_core::{Device, Tensor};
 use serde_json::Value;
 
 use super::*;
-
-fn fixture() -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/latent-nodes/latent_nodes.json"
-    );
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
+use crate::diffusion::latent_ops::tests::{fixture, floats};
 
 fn sizes(v: &Value) -> Vec<usize> {
     v.as_array()
