@@ -190,7 +190,7 @@ fn blend_blur_sharpen_and_flip_keep_a_flat_colour() {
 }
 
 #[test]
-fn scale_to_total_pixels_makes_comfyuis_sizes() {
+fn scaling_nodes_make_comfyuis_sizes() {
     let server = Server::start();
     let path = support::root().join("tests/fixtures/image-nodes/cases.json");
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -200,21 +200,63 @@ fn scale_to_total_pixels_makes_comfyuis_sizes() {
         "c" => (4, 6),
         other => panic!("no size for input {other}"),
     };
+    let scaling = [
+        "ImageScaleToTotalPixels",
+        "ImageScaleToMaxDimension",
+        "ResizeAndPadImage",
+    ];
     let cases = fixture["cases"].as_array().unwrap().iter();
-    for case in cases.filter(|c| c["node"] == "ImageScaleToTotalPixels") {
+    for case in cases.filter(|c| scaling.contains(&c["node"].as_str().unwrap())) {
         let (width, height) = sides(case["inputs"]["image"]["tensor"].as_str().unwrap());
+        let mut inputs = case["inputs"].clone();
+        inputs["image"] = json!(["1", 0]);
         let shape = &case["outputs"][0]["shape"];
         let job = server.run(json!({
             "1": {"class_type": "EmptyImage", "inputs": {"width": width, "height": height, "batch_size": 1, "color": 0}},
-            "2": {"class_type": "ImageScaleToTotalPixels", "inputs": {"image": ["1", 0], "upscale_method": case["inputs"]["upscale_method"], "megapixels": case["inputs"]["megapixels"]}},
+            "2": {"class_type": case["node"], "inputs": inputs},
             "3": {"class_type": "GetImageSize", "inputs": {"image": ["2", 0]}},
             "4": {"class_type": "PreviewAny", "inputs": {"source": ["3", 0]}},
             "5": {"class_type": "PreviewAny", "inputs": {"source": ["3", 1]}}
         }));
         assert_eq!(job["status"], "succeeded", "{job}");
-        assert_eq!(previewed(&server, &job, "4"), shape[2].to_string(), "width");
-        assert_eq!(previewed(&server, &job, "5"), shape[1].to_string(), "height");
+        assert_eq!(
+            previewed(&server, &job, "4"),
+            shape[2].to_string(),
+            "{}: width",
+            case["node"]
+        );
+        assert_eq!(
+            previewed(&server, &job, "5"),
+            shape[1].to_string(),
+            "{}: height",
+            case["node"]
+        );
     }
+}
+
+#[test]
+fn resize_and_pad_centres_the_fitted_image_on_the_padding_colour() {
+    let server = Server::start();
+    let job = server.run(json!({
+        "wide": {"class_type": "EmptyImage", "inputs": {"width": 7, "height": 5, "batch_size": 1, "color": 0xFF0000}},
+        "fit": {"class_type": "ResizeAndPadImage", "inputs": {"image": ["wide", 0], "target_width": 9, "target_height": 9, "padding_color": "white", "interpolation": "nearest-exact"}},
+        "save": {"class_type": "SaveImage", "inputs": {"images": ["fit", 0], "filename_prefix": "fit"}},
+        "tall": {"class_type": "EmptyImage", "inputs": {"width": 4, "height": 6, "batch_size": 1, "color": 0xFF0000}},
+        "fit2": {"class_type": "ResizeAndPadImage", "inputs": {"image": ["tall", 0], "target_width": 9, "target_height": 5, "padding_color": "black", "interpolation": "nearest-exact"}},
+        "save2": {"class_type": "SaveImage", "inputs": {"images": ["fit2", 0], "filename_prefix": "fit2"}}
+    }));
+    // 7x5 scaled by 9/7 is 9x6 (6.43 truncated), one row down; 4x6 by 5/6 is 3x5, three
+    // columns in.
+    let wide = &saved_pngs(&server, &job, "save")[0];
+    assert_eq!(wide.get_pixel(4, 0).0, [255, 255, 255, 255]);
+    assert_eq!(wide.get_pixel(4, 1).0, [255, 0, 0, 255]);
+    assert_eq!(wide.get_pixel(4, 6).0, [255, 0, 0, 255]);
+    assert_eq!(wide.get_pixel(4, 7).0, [255, 255, 255, 255]);
+    let tall = &saved_pngs(&server, &job, "save2")[0];
+    assert_eq!(tall.get_pixel(2, 2).0, [0, 0, 0, 255]);
+    assert_eq!(tall.get_pixel(3, 2).0, [255, 0, 0, 255]);
+    assert_eq!(tall.get_pixel(5, 2).0, [255, 0, 0, 255]);
+    assert_eq!(tall.get_pixel(6, 2).0, [0, 0, 0, 255]);
 }
 
 #[test]
@@ -242,4 +284,45 @@ fn huge_repeats_and_pads_end_with_the_memory_limit() {
         "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}
     }));
     assert_failed_at_node(&grow, "node_memory_limit", "1");
+}
+
+#[test]
+fn a_joined_alpha_saves_as_an_rgba_png_and_splits_back() {
+    let server = Server::start();
+    let job = server.run(json!({
+        "img": {"class_type": "EmptyImage", "inputs": {"width": 4, "height": 3, "batch_size": 2, "color": 0x336699}},
+        "alpha": {"class_type": "SolidMask", "inputs": {"value": 0.25, "width": 2, "height": 2}},
+        "join": {"class_type": "JoinImageWithAlpha", "inputs": {"image": ["img", 0], "alpha": ["alpha", 0]}},
+        "save": {"class_type": "SaveImage", "inputs": {"images": ["join", 0], "filename_prefix": "rgba"}},
+        "split": {"class_type": "SplitImageWithAlpha", "inputs": {"image": ["join", 0]}},
+        "pic": {"class_type": "MaskToImage", "inputs": {"mask": ["split", 1]}},
+        "savemask": {"class_type": "SaveImage", "inputs": {"images": ["pic", 0], "filename_prefix": "alpha"}}
+    }));
+    let images = saved_pngs(&server, &job, "save");
+    assert_eq!(images.len(), 1, "as many images as the shorter batch");
+    let pixel = images[0].get_pixel(3, 2).0;
+    assert_near(pixel, [0x33, 0x66, 0x99], "the colour");
+    assert!((i32::from(pixel[3]) - 191).abs() <= 1, "alpha is 1 - 0.25: {pixel:?}");
+    let mask = &saved_pngs(&server, &job, "savemask")[0];
+    assert_near(mask.get_pixel(0, 0).0, [63, 63, 63], "the mask is 1 - alpha again");
+}
+
+#[test]
+fn porter_duff_source_over_keeps_an_opaque_source_and_its_alpha() {
+    let server = Server::start();
+    let job = server.run(json!({
+        "src": {"class_type": "EmptyImage", "inputs": {"width": 4, "height": 4, "batch_size": 1, "color": 0x00FF00}},
+        "dst": {"class_type": "EmptyImage", "inputs": {"width": 6, "height": 4, "batch_size": 1, "color": 0xFF0000}},
+        "opaque": {"class_type": "SolidMask", "inputs": {"value": 0.0, "width": 4, "height": 4}},
+        "clear": {"class_type": "SolidMask", "inputs": {"value": 1.0, "width": 6, "height": 4}},
+        "over": {"class_type": "PorterDuffImageComposite", "inputs": {"source": ["src", 0], "source_alpha": ["opaque", 0], "destination": ["dst", 0], "destination_alpha": ["clear", 0], "mode": "SRC_OVER"}},
+        "save": {"class_type": "SaveImage", "inputs": {"images": ["over", 0], "filename_prefix": "over"}},
+        "alpha": {"class_type": "MaskToImage", "inputs": {"mask": ["over", 1]}},
+        "savealpha": {"class_type": "SaveImage", "inputs": {"images": ["alpha", 0], "filename_prefix": "alpha"}}
+    }));
+    let image = &saved_pngs(&server, &job, "save")[0];
+    assert_eq!(image.dimensions(), (6, 4), "the destination's size");
+    assert_near(image.get_pixel(3, 2).0, [0, 255, 0], "the source, resized to cover it");
+    let alpha = &saved_pngs(&server, &job, "savealpha")[0];
+    assert_near(alpha.get_pixel(3, 2).0, [0, 0, 0], "opaque");
 }

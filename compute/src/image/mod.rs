@@ -8,9 +8,11 @@ use image::{GenericImageView, ImageBuffer, Rgb, Rgb32FImage};
 
 use super::ComputeError;
 
+pub mod alpha;
 pub mod blend;
 pub mod composite;
 pub mod filter;
+pub mod porter_duff;
 pub mod resample;
 pub mod transform;
 

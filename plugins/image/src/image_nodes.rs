@@ -282,6 +282,46 @@ weft_sdk::node! {
     }
 }
 
+/// `ResizeAndPadImage`'s resized size and its offset in the target: the image scaled by
+/// the smaller of the two side ratios (sides truncated), centred (offsets floored).
+pub fn fit_inside(width: u32, height: u32, target_w: u32, target_h: u32) -> ((u32, u32), (u32, u32)) {
+    let scale = (f64::from(target_w) / f64::from(width)).min(f64::from(target_h) / f64::from(height));
+    let new_w = (f64::from(width) * scale) as u32;
+    let new_h = (f64::from(height) * scale) as u32;
+    (
+        (new_w, new_h),
+        (target_w.saturating_sub(new_w) / 2, target_h.saturating_sub(new_h) / 2),
+    )
+}
+
+weft_sdk::node! {
+    /// Resizes images to fit inside the target size, keeping their aspect ratio, and pads
+    /// the rest with white or black.
+    pub struct ResizeAndPadImage {
+        category: "image/transform",
+        inputs {
+            image: Image = input::image(),
+            target_width: u32 = input::uint().default(512).min(1).max(MAX_RESOLUTION).step(1),
+            target_height: u32 = input::uint().default(512).min(1).max(MAX_RESOLUTION).step(1),
+            padding_color: String = input::combo(["white", "black"]),
+            interpolation: String =
+                input::combo(["area", "bicubic", "nearest-exact", "bilinear", "lanczos"]),
+        }
+        outputs { IMAGE: Image }
+        fn execute(_, inp) {
+            let (tw, th) = (inp.target_width, inp.target_height);
+            let ((w, h), (x, y)) = fit_inside(inp.image.width(), inp.image.height(), tw, th);
+            if w == 0 || h == 0 {
+                return Err(NodeError::invalid_input("the resized image would be empty"));
+            }
+            let resized = images::scale(&inp.image, &inp.interpolation, w, h, "disabled")?;
+            let color = if inp.padding_color == "black" { 0 } else { 0xFF_FFFF };
+            let canvas = images::empty(tw, th, inp.image.batch_size(), color)?;
+            Ok((images::composite(&canvas, &resized, x, y, false, None)?,))
+        }
+    }
+}
+
 weft_sdk::node! {
     /// Returns width and height of the image, and passes it through unchanged.
     pub struct GetImageSize {

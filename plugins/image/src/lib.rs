@@ -182,6 +182,7 @@ weft_sdk::export_plugin!(
     ImagePadForOutpaint,
     ImageScaleToTotalPixels,
     ImageScaleToMaxDimension,
+    ResizeAndPadImage,
     GetImageSize,
     SolidMask,
     InvertMask,
@@ -192,5 +193,8 @@ weft_sdk::export_plugin!(
     ThresholdMask,
     ImageToMask,
     MaskToImage,
-    ImageColorToMask
+    ImageColorToMask,
+    JoinImageWithAlpha,
+    SplitImageWithAlpha,
+    PorterDuffImageComposite
 );

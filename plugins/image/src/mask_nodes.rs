@@ -190,3 +190,84 @@ weft_sdk::node! {
         }
     }
 }
+
+weft_sdk::node! {
+    /// Adds a mask as the images' alpha channel (1 in the mask is transparent).
+    pub struct JoinImageWithAlpha {
+        display_name: "Join Image with Alpha",
+        category: "mask/compositing",
+        inputs {
+            image: Image = input::image(),
+            alpha: Mask = input::mask(),
+        }
+        outputs { IMAGE: Image }
+        fn execute(_, inp) {
+            Ok((images::join_alpha(&inp.image, &inp.alpha)?,))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Splits images into RGB and a mask of their transparency.
+    pub struct SplitImageWithAlpha {
+        display_name: "Split Image with Alpha",
+        category: "mask/compositing",
+        inputs {
+            image: Image = input::image(),
+        }
+        outputs { IMAGE: Image, MASK: Mask }
+        fn execute(_, inp) {
+            Ok(images::split_alpha(&inp.image)?)
+        }
+    }
+}
+
+/// ComfyUI's Porter-Duff mode names, in its order, with the host's operators.
+const PORTER_DUFF: [(&str, images::PorterDuffMode); 18] = {
+    use images::PorterDuffMode as M;
+    [
+        ("ADD", M::Add),
+        ("CLEAR", M::Clear),
+        ("DARKEN", M::Darken),
+        ("DST", M::Dst),
+        ("DST_ATOP", M::DstAtop),
+        ("DST_IN", M::DstIn),
+        ("DST_OUT", M::DstOut),
+        ("DST_OVER", M::DstOver),
+        ("LIGHTEN", M::Lighten),
+        ("MULTIPLY", M::Multiply),
+        ("OVERLAY", M::Overlay),
+        ("SCREEN", M::Screen),
+        ("SRC", M::Src),
+        ("SRC_ATOP", M::SrcAtop),
+        ("SRC_IN", M::SrcIn),
+        ("SRC_OUT", M::SrcOut),
+        ("SRC_OVER", M::SrcOver),
+        ("XOR", M::Xor),
+    ]
+};
+
+weft_sdk::node! {
+    /// Composites two images with alpha masks by a Porter-Duff operator.
+    pub struct PorterDuffImageComposite {
+        display_name: "Porter-Duff Image Composite",
+        category: "mask/compositing",
+        inputs {
+            source: Image = input::image(),
+            source_alpha: Mask = input::mask(),
+            destination: Image = input::image(),
+            destination_alpha: Mask = input::mask(),
+            mode: String = input::combo(PORTER_DUFF.map(|(name, _)| name)).default("DST"),
+        }
+        outputs { IMAGE: Image, MASK: Mask }
+        fn execute(_, inp) {
+            let mode = PORTER_DUFF
+                .iter()
+                .find(|(name, _)| *name == inp.mode)
+                .map(|(_, mode)| *mode)
+                .ok_or_else(|| NodeError::invalid_input(format!("unknown mode {:?}", inp.mode)))?;
+            let (source, destination) = ((&inp.source, &inp.source_alpha), (&inp.destination, &inp.destination_alpha));
+            Ok(images::porter_duff(source.0, source.1, destination.0, destination.1, mode)?)
+        }
+    }
+}

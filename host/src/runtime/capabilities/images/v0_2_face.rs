@@ -1,6 +1,6 @@
 //! The `weft:node@0.2.0` face of `images`: the 0.1.0 calls, plus `load-mask` and
 //! ComfyUI's image nodes (`transform`, `blend`, `filter`, `concat`, `select`, `repeat`,
-//! `composite`, `pad`, `from-mask`).
+//! `composite`, `pad`, `from-mask`, `join-alpha`, `split-alpha`, `porter-duff`).
 
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ use crate::runtime::bindings::v0_2::weft::node as v2;
 use crate::runtime::bindings::v0_2::wit::{AssetRef, NodeError};
 use crate::runtime::memory::Held;
 use crate::runtime::value::{ImageRes, MaskRes};
-use v2::images::{BlendMode, Edges, FilterOp as Filter, TransformOp as Transform};
+use v2::images::{BlendMode, Edges, FilterOp as Filter, PorterDuffMode, TransformOp as Transform};
 
 impl v2::images::Host for Ctx<'_> {
     fn empty(
@@ -239,5 +239,69 @@ impl v2::images::Host for Ctx<'_> {
         let source = self.mask(&mask)?;
         let charge = self.charge_for(floats(source.data.len() as u64 * 3), "an image of a mask")?;
         self.finish_image(Ok(image_ops::composite::from_mask(&source)), charge)
+    }
+
+    fn join_alpha(&mut self, image: Resource<ImageRes>, alpha: Resource<MaskRes>) -> ImageResult {
+        let (source, mask) = (self.image(&image)?, self.mask(&alpha)?);
+        let pixels = u64::from(source.width) * u64::from(source.height);
+        let batch = u64::from(source.batch.min(mask.batch));
+        let working = mask.data.len() as u64 + pixels * batch;
+        let charge = self.charge_for(floats(pixels * batch * 4 + working), "an image with alpha")?;
+        let keep_going = self.keep_going();
+        self.finish_image(image_ops::alpha::join(&source, &mask, &keep_going), charge)
+    }
+
+    fn split_alpha(&mut self, image: Resource<ImageRes>) -> PairResult {
+        let source = self.image(&image)?;
+        let pixels = image_values(&source) / u64::from(source.channels);
+        let charge = self.charge_for(floats(pixels * 4), "an image and its alpha mask")?;
+        self.finish_pair(image_ops::alpha::split(&source), charge)
+    }
+
+    fn porter_duff(
+        &mut self,
+        source: Resource<ImageRes>,
+        source_alpha: Resource<MaskRes>,
+        destination: Resource<ImageRes>,
+        destination_alpha: Resource<MaskRes>,
+        mode: PorterDuffMode,
+    ) -> PairResult {
+        let (src, sa) = (self.image(&source)?, self.mask(&source_alpha)?);
+        let (dst, da) = (self.image(&destination)?, self.mask(&destination_alpha)?);
+        let batch = u64::from(src.batch.min(sa.batch).min(dst.batch).min(da.batch));
+        let pixels = u64::from(dst.width) * u64::from(dst.height);
+        let frame = pixels * u64::from(dst.channels);
+        let src_frame = u64::from(src.width) * u64::from(src.height) * u64::from(src.channels);
+        // The results, and one image's resized source and alphas with their copies.
+        let working = 2 * (frame + src_frame) + 4 * pixels;
+        let charge = self.charge_for(floats(batch * (frame + pixels) + working), "a Porter-Duff composite")?;
+        let keep_going = self.keep_going();
+        let result = image_ops::porter_duff::porter_duff((&src, &sa), (&dst, &da), porter_duff_mode(mode), &keep_going);
+        self.finish_pair(result, charge)
+    }
+}
+
+/// The compute operator of a WIT Porter-Duff mode.
+fn porter_duff_mode(mode: PorterDuffMode) -> image_ops::porter_duff::PorterDuff {
+    use image_ops::porter_duff::PorterDuff as P;
+    match mode {
+        PorterDuffMode::Add => P::Add,
+        PorterDuffMode::Clear => P::Clear,
+        PorterDuffMode::Darken => P::Darken,
+        PorterDuffMode::Dst => P::Dst,
+        PorterDuffMode::DstAtop => P::DstAtop,
+        PorterDuffMode::DstIn => P::DstIn,
+        PorterDuffMode::DstOut => P::DstOut,
+        PorterDuffMode::DstOver => P::DstOver,
+        PorterDuffMode::Lighten => P::Lighten,
+        PorterDuffMode::Multiply => P::Multiply,
+        PorterDuffMode::Overlay => P::Overlay,
+        PorterDuffMode::Screen => P::Screen,
+        PorterDuffMode::Src => P::Src,
+        PorterDuffMode::SrcAtop => P::SrcAtop,
+        PorterDuffMode::SrcIn => P::SrcIn,
+        PorterDuffMode::SrcOut => P::SrcOut,
+        PorterDuffMode::SrcOver => P::SrcOver,
+        PorterDuffMode::Xor => P::Xor,
     }
 }
