@@ -215,7 +215,7 @@ weft_sdk::node! {
         outputs { IMAGE: Image, MASK: Mask }
         fn execute(_, inp) {
             let margins = Edges { left: inp.left, top: inp.top, right: inp.right, bottom: inp.bottom };
-            Ok(images::pad(&inp.image, margins, inp.feathering)?)
+            images::pad(&inp.image, margins, inp.feathering)
         }
     }
 }

@@ -217,7 +217,7 @@ weft_sdk::node! {
         }
         outputs { IMAGE: Image, MASK: Mask }
         fn execute(_, inp) {
-            Ok(images::split_alpha(&inp.image)?)
+            images::split_alpha(&inp.image)
         }
     }
 }
@@ -267,7 +267,7 @@ weft_sdk::node! {
                 .map(|(_, mode)| *mode)
                 .ok_or_else(|| NodeError::invalid_input(format!("unknown mode {:?}", inp.mode)))?;
             let (source, destination) = ((&inp.source, &inp.source_alpha), (&inp.destination, &inp.destination_alpha));
-            Ok(images::porter_duff(source.0, source.1, destination.0, destination.1, mode)?)
+            images::porter_duff(source.0, source.1, destination.0, destination.1, mode)
         }
     }
 }
