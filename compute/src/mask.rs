@@ -168,10 +168,19 @@ pub fn feather(m: &MaskBatch, [left, top, right, bottom]: [u32; 4]) -> MaskBatch
 
 /// One step of grey dilation (`max`) or erosion (`min`) of a `w` x `h` mask with a 3x3
 /// footprint: the cross when `tapered`, else the square. Neighbours beyond the edges are
-/// left out (scipy's `reflect` mode gives the same). Returns whether anything changed.
-fn morph_step(src: &[f32], dst: &mut [f32], (w, h): (usize, usize), dilate: bool, tapered: bool) -> bool {
+/// left out (scipy's `reflect` mode gives the same). Returns whether anything changed;
+/// `keep_going` is asked every 64 rows.
+fn morph_step(
+    (src, dst): (&[f32], &mut [f32]),
+    (w, h): (usize, usize),
+    (dilate, tapered): (bool, bool),
+    keep_going: &dyn Fn() -> bool,
+) -> Result<bool, ComputeError> {
     let mut changed = false;
     for y in 0..h {
+        if y % 64 == 63 && !keep_going() {
+            return Err(ComputeError::Interrupted);
+        }
         for x in 0..w {
             let mut v = src[y * w + x];
             for dy in -1isize..=1 {
@@ -189,12 +198,13 @@ fn morph_step(src: &[f32], dst: &mut [f32], (w, h): (usize, usize), dilate: bool
             dst[y * w + x] = v;
         }
     }
-    changed
+    Ok(changed)
 }
 
 /// `GrowMask`: `|expand|` steps of grey dilation (erosion when `expand` is negative) of
 /// each mask; stops early once a step changes nothing. `keep_going` is asked before each
-/// step; when it says no the result is [`ComputeError::Interrupted`].
+/// step and every 64 rows of one; when it says no the result is
+/// [`ComputeError::Interrupted`].
 pub fn grow(
     m: &MaskBatch,
     expand: i32,
@@ -209,7 +219,7 @@ pub fn grow(
             if !keep_going() {
                 return Err(ComputeError::Interrupted);
             }
-            let changed = morph_step(frame, &mut scratch, (w, h), expand > 0, tapered);
+            let changed = morph_step((frame, &mut scratch), (w, h), (expand > 0, tapered), keep_going)?;
             frame.copy_from_slice(&scratch);
             if !changed {
                 break;
@@ -343,6 +353,14 @@ mod tests {
             let got = from_color(&f.image(case, "image"), uint(case, "color")).unwrap();
             f.check_mask(case, 0, &got, 0.0);
         }
+    }
+
+    #[test]
+    fn grow_stops_when_told_to() {
+        let mut m = solid(0.0, 200, 200).unwrap();
+        m.data[0] = 1.0;
+        let stop = || false;
+        assert!(matches!(grow(&m, 5, true, &stop), Err(ComputeError::Interrupted)));
     }
 
     #[test]
