@@ -6,11 +6,23 @@ use super::interrupt::Interrupt;
 use super::values::LatentBatch;
 use super::ComputeError;
 
-/// Encodes image `index` of `image` as an 8-bit RGB PNG, with `text` as tEXt chunks
+/// Encodes image `index` of `image` as an 8-bit RGB PNG (RGBA for a 4-channel image), with `text` as tEXt chunks
 /// (ComfyUI stores `prompt` and `workflow` there). Values are quantised as ComfyUI's
 /// `SaveImage` does: `255 · v` in float32, clamped to 0..=255 and truncated.
 pub fn encode_png(image: &ImageBatch, index: u32, text: &[(String, String)]) -> Result<Vec<u8>, ComputeError> {
     encode_png_interruptible(image, index, text, Interrupt::NEVER)
+}
+
+/// The PNG colour type of an image of `channels` channels.
+fn png_color(channels: u32) -> Result<png::ColorType, ComputeError> {
+    match channels {
+        1 => Ok(png::ColorType::Grayscale),
+        3 => Ok(png::ColorType::Rgb),
+        4 => Ok(png::ColorType::Rgba),
+        other => Err(ComputeError::invalid(format!(
+            "cannot save an image of {other} channels as PNG"
+        ))),
+    }
 }
 
 /// Rows of pixel bytes an interruptible PNG encode converts and compresses between two
@@ -44,7 +56,7 @@ pub fn encode_png_interruptible(
     let mut out = Vec::with_capacity(len / 2 + 1024);
     {
         let mut encoder = png::Encoder::new(&mut out, image.width, image.height);
-        encoder.set_color(png::ColorType::Rgb);
+        encoder.set_color(png_color(image.channels)?);
         encoder.set_depth(png::BitDepth::Eight);
         encoder.set_compression(png::Compression::Fast);
         for (key, value) in text {
@@ -60,7 +72,7 @@ pub fn encode_png_interruptible(
             return Ok(out);
         }
         let mut stream = writer.stream_writer().map_err(|e| failed(&e))?;
-        let row = (image.width as usize * 3).max(1);
+        let row = (image.width as usize * image.channels as usize).max(1);
         let strip = (PNG_STRIP_BYTES / row).max(1) * row;
         let mut bytes = Vec::with_capacity(strip.min(pixels.len()));
         for rows in pixels.chunks(strip) {

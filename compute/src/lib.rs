@@ -34,6 +34,7 @@ mod geglu;
 pub mod image;
 pub mod interrupt;
 mod linear;
+pub mod mask;
 mod matmul;
 pub mod models;
 mod norm;

@@ -56,8 +56,11 @@ pub mod bindings {
 pub use bindings::weft::node::diffusion;
 /// Host calls every node may make: `progress` and `is_canceled` (prefer [`Context`]).
 pub use bindings::weft::node::host;
-/// Host-side image operations: `empty`, `invert`, `scale`, `load`, `load_mask`.
+/// Host-side image operations: `empty`, `invert`, `scale`, `load`, `load_mask`, and
+/// ComfyUI's image nodes (`transform`, `blend`, `filter`, `composite`, `pad`, ...).
 pub use bindings::weft::node::images;
+/// Host-side mask operations: ComfyUI's mask nodes (`solid`, `invert`, `crop`, ...).
+pub use bindings::weft::node::masks;
 pub use bindings::weft::node::types::{
     AssetRef, Audio, FileData, Handle, Image, InputSpec, Latent, Mask, NamedValue, NodeDef, NodeError, NodeResult,
     OutputFile, OutputKind, OutputSpec, Value,
@@ -76,8 +79,8 @@ pub use weft_types::NodeErrorCode;
 pub mod prelude {
     pub use crate::input;
     pub use crate::{
-        diffusion, images, AssetRef, Audio, Clip, Conditioning, Context, FileData, Guider, Handle, Image, Latent, Mask,
-        Model, NodeError, Noise, OutputFile, OutputKind, Sampler, Sigmas, Vae,
+        diffusion, images, masks, AssetRef, Audio, Clip, Conditioning, Context, FileData, Guider, Handle, Image,
+        Latent, Mask, Model, NodeError, Noise, OutputFile, OutputKind, Sampler, Sigmas, Vae,
     };
 }
 

@@ -5,8 +5,14 @@
 
 use weft_sdk::prelude::*;
 
+mod image_nodes;
+mod mask_nodes;
+
+use image_nodes::*;
+use mask_nodes::*;
+
 /// ComfyUI's `MAX_RESOLUTION`.
-const MAX_RESOLUTION: u32 = 16384;
+pub(crate) const MAX_RESOLUTION: u32 = 16384;
 
 weft_sdk::node! {
     /// A batch of images filled with one colour (0xRRGGBB).
@@ -162,5 +168,33 @@ weft_sdk::export_plugin!(
     LoadImage,
     LoadImageMask,
     SaveImage,
-    PreviewImage
+    PreviewImage,
+    ImageCrop,
+    ImageFlip,
+    ImageRotate,
+    ImageBlend,
+    ImageBlur,
+    ImageSharpen,
+    ImageBatch,
+    ImageFromBatch,
+    RepeatImageBatch,
+    ImageCompositeMasked,
+    ImagePadForOutpaint,
+    ImageScaleToTotalPixels,
+    ImageScaleToMaxDimension,
+    ResizeAndPadImage,
+    GetImageSize,
+    SolidMask,
+    InvertMask,
+    CropMask,
+    MaskComposite,
+    FeatherMask,
+    GrowMask,
+    ThresholdMask,
+    ImageToMask,
+    MaskToImage,
+    ImageColorToMask,
+    JoinImageWithAlpha,
+    SplitImageWithAlpha,
+    PorterDuffImageComposite
 );

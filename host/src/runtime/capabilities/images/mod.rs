@@ -1,5 +1,7 @@
-//! `weft:node/images`: pixel work on host-held images.
+//! `weft:node/images` and `weft:node/masks`: pixel work on host-held images and masks.
 
+mod masks;
+mod ops;
 mod v0_2_face;
 
 use std::sync::Arc;
@@ -34,7 +36,8 @@ impl Capability for Images {
 
     fn link(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
         add_to_linker::<_, Own<Self>>(linker, own::<Self>)?;
-        v0_2::weft::node::images::add_to_linker::<_, Own<Self>>(linker, own::<Self>)
+        v0_2::weft::node::images::add_to_linker::<_, Own<Self>>(linker, own::<Self>)?;
+        v0_2::weft::node::masks::add_to_linker::<_, Own<Self>>(linker, own::<Self>)
     }
 
     fn new_state(_: &(), _: &Limits, call: &CallContext, _: &Capabilities) -> ImagesState {

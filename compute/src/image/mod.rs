@@ -8,6 +8,17 @@ use image::{GenericImageView, ImageBuffer, Rgb, Rgb32FImage};
 
 use super::ComputeError;
 
+pub mod alpha;
+pub mod blend;
+pub mod composite;
+pub mod filter;
+pub mod porter_duff;
+pub mod resample;
+pub mod transform;
+
+#[cfg(test)]
+pub(crate) mod fixture;
+
 /// Largest image side the host creates or scales to (ComfyUI's `MAX_RESOLUTION`).
 pub const MAX_SIDE: u32 = 16384;
 /// Largest number of float values one batch may hold (256 Mi floats = 1 GiB).
@@ -44,7 +55,8 @@ pub struct MaskBatch {
     pub data: Vec<f32>,
 }
 
-fn check_size(width: u32, height: u32, batch: u32, channels: u32) -> Result<(), ComputeError> {
+/// Refuses a batch with an empty or oversized side, or more than [`MAX_VALUES`] values.
+pub(crate) fn check_size(width: u32, height: u32, batch: u32, channels: u32) -> Result<(), ComputeError> {
     if width == 0 || height == 0 || batch == 0 {
         return Err(ComputeError::invalid("image sides and batch size must be at least 1"));
     }
