@@ -77,7 +77,10 @@ fn latent_nodes_in_a_graph_give_comfyuis_values() {
         }
         let mut inputs = case["inputs"].as_object().unwrap().clone();
         let mut graph = json!({});
-        for (i, name) in ["samples", "samples1", "samples2"].iter().enumerate() {
+        for (i, name) in ["samples", "samples1", "samples2", "destination", "source"]
+            .iter()
+            .enumerate()
+        {
             if let Some(latent) = inputs.get(*name).cloned() {
                 let file = asset(&server, &format!("{name}.latent"), latent_file(&latent["samples"]));
                 graph[format!("{}", 10 + i)] = json!({"class_type": "LoadLatent", "inputs": {"latent": file}});

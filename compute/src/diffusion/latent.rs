@@ -70,15 +70,7 @@ pub fn scale(
     checked_len(shape)?;
     let (mut data, mut h, mut w) = (latent.data.clone(), h as usize, w as usize);
     if center_crop {
-        let old_aspect = w as f64 / h as f64;
-        let new_aspect = width as f64 / height as f64;
-        let (mut x, mut y) = (0usize, 0usize);
-        if old_aspect > new_aspect {
-            x = ((w as f64 - w as f64 * (new_aspect / old_aspect)) / 2.0).round() as usize;
-        } else if old_aspect < new_aspect {
-            y = ((h as f64 - h as f64 * (old_aspect / new_aspect)) / 2.0).round() as usize;
-        }
-        let (ch, cw) = (h - 2 * y, w - 2 * x);
+        let (x, y, cw, ch) = crate::image::resample::center_crop(w, h, width as usize, height as usize);
         data = data
             .chunks_exact(h * w)
             .flat_map(|plane| plane.chunks_exact(w).skip(y).take(ch).flat_map(|row| &row[x..x + cw]))

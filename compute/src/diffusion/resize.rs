@@ -64,8 +64,9 @@ pub fn resize_planes(data: &[f32], height: usize, width: usize, out_h: usize, ou
     out
 }
 
-/// For each output index along one axis: the input indices it reads and their weights.
-fn taps(input: usize, output: usize, mode: Mode) -> Vec<(Vec<usize>, Vec<f32>)> {
+/// For each output index along one axis: the input indices it reads and their weights, as
+/// torch computes them in float32.
+pub(crate) fn taps(input: usize, output: usize, mode: Mode) -> Vec<(Vec<usize>, Vec<f32>)> {
     let scale = input as f32 / output as f32;
     let last = input - 1;
     (0..output)

@@ -5,14 +5,8 @@
 use super::ImageBatch;
 use crate::ComputeError;
 
-/// The interpolation modes of torch reproduced here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// `bilinear`: two taps per axis.
-    Bilinear,
-    /// `bicubic`: four taps per axis, Keys' cubic with A = -0.75.
-    Bicubic,
-}
+use crate::diffusion::resize::taps;
+pub use crate::diffusion::resize::Mode;
 
 /// A plane of `batch` x `height` x `width` pixels of `channels` floats each.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,41 +66,6 @@ impl Planes {
     }
 }
 
-/// For each of `output` positions along an axis of `input` pixels, the source pixels it
-/// reads and their weights, as torch computes them in float32.
-fn taps(mode: Mode, input: usize, output: usize) -> Vec<(Vec<usize>, Vec<f32>)> {
-    let scale = input as f32 / output as f32;
-    let last = input as i64 - 1;
-    (0..output)
-        .map(|dst| {
-            let real = scale * (dst as f32 + 0.5) - 0.5;
-            match mode {
-                Mode::Bilinear => {
-                    let real = real.max(0.0);
-                    let index = (real.floor() as i64).min(last);
-                    let lambda = (real - index as f32).clamp(0.0, 1.0);
-                    let next = if index < last { index + 1 } else { index };
-                    (vec![index as usize, next as usize], vec![1.0 - lambda, lambda])
-                }
-                Mode::Bicubic => {
-                    let index = real.floor() as i64;
-                    let t = real - index as f32;
-                    let indices = (-1..3).map(|k| (index + k).clamp(0, last) as usize).collect();
-                    (indices, cubic_weights(t).to_vec())
-                }
-            }
-        })
-        .collect()
-}
-
-/// Torch's `get_cubic_upsample_coefficients` for the fraction `t`, A = -0.75.
-fn cubic_weights(t: f32) -> [f32; 4] {
-    const A: f32 = -0.75;
-    let near = |x: f32| ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0;
-    let far = |x: f32| ((A * x - 5.0 * A) * x + 8.0 * A) * x - 4.0 * A;
-    [far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)]
-}
-
 /// `planes` resized to `width` x `height` with `mode`, as `torch.nn.functional.interpolate`
 /// (unclamped, like torch). `keep_going` is asked once per output row; when it says no the
 /// resize stops with [`ComputeError::Interrupted`].
@@ -120,8 +79,8 @@ pub fn interpolate(
     if width == 0 || height == 0 || planes.width == 0 || planes.height == 0 {
         return Err(ComputeError::invalid("cannot resize to or from an empty image"));
     }
-    let rows = taps(mode, planes.height, height);
-    let cols = taps(mode, planes.width, width);
+    let rows = taps(planes.height, height, mode);
+    let cols = taps(planes.width, width, mode);
     let c = planes.channels;
     let mut data = Vec::with_capacity(planes.batch * height * width * c);
     let mut line = vec![0f32; planes.width * c];

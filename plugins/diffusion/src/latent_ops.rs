@@ -156,3 +156,30 @@ weft_sdk::node! {
         }
     }
 }
+
+weft_sdk::node! {
+    /// `source` pasted into `destination` at `x`, `y`, weighed by `mask`.
+    pub struct LatentCompositeMasked {
+        category: "latent",
+        inputs {
+            destination: Latent = input::latent(),
+            source: Latent = input::latent(),
+            x: u32 = input::uint().default(0).min(0).max(MAX_RESOLUTION as u32).step(8),
+            y: u32 = input::uint().default(0).min(0).max(MAX_RESOLUTION as u32).step(8),
+            resize_source: bool = input::boolean().default(false),
+            mask: Option<Mask> = input::mask(),
+        }
+        outputs { LATENT: Latent }
+        fn execute(_, inp) {
+            let out = diffusion::latent_composite_masked(
+                &inp.destination,
+                &inp.source,
+                inp.x,
+                inp.y,
+                inp.resize_source,
+                inp.mask.as_ref(),
+            )?;
+            Ok((out,))
+        }
+    }
+}

@@ -29,8 +29,8 @@ pub use latent::{
     SaveLatent, SetLatentNoiseMask,
 };
 pub use latent_ops::{
-    LatentAdd, LatentBatch, LatentBatchSeedBehavior, LatentBlend, LatentCrop, LatentFlip, LatentInterpolate,
-    LatentMultiply, LatentRotate, LatentSubtract,
+    LatentAdd, LatentBatch, LatentBatchSeedBehavior, LatentBlend, LatentCompositeMasked, LatentCrop, LatentFlip,
+    LatentInterpolate, LatentMultiply, LatentRotate, LatentSubtract,
 };
 pub use loaders::{
     CLIPLoader, CheckpointLoaderSimple, DualCLIPLoader, LoraLoader, LoraLoaderModelOnly, UNETLoader, VAELoader,
@@ -82,6 +82,7 @@ weft_sdk::export_plugin!(
     LatentCrop,
     LatentFlip,
     LatentRotate,
+    LatentCompositeMasked,
     KSampler,
     KSamplerAdvanced,
     SamplerCustom,

@@ -95,6 +95,30 @@ fn run(node: &str, inputs: &Value) -> LatentBatch {
                 y: u("y"),
             },
         ),
+        "LatentCompositeMasked" => {
+            let mask = inputs.get("mask").map(|m| {
+                let s: Vec<u32> = m["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap() as u32)
+                    .collect();
+                MaskBatch {
+                    batch: s[0],
+                    height: s[1],
+                    width: s[2],
+                    data: floats(&m["data"]),
+                }
+            });
+            composite_masked(
+                &read_latent(&inputs["destination"]),
+                &read_latent(&inputs["source"]),
+                (u("x"), u("y")),
+                inputs["resize_source"].as_bool().unwrap(),
+                mask.as_ref(),
+                &|| true,
+            )
+        }
         other => panic!("no case for {other}"),
     }
     .unwrap()

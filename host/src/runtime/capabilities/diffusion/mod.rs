@@ -751,6 +751,38 @@ impl Host for Ctx<'_> {
         Ok(Ok(self.push_latent(out, charge)?))
     }
 
+    fn latent_composite_masked(
+        &mut self,
+        destination: Resource<LatentRes>,
+        source: Resource<LatentRes>,
+        x: u32,
+        y: u32,
+        resize_source: bool,
+        mask: Option<Resource<MaskRes>>,
+    ) -> wasmtime::Result<Result<Resource<LatentRes>, NodeError>> {
+        let (to, from) = (self.latent(&destination)?, self.latent(&source)?);
+        let mask = mask.map(|m| self.core.table.get(&m).map(|m| m.0.clone())).transpose()?;
+        // The two latents reordered, the source resized and repeated, and the mask resized.
+        let [b, c, h, w] = to.shape;
+        let frame = u64::from(b.max(from.shape[0])) * u64::from(h.max(from.shape[2])) * u64::from(w.max(from.shape[3]));
+        let working = (to.data.len() + from.data.len()) as u64 * 4 + frame * u64::from(c + 2) * 4;
+        let charge = self.charge_latent([b, c, h, w], working, "compositing latents")?;
+        let deadline = self.core.deadline.clone();
+        let keep_going = || deadline.check().is_ok();
+        let out = sd::latent_ops::composite_masked(
+            &to,
+            &from,
+            (x, y),
+            resize_source,
+            mask.as_deref().map(|m| &**m),
+            &keep_going,
+        );
+        match out {
+            Err(ComputeError::Interrupted) => Err(self.interruption().unwrap_or(Interrupt::Canceled).into()),
+            out => Ok(Ok(self.push_latent(attempt!(out.map_err(compute_error)), charge)?)),
+        }
+    }
+
     fn latent_from_batch(
         &mut self,
         samples: Resource<LatentRes>,
