@@ -39,6 +39,7 @@ mod matmul;
 pub mod models;
 mod norm;
 pub mod preview;
+pub mod resize;
 pub mod sampling;
 mod simd;
 pub mod text_to_image;

@@ -8,8 +8,8 @@ use super::adm::PromptKind;
 use super::conditioning::Conditioning;
 use super::guidance::{Combine, Guidance};
 use super::model::DiffusionModel;
-use super::resize::{resize_planes, Mode};
 use crate::interrupt::Interrupt;
+use crate::resize::{resize_planes, Mode};
 use crate::sampling::{
     default_noise, ksampler_sigmas, sample_with, seeded_noise, ModelSampling, SampleError, SamplerKind, SamplerOptions,
     Scheduler, StepControl, StepInfo, Tensor, TorchGenerator,

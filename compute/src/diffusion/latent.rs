@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use super::resize::{resize_planes, Mode};
 use crate::image::MaskBatch;
+use crate::resize::{resize_planes, Mode};
 use crate::values::LatentBatch;
 use crate::ComputeError;
 

@@ -17,7 +17,6 @@ pub mod lora;
 pub mod model;
 pub mod placement;
 pub mod prompt;
-pub mod resize;
 pub mod separate;
 pub mod source;
 pub mod text;

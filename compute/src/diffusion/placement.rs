@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use super::conditioning::{Area, CondEntry, CondMask, Conditioning};
-use super::resize::{resize_planes, Mode};
 use crate::image::MaskBatch;
+use crate::resize::{resize_planes, Mode};
 
 /// A latent region in cells: `(y, x, height, width)`.
 pub type Region = (usize, usize, usize, usize);

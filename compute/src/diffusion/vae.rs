@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use super::autoencoder::Autoencoder;
 use super::latent::{plain, PIXELS_PER_CELL};
-use super::resize::{resize_planes, Mode};
 use crate::image::{ImageBatch, MaskBatch};
 use crate::interrupt::Interrupt;
+use crate::resize::{resize_planes, Mode};
 use crate::sampling::Tensor;
 use crate::values::LatentBatch;
 use crate::ComputeError;

@@ -5,8 +5,8 @@
 use super::ImageBatch;
 use crate::ComputeError;
 
-use crate::diffusion::resize::taps;
-pub use crate::diffusion::resize::Mode;
+use crate::resize::taps;
+pub use crate::resize::Mode;
 
 /// A plane of `batch` x `height` x `width` pixels of `channels` floats each.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,7 +1,8 @@
 //! Resizing of `[batch, channels, height, width]` planes as torch's
-//! `F.interpolate(..., align_corners=False)` does it, which ComfyUI's latent upscales and
-//! mask reshapes use: `nearest-exact`, `bilinear`, `bicubic` (a = -0.75, no antialiasing)
-//! and `area` (adaptive average pooling).
+//! `F.interpolate(..., align_corners=False)` does it, which ComfyUI's latent upscales, mask
+//! reshapes and image nodes use: `nearest-exact`, `bilinear`, `bicubic` (a = -0.75, no
+//! antialiasing) and `area` (adaptive average pooling). The image nodes' interleaved-channel
+//! resize (`image::resample`) takes its taps from here.
 
 use crate::ComputeError;
 
