@@ -30,6 +30,10 @@ use crate::ComputeError;
 pub const SUPPORTED: &str =
     "ESRGAN (RRDBNet, incl. Real-ESRGAN x1/x2/x4 and BSRGAN) and Real-ESRGAN Compact (SRVGGNetCompact)";
 
+/// The most floats of scratch the convolutions use beyond their inputs and outputs
+/// (Winograd's transformed inputs and products, at most 16 Mi floats each, and filters).
+const CONV_SCRATCH_FLOATS: u64 = 40 << 20;
+
 /// A loaded upscale model.
 #[derive(Debug)]
 pub struct UpscaleModel {
@@ -109,33 +113,37 @@ impl UpscaleModel {
         self.weight_bytes
     }
 
-    /// Bytes of working memory an upscale of `image` (`w × h`, `batch` images) with
-    /// `tiling` needs at most, the result (`3` float32 channels at the output size)
-    /// included: the largest activations of one tile, those of the last layers at the
-    /// output resolution, plus the blending buffers and the result.
+    /// Bytes of working memory an upscale of `batch` images of `width × height` with
+    /// `tiling` needs at most, the result included: the activations alive at once while one
+    /// tile runs (at the input size, ESRGAN's dense-block buffer with its block input and a
+    /// convolution's output; at the output size, a layer's input and output), the
+    /// convolutions' scratch, the blending buffers and the result.
     pub fn working_bytes(&self, (width, height): (usize, usize), batch: usize, tiling: Tiling) -> u64 {
         let scale = self.scale() as u64;
-        let (th, tw) = (height.min(tiling.tile) as u64, width.min(tiling.tile) as u64);
-        let tile_pixels = th * tw;
+        let (th, tw) = (height.min(tiling.tile) as u64 + 4, width.min(tiling.tile) as u64 + 4);
+        let (tile_in, tile_out) = (th * tw, th * tw * scale * scale);
         let out_pixels = height as u64 * width as u64 * scale * scale;
-        let activations = match &self.network {
-            // The dense buffer (features + 4 growths), the block input, a convolution's
-            // output and its scratch at the input size; at the output size, an upsampled
-            // input, the convolution's output and its scratch.
+        let (floats, widest) = match &self.network {
             Network::Esrgan(n) => {
                 let nf = n.features() as u64;
-                let low = tile_pixels * (4 * nf + 4 * 32 + 32);
-                let high = tile_pixels * scale * scale * 3 * nf;
-                low.max(high)
+                let low = tile_in * (3 * nf + 4 * 32 + 32);
+                let high = tile_out * (2 * nf + 3);
+                (low.max(high), (nf + 4 * 32).max(nf * scale * scale))
             }
-            Network::Compact(n) => tile_pixels * (3 * n.features() as u64 + 3 * scale * scale * 3),
+            Network::Compact(n) => {
+                let nf = n.features() as u64;
+                (tile_in * 2 * nf + tile_out * 3 * 3, nf)
+            }
         };
+        // Winograd's transformed inputs and products: 4 floats per pixel and channel each.
+        let scratch = (8 * widest * tile_in).min(CONV_SCRATCH_FLOATS);
         let blending = if height > tiling.tile || width > tiling.tile {
             out_pixels * 4
         } else {
             0
         };
-        (activations + tile_pixels * scale * scale * 4 + blending + out_pixels * 3 * batch as u64) * 4
+        let images = (height * width) as u64 * 3 * 2 + out_pixels * 3 * batch as u64;
+        (floats + scratch + blending + images) * 4
     }
 
     /// `image` upscaled as `ImageUpscaleWithModel` does: each image tiled by `tiling`,
