@@ -9,9 +9,12 @@
 //! token layout (`[b, h·w, c]`) directly. candle's CPU convolution instead gathers its im2col
 //! matrix one element at a time on one thread, in pixel-major order, and transposes the
 //! result. 3×3 stride-1 convolutions of planes of at least 16×16 pixels go through
-//! Winograd's transforms instead (the `winograd` module). Other devices use candle.
+//! Winograd's transforms instead (the `winograd` module); the upscale models' slices
+//! ([`Conv2d::forward_slice`]) of at least 32×32 pixels use the larger F(4×4, 3×3) tiles of
+//! `winograd4`. Other devices use candle.
 
 mod winograd;
+mod winograd4;
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
@@ -124,7 +127,8 @@ impl Conv2d {
 
     /// The convolution of the contiguous NCHW float32 images `x` (`[b, cin, h, w]`) on the
     /// CPU, without tensors: the upscale models' dense blocks convolve a prefix of their
-    /// feature buffer in place. Asks `stop` as [`forward_interruptible`](Self::forward_interruptible).
+    /// feature buffer in place. 3×3 convolutions of planes of at least 32×32 pixels run by
+    /// Winograd's F(4×4, 3×3). Asks `stop` as [`forward_interruptible`](Self::forward_interruptible).
     pub(crate) fn forward_slice(
         &self,
         x: &[f32],
@@ -150,6 +154,11 @@ impl Conv2d {
             pad,
         };
         with_f32(&self.weight, "conv2d", |weight| {
+            if winograd4::applies((h, w), (kh, kw), s, pad) {
+                let mut out = start.output()?;
+                winograd4::accumulate(x, weight, (b, cin, h, w), &mut out, stop)?;
+                return Ok(out);
+            }
             self.product(x, weight, &start, &geometry, (b, cout), (stop, MACS_PER_CHECK))
         })
     }

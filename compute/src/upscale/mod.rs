@@ -6,7 +6,8 @@
 //! architectures are refused.
 //!
 //! The networks run on the CPU in float32, through weft's convolution kernels (Winograd's
-//! for their 3×3 layers), on one image (or tile) at a time; images are tiled as ComfyUI's
+//! F(4×4, 3×3) for their 3×3 layers on planes of 32×32 pixels and more), on one image (or
+//! tile) at a time; images are tiled as ComfyUI's
 //! `tiled_scale` tiles them.
 
 mod compact;
