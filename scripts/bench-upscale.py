@@ -136,7 +136,7 @@ def main():
         base = f"http://127.0.0.1:{port}"
         server = subprocess.Popen(
             [weft, "serve", "--addr", f"127.0.0.1:{port}", "--data-dir", data, "--models-dir", models,
-             "--cache-mib", "0"],
+             "--cache-mib", "0", "--node-timeout-ms", str(3600 * 1000)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             for _ in range(600):
