@@ -44,6 +44,7 @@ pub mod sampling;
 mod simd;
 pub mod text_to_image;
 mod tokenizer;
+pub mod upscale;
 pub mod vae;
 pub mod values;
 mod weights;

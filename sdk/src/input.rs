@@ -11,7 +11,8 @@ use weft_types as types;
 
 use crate::json::JsonLiteral;
 use crate::{
-    AssetRef, Audio, Clip, Conditioning, Image, InputSpec, Latent, Mask, Model, NamedValue, NodeError, Vae, Value,
+    AssetRef, Audio, Clip, Conditioning, Image, InputSpec, Latent, Mask, Model, NamedValue, NodeError, UpscaleModel,
+    Vae, Value,
 };
 
 /// The ComfyUI name of the type of `value`, for error messages.
@@ -214,6 +215,11 @@ pub fn clip() -> Spec<Clip> {
 
 /// A `VAE` input.
 pub fn vae() -> Spec<Vae> {
+    spec()
+}
+
+/// An `UPSCALE_MODEL` input.
+pub fn upscale_model() -> Spec<UpscaleModel> {
     spec()
 }
 

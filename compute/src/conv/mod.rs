@@ -9,9 +9,12 @@
 //! token layout (`[b, h·w, c]`) directly. candle's CPU convolution instead gathers its im2col
 //! matrix one element at a time on one thread, in pixel-major order, and transposes the
 //! result. 3×3 stride-1 convolutions of planes of at least 16×16 pixels go through
-//! Winograd's transforms instead (the `winograd` module). Other devices use candle.
+//! Winograd's transforms instead (the `winograd` module); the upscale models' slices
+//! ([`Conv2d::forward_slice`]) of at least 32×32 pixels use the larger F(4×4, 3×3) tiles of
+//! `winograd4`. Other devices use candle.
 
 mod winograd;
+mod winograd4;
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
@@ -93,6 +96,70 @@ impl Conv2d {
             stride,
             padding,
             taps_major: OnceLock::new(),
+        })
+    }
+
+    /// A stride-1 convolution padded to keep the size, from `weight` (`[cout, cin, k, k]`,
+    /// odd `k`) and `bias` (`[cout]`) already in hand (float32 on the CPU).
+    pub(crate) fn same(weight: Tensor, bias: Tensor) -> Result<Self> {
+        let (_, _, k, kw) = weight.dims4()?;
+        if k != kw || k % 2 == 0 {
+            candle_core::bail!("conv2d: a {k}x{kw} kernel does not keep the size");
+        }
+        Ok(Conv2d {
+            weight,
+            bias,
+            stride: 1,
+            padding: k / 2,
+            taps_major: OnceLock::new(),
+        })
+    }
+
+    /// Output channels.
+    pub(crate) fn out_channels(&self) -> usize {
+        self.weight.dims().first().copied().unwrap_or(0)
+    }
+
+    /// Input channels.
+    pub(crate) fn in_channels(&self) -> usize {
+        self.weight.dims().get(1).copied().unwrap_or(0)
+    }
+
+    /// The convolution of the contiguous NCHW float32 images `x` (`[b, cin, h, w]`) on the
+    /// CPU, without tensors: the upscale models' dense blocks convolve a prefix of their
+    /// feature buffer in place. 3×3 convolutions of planes of at least 32×32 pixels run by
+    /// Winograd's F(4×4, 3×3). Asks `stop` as [`forward_interruptible`](Self::forward_interruptible).
+    pub(crate) fn forward_slice(
+        &self,
+        x: &[f32],
+        (b, cin, h, w): (usize, usize, usize, usize),
+        stop: Interrupt<'_>,
+    ) -> Result<Vec<f32>> {
+        let (cout, wcin, kh, kw) = self.weight.dims4()?;
+        if wcin != cin || x.len() != b * cin * h * w || cin == 0 || h == 0 || w == 0 {
+            candle_core::bail!("conv2d: input {b}x{cin}x{h}x{w} for weight {:?}", self.weight.shape());
+        }
+        let (s, pad) = (self.stride, self.padding);
+        if h + 2 * pad < kh || w + 2 * pad < kw {
+            candle_core::bail!("conv2d: a {kh}x{kw} kernel does not fit a padded {h}x{w} input");
+        }
+        let (ho, wo) = ((h + 2 * pad - kh) / s + 1, (w + 2 * pad - kw) / s + 1);
+        let start = Start::new(&self.bias, None, None, (b, cout, ho * wo))?;
+        let geometry = Geometry {
+            cin,
+            input: (h, w),
+            kernel: (kh, kw),
+            output: (ho, wo),
+            stride: s,
+            pad,
+        };
+        with_f32(&self.weight, "conv2d", |weight| {
+            if winograd4::applies((h, w), (kh, kw), s, pad) {
+                let mut out = start.output()?;
+                winograd4::accumulate(x, weight, (b, cin, h, w), &mut out, stop)?;
+                return Ok(out);
+            }
+            self.product(x, weight, &start, &geometry, (b, cout), (stop, MACS_PER_CHECK))
         })
     }
 

@@ -10,6 +10,7 @@ mod latent_ops;
 mod loaders;
 mod model_patches;
 mod sampling;
+mod upscale;
 mod vae;
 
 pub use conditioning::{
@@ -37,6 +38,7 @@ pub use loaders::{
 };
 pub use model_patches::{ModelSamplingContinuousEDM, ModelSamplingDiscrete, RescaleCFG};
 pub use sampling::{KSampler, KSamplerAdvanced};
+pub use upscale::{ImageUpscaleWithModel, UpscaleModelLoader};
 pub use vae::{VAEDecode, VAEEncode, VAEEncodeForInpaint};
 
 /// ComfyUI's `MAX_RESOLUTION`.
@@ -44,6 +46,8 @@ pub const MAX_RESOLUTION: i64 = 16384;
 
 weft_sdk::export_plugin!(
     CheckpointLoaderSimple,
+    UpscaleModelLoader,
+    ImageUpscaleWithModel,
     VAELoader,
     UNETLoader,
     CLIPLoader,

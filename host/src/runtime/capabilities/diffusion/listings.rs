@@ -257,7 +257,7 @@ mod tests {
         assert!(concerns_listing(root, Path::new("/models/loras")));
         assert!(concerns_listing(root, Path::new("/models/new-folder")));
         assert!(concerns_listing(root, Path::new("/models/clip/a.safetensors")));
-        assert!(!concerns_listing(
+        assert!(concerns_listing(
             root,
             Path::new("/models/upscale_models/a.safetensors")
         ));

@@ -13,6 +13,7 @@ mod listings;
 mod model_patches;
 mod models_dir;
 mod separate_files;
+mod upscale;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -912,6 +913,18 @@ impl Host for Ctx<'_> {
         })?;
         let out = attempt!(sampled);
         Ok(Ok(self.push_latent(out, charge)?))
+    }
+
+    fn load_upscale_model(&mut self, model_name: String) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        self.upscale_model(model_name)
+    }
+
+    fn upscale_image(
+        &mut self,
+        upscale_model: Resource<HandleRes>,
+        image: Resource<ImageRes>,
+    ) -> wasmtime::Result<Result<Resource<ImageRes>, NodeError>> {
+        self.upscale(upscale_model, image)
     }
 
     fn vae_decode(

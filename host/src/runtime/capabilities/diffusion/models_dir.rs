@@ -1,6 +1,6 @@
 //! The operator's ComfyUI-style models folder: `checkpoints/`, `loras/`, `vae/`,
-//! `embeddings/`, `diffusion_models/` (and the legacy `unet/`) and `text_encoders/` (and the
-//! legacy `clip/`) under one directory. Files are listed by walking the folder (the catalogue
+//! `embeddings/`, `diffusion_models/` (and the legacy `unet/`), `text_encoders/` (and the
+//! legacy `clip/`) and `upscale_models/` under one directory. Files are listed by walking the folder (the catalogue
 //! reads them through [`ModelListings`](super::listings::ModelListings), which keeps a walk
 //! until the folder changes: no restart to pick up a new checkpoint), and a workflow's name is resolved only inside
 //! its folder: absolute names, `..`, and symlinks that lead out of the folder are refused.
@@ -8,18 +8,19 @@
 use std::path::{Component, Path, PathBuf};
 
 /// The folders of a models directory that nodes may name files in.
-pub(crate) const FOLDERS: [&str; 6] = [
+pub(crate) const FOLDERS: [&str; 7] = [
     "checkpoints",
     "loras",
     "vae",
     "embeddings",
     "diffusion_models",
     "text_encoders",
+    "upscale_models",
 ];
 
 /// The directories of the models directory that hold model files: each folder's own, and
 /// the legacy ones ComfyUI still lists under a folder's name (`unet`, `clip`).
-pub(crate) const DIRECTORIES: [&str; 8] = [
+pub(crate) const DIRECTORIES: [&str; 9] = [
     "checkpoints",
     "loras",
     "vae",
@@ -28,6 +29,7 @@ pub(crate) const DIRECTORIES: [&str; 8] = [
     "unet",
     "text_encoders",
     "clip",
+    "upscale_models",
 ];
 
 /// The directories folder `folder` lists, in the order a name is looked up in them (as
@@ -41,12 +43,26 @@ fn directories(folder: &str) -> &'static [&'static str] {
         "loras" => &["loras"],
         "vae" => &["vae"],
         "embeddings" => &["embeddings"],
+        "upscale_models" => &["upscale_models"],
         _ => &[],
     }
 }
 
-/// File extensions listed (weft loads safetensors only).
+/// File extensions listed (weft loads safetensors only, but for upscale models).
 const EXTENSIONS: [&str; 2] = ["safetensors", "sft"];
+
+/// File extensions listed in `upscale_models`: safetensors and PyTorch's zip files, which
+/// the upscale models are read from without running their pickled code.
+const UPSCALE_EXTENSIONS: [&str; 5] = ["safetensors", "sft", "pth", "pt", "ckpt"];
+
+/// The file extensions listed in `folder`.
+fn extensions(folder: &str) -> &'static [&'static str] {
+    if folder == "upscale_models" {
+        &UPSCALE_EXTENSIONS
+    } else {
+        &EXTENSIONS
+    }
+}
 
 /// How deep listing descends into subfolders.
 const MAX_DEPTH: usize = 8;
@@ -115,7 +131,7 @@ impl ModelsDir {
         for directory in directories(folder) {
             let dir = self.root.join(directory);
             if let Ok(base) = dir.canonicalize() {
-                walk(&base, &dir, "", 0, &mut names);
+                walk(&base, &dir, ("", extensions(folder)), 0, &mut names);
             }
         }
         names.sort();
@@ -164,9 +180,9 @@ impl ModelsDir {
     }
 }
 
-/// Adds the model files under `dir` (shown as `prefix` + name) whose real path is in `base`.
-/// Symlinked directories are not followed.
-fn walk(base: &Path, dir: &Path, prefix: &str, depth: usize, names: &mut Vec<String>) {
+/// Adds the model files under `dir` (shown as `prefix` + name, of one of `extensions`)
+/// whose real path is in `base`. Symlinked directories are not followed.
+fn walk(base: &Path, dir: &Path, (prefix, extensions): (&str, &[&str]), depth: usize, names: &mut Vec<String>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -180,14 +196,14 @@ fn walk(base: &Path, dir: &Path, prefix: &str, depth: usize, names: &mut Vec<Str
         };
         if kind.is_dir() {
             if depth < MAX_DEPTH {
-                walk(base, &path, &format!("{prefix}{name}/"), depth + 1, names);
+                walk(base, &path, (&format!("{prefix}{name}/"), extensions), depth + 1, names);
             }
             continue;
         }
         let is_model = path
             .extension()
             .and_then(|e| e.to_str())
-            .is_some_and(|e| EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()));
+            .is_some_and(|e| extensions.contains(&e.to_ascii_lowercase().as_str()));
         let inside = path
             .canonicalize()
             .is_ok_and(|real| real.starts_with(base) && real.is_file());
