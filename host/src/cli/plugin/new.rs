@@ -12,6 +12,7 @@ const WIT: &[(&str, &str)] = &[
         include_str!("../../../../wit/weft-node-0.2.0/diffusion.wit"),
     ),
     ("audio.wit", include_str!("../../../../wit/weft-node-0.2.0/audio.wit")),
+    ("masks.wit", include_str!("../../../../wit/weft-node-0.2.0/masks.wit")),
 ];
 
 /// The files of each language's skeleton: (path in the plugin, template).
@@ -118,4 +119,20 @@ fn class_name(name: &str) -> String {
 fn sdk_path() -> PathBuf {
     let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk");
     sdk.canonicalize().unwrap_or(sdk)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn new_plugins_get_every_file_of_the_contract() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/weft-node-0.2.0");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        files.sort();
+        let mut listed: Vec<&str> = super::WIT.iter().map(|(name, _)| *name).collect();
+        listed.sort();
+        assert_eq!(files, listed, "WIT must list every file of wit/weft-node-0.2.0");
+    }
 }
