@@ -115,6 +115,23 @@ impl Conv2d {
         })
     }
 
+    /// The geometry of this convolution over `cin` channels of `input` pixels with a
+    /// `kernel`-sized weight; fails when the kernel does not fit the padded input.
+    fn geometry(&self, cin: usize, (h, w): (usize, usize), (kh, kw): (usize, usize)) -> Result<Geometry> {
+        let (s, pad) = (self.stride, self.padding);
+        if h + 2 * pad < kh || w + 2 * pad < kw {
+            candle_core::bail!("conv2d: a {kh}x{kw} kernel does not fit a padded {h}x{w} input");
+        }
+        Ok(Geometry {
+            cin,
+            input: (h, w),
+            kernel: (kh, kw),
+            output: ((h + 2 * pad - kh) / s + 1, (w + 2 * pad - kw) / s + 1),
+            stride: s,
+            pad,
+        })
+    }
+
     /// Output channels.
     pub(crate) fn out_channels(&self) -> usize {
         self.weight.dims().first().copied().unwrap_or(0)
@@ -140,19 +157,9 @@ impl Conv2d {
             candle_core::bail!("conv2d: input {b}x{cin}x{h}x{w} for weight {:?}", self.weight.shape());
         }
         let (s, pad) = (self.stride, self.padding);
-        if h + 2 * pad < kh || w + 2 * pad < kw {
-            candle_core::bail!("conv2d: a {kh}x{kw} kernel does not fit a padded {h}x{w} input");
-        }
-        let (ho, wo) = ((h + 2 * pad - kh) / s + 1, (w + 2 * pad - kw) / s + 1);
+        let geometry = self.geometry(cin, (h, w), (kh, kw))?;
+        let (ho, wo) = geometry.output;
         let start = Start::new(&self.bias, None, None, (b, cout, ho * wo))?;
-        let geometry = Geometry {
-            cin,
-            input: (h, w),
-            kernel: (kh, kw),
-            output: (ho, wo),
-            stride: s,
-            pad,
-        };
         with_f32(&self.weight, "conv2d", |weight| {
             if winograd4::applies((h, w), (kh, kw), s, pad) {
                 let mut out = start.output()?;
@@ -225,24 +232,13 @@ impl Conv2d {
         if cin == 0 || h == 0 || w == 0 {
             candle_core::bail!("conv2d: empty input {:?}", x.shape());
         }
-        let (s, pad) = (self.stride, self.padding);
-        if h + 2 * pad < kh || w + 2 * pad < kw {
-            candle_core::bail!("conv2d: a {kh}x{kw} kernel does not fit a padded {h}x{w} input");
-        }
-        let (ho, wo) = ((h + 2 * pad - kh) / s + 1, (w + 2 * pad - kw) / s + 1);
+        let geometry = self.geometry(cin, (h, w), (kh, kw))?;
+        let (ho, wo) = geometry.output;
         let p = ho * wo;
         let x = x.contiguous()?;
         let input = CpuF32::new(&x, "conv2d")?;
         let start = Start::new(&self.bias, shift, residual, (b, cout, p))?;
         let x = input.contiguous("conv2d")?;
-        let geometry = Geometry {
-            cin,
-            input: (h, w),
-            kernel: (kh, kw),
-            output: (ho, wo),
-            stride: s,
-            pad,
-        };
         let out = with_f32(&self.weight, "conv2d", |weight| {
             self.product(x, weight, &start, &geometry, (b, cout), (stop, macs_per_check))
         })?;
