@@ -84,6 +84,19 @@ fn catalog() -> &'static Catalog {
     CATALOG.get_or_init(|| runtime().catalog().into_owned())
 }
 
+/// Builds what [`comfy_request`] shares across inputs (the data directory, the store, the
+/// built-in plugins compiled and the routes), so a fuzz target's `init` pays for it once,
+/// before libFuzzer's per-input timeout starts.
+pub fn prepare_comfy_request() {
+    server_routes();
+}
+
+/// Loads the built-in plugins' catalogue that [`workflow`] validates against, for a fuzz
+/// target's `init` (see [`prepare_comfy_request`]).
+pub fn prepare_workflow() {
+    catalog();
+}
+
 /// The workflow parser and validator: `data` as a submitted workflow, checked against the
 /// built-in catalogue. An invalid workflow lists at most the validator's cap of errors.
 pub fn workflow(data: &[u8]) {
