@@ -1,5 +1,6 @@
 //! Black-box tests of durability: crash recovery after kill -9, and retention (expiry of a
-//! running job, then removal of expired jobs, their outputs and blobs).
+//! running job, then removal of expired jobs, their outputs and blobs; previews, removed after
+//! their own retention).
 
 mod support;
 
@@ -216,4 +217,62 @@ fn no_accepted_job_is_lost_after_kill_9_across_wal_checkpoints() {
     assert_each_succeeded_with_its_text(&server, &ids, "c");
     drop(server);
     let _ = std::fs::remove_dir_all(data_dir);
+}
+
+#[test]
+fn previews_are_temporary_outputs_removed_after_the_preview_retention_while_saved_images_stay() {
+    let server = Server::with(Options {
+        args: [
+            "--inline-output-kib",
+            "0",
+            "--preview-retention-secs",
+            "1",
+            "--sweep-interval-secs",
+            "1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        ..Default::default()
+    });
+    let image =
+        json!({"class_type": "EmptyImage", "inputs": {"width": 8, "height": 6, "batch_size": 1, "color": 0x336699}});
+    let done = server.run(json!({
+        "1": image,
+        "2": {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "kept"}}
+    }));
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let outputs = done["outputs"].as_array().unwrap();
+    let by_node = |node: &str| outputs.iter().find(|o| o["node_id"] == node).unwrap().clone();
+    let (preview, saved) = (by_node("2"), by_node("3"));
+    assert_eq!(preview["temporary"], true, "{preview}");
+    assert!(
+        preview["name"].as_str().unwrap().starts_with("ComfyUI_temp"),
+        "{preview}"
+    );
+    assert_eq!(saved["temporary"], false, "{saved}");
+    // The same pixels and workflow: one blob, which the saved image keeps alive.
+    assert_eq!(preview["hash"], saved["hash"]);
+
+    // Gone after the preview retention: from the job's outputs and as an asset.
+    let job_path = format!("/api/v2/jobs/{}", done["id"].as_str().unwrap());
+    let preview_path = format!("/api/v2/assets/{}", preview["id"].as_str().unwrap());
+    let mut job = Value::Null;
+    for _ in 0..600 {
+        job = server.get(&job_path).json().unwrap();
+        if job["outputs"].as_array().unwrap().len() == 1 && server.get(&preview_path).status() == 404 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        server.get(&preview_path).status(),
+        404,
+        "the preview outlived its retention"
+    );
+    assert_eq!(job["outputs"].as_array().unwrap().len(), 1, "{job}");
+    assert_eq!(job["outputs"][0]["id"], saved["id"]);
+    let kept = server.download(saved["url"].as_str().unwrap());
+    assert!(kept.starts_with(b"\x89PNG"), "the saved image lost its content");
 }

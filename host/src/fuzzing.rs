@@ -412,6 +412,7 @@ fn guest_file(u: &mut Unstructured, reps: &[u32]) -> arbitrary::Result<wit::Outp
         extension: String::arbitrary(u)?,
         content_type: String::arbitrary(u)?,
         data,
+        temporary: bool::arbitrary(u)?,
     })
 }
 

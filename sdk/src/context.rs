@@ -45,6 +45,15 @@ impl Context {
         self.commit(host_encoded(OutputKind::Image, filename_prefix, FileData::Png(images)));
     }
 
+    /// Shows every image of `images` to the caller as a temporary PNG (ComfyUI's `temp`
+    /// folder, as `PreviewImage` does): listed with the job's outputs, then dropped after the
+    /// server's preview retention.
+    pub fn preview_png(&mut self, filename_prefix: impl Into<String>, images: Image) {
+        let mut file = host_encoded(OutputKind::Image, filename_prefix, FileData::Png(images));
+        file.temporary = true;
+        self.commit(file);
+    }
+
     /// Commits `audio` as a WAV file, encoded by the host.
     pub fn save_wav(&mut self, filename_prefix: impl Into<String>, audio: Audio) {
         self.commit(host_encoded(OutputKind::Audio, filename_prefix, FileData::Wav(audio)));
@@ -85,6 +94,7 @@ impl Context {
             extension: extension.into(),
             content_type: content_type.into(),
             data: FileData::Bytes(bytes),
+            temporary: false,
         });
     }
 
@@ -106,5 +116,6 @@ fn host_encoded(kind: OutputKind, prefix: impl Into<String>, data: FileData) -> 
         extension: String::new(),
         content_type: String::new(),
         data,
+        temporary: false,
     }
 }

@@ -106,7 +106,8 @@ fn schemas() -> Json {
             "type": {"type": "string", "enum": ["image", "video", "audio", "text", "file", "latent"]},
             "content_type": {"type": "string"}, "size_bytes": {"type": "integer", "format": "int64"}, "id": {"type": "string", "format": "uuid"},
             "hash": {"type": ["string", "null"]}, "url": {"type": "string"}, "url_expires_at": {"type": "string", "format": "date-time"},
-            "job_id": {"type": ["string", "null"]}}},
+            "job_id": {"type": ["string", "null"]},
+            "temporary": {"type": "boolean", "description": "A preview (PreviewImage, ComfyUI's temp folder): removed after the server's preview retention, before its job; url_expires_at is no later than that."}}},
         "JobError": {"type": "object", "required": ["code", "message"], "properties": {
             "code": {"type": "string"}, "message": {"type": "string"}, "node_id": {"type": ["string", "null"]},
             "class_type": {"type": ["string", "null"]}, "traceback": {"type": ["string", "null"]}}},

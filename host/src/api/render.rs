@@ -9,9 +9,11 @@ fn time(t: chrono::DateTime<chrono::Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-/// The `Output` object of a committed output asset.
+/// The `Output` object of a committed output asset. A temporary one (a preview) says so, and
+/// its link lasts no longer than it does.
 pub fn output(links: &Links, asset: &AssetRecord) -> Json {
-    let (url, expires) = links.content(&asset.id);
+    let (url, link_expires) = links.content(&asset.id);
+    let expires = asset.expires_at.map_or(link_expires, |gone| gone.min(link_expires));
     json!({
         "node_id": asset.node_id,
         "name": asset.file_path,
@@ -23,6 +25,7 @@ pub fn output(links: &Links, asset: &AssetRecord) -> Json {
         "url": url,
         "url_expires_at": time(expires),
         "job_id": asset.job_id,
+        "temporary": asset.is_temporary(),
     })
 }
 

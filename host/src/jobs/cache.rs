@@ -27,6 +27,8 @@ pub struct CachedFile {
     /// The content itself, for a small output kept inline with its asset record (none: it
     /// is blob `blob`).
     pub inline: Option<bytes::Bytes>,
+    /// A preview, committed as a temporary output.
+    pub temporary: bool,
 }
 
 /// A node's cached result.
@@ -271,6 +273,7 @@ mod tests {
                 blob: blob.into(),
                 size: 1,
                 inline: None,
+                temporary: false,
             }],
         };
         cache.put("a", [1; 32], with_file("aa"), Duration::ZERO);

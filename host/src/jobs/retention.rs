@@ -1,7 +1,7 @@
 //! Retention: a small service that wakes periodically. Jobs past `expires_at` that have
 //! not finished become `expired` (a running one is stopped); expired jobs are removed after
 //! a grace period, finished ones at once; then idempotency keys past their lifetime
-//! ([`IDEMPOTENCY_TTL`], 24 hours) and uploads past their own expiry go, and blobs no asset
+//! ([`IDEMPOTENCY_TTL`], 24 hours), uploads and previews past their own expiry go, and blobs no asset
 //! references are deleted. Once an hour (and at start) the whole blob directory is checked
 //! for blobs that no asset references and that are older than [`ORPHAN_GRACE`].
 

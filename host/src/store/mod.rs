@@ -304,7 +304,8 @@ pub trait Store: Send + Sync {
     }
     /// Deletes an uploaded asset; outputs of a live job are [`StoreError::InUse`].
     async fn delete_asset(&self, tenant: &str, id: &str) -> Result<Deleted, StoreError>;
-    /// Deletes uploaded assets whose `expires_at` passed; returns their blobs.
+    /// Deletes the assets whose `expires_at` passed (uploads given one, and temporary
+    /// outputs); returns their blobs.
     async fn delete_expired_assets(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
     /// Deletes a job's output assets (before it is run again).
     async fn delete_job_outputs(&self, job_id: &str) -> Result<(), StoreError>;

@@ -172,6 +172,10 @@ pub struct NodeTime {
     pub cached: bool,
 }
 
+/// The tag the server gives a temporary output (a preview): it expires on its own, before
+/// its job (see [`AssetRecord::is_temporary`]).
+pub const TEMPORARY_OUTPUT_TAG: &str = "temporary";
+
 /// An asset: a UUID record over a content-addressed blob.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AssetRecord {
@@ -197,7 +201,8 @@ pub struct AssetRecord {
     pub tags: Vec<String>,
     /// Creation time.
     pub created_at: DateTime<Utc>,
-    /// When it may be removed; none for outputs (they live as long as their job).
+    /// When it may be removed; none for outputs (they live as long as their job), except
+    /// temporary ones.
     pub expires_at: Option<DateTime<Utc>>,
     /// Position among its job's outputs.
     pub output_index: Option<i64>,
@@ -205,6 +210,14 @@ pub struct AssetRecord {
     /// [`Store::asset_content`](super::Store::asset_content)) rather than in the blob store.
     #[serde(default)]
     pub inline: bool,
+}
+
+impl AssetRecord {
+    /// Whether this is a job's temporary output (a preview, ComfyUI's `temp` folder), tagged
+    /// [`TEMPORARY_OUTPUT_TAG`] when committed.
+    pub fn is_temporary(&self) -> bool {
+        self.job_id.is_some() && self.tags.iter().any(|t| t == TEMPORARY_OUTPUT_TAG)
+    }
 }
 
 /// A tenant: the unit of isolation.

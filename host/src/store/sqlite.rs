@@ -1250,13 +1250,11 @@ impl Store for SqliteStore {
         self.write(Durability::Durable, move |c| {
             let cut = time_text(now);
             let blobs = c
-                .prepare_cached(
-                    "SELECT blob FROM assets WHERE job_id IS NULL AND expires_at IS NOT NULL AND expires_at < ?1",
-                )?
+                .prepare_cached("SELECT blob FROM assets WHERE expires_at IS NOT NULL AND expires_at < ?1")?
                 .query_map(params![cut], |r| r.get(0))?
                 .collect::<rusqlite::Result<Vec<String>>>()?;
             c.execute(
-                "DELETE FROM assets WHERE job_id IS NULL AND expires_at IS NOT NULL AND expires_at < ?1",
+                "DELETE FROM assets WHERE expires_at IS NOT NULL AND expires_at < ?1",
                 params![cut],
             )?;
             Ok(blobs)

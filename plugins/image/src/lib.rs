@@ -144,7 +144,8 @@ weft_sdk::node! {
 }
 
 weft_sdk::node! {
-    /// Shows the images: saved as temporary outputs named `ComfyUI_temp`.
+    /// Shows the images: temporary outputs named `ComfyUI_temp`, dropped after the server's
+    /// preview retention.
     pub struct PreviewImage {
         display_name: "Preview Image",
         category: "image",
@@ -154,7 +155,7 @@ weft_sdk::node! {
         }
         outputs {}
         fn execute(ctx, inp) {
-            ctx.save_png("ComfyUI_temp", inp.images);
+            ctx.preview_png("ComfyUI_temp", inp.images);
             Ok(())
         }
     }

@@ -44,11 +44,7 @@ pub(super) fn routes(state: &Arc<AppState>) -> BoxedFilter<(warp::reply::Respons
 
 /// ComfyUI's `{filename, subfolder, type}` of an output: its subfolder is its job's id.
 pub(super) fn file_ref(asset: &AssetRecord) -> Json {
-    let kind = if asset.file_path.starts_with("ComfyUI_temp") {
-        "temp"
-    } else {
-        "output"
-    };
+    let kind = if asset.is_temporary() { "temp" } else { "output" };
     json!({
         "filename": asset.file_path,
         "subfolder": asset.job_id.clone().unwrap_or_default(),

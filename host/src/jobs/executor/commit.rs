@@ -14,7 +14,7 @@ use crate::jobs::events::JobEvent;
 use crate::jobs::outputs::{self, JobFiles};
 use crate::jobs::Jobs;
 use crate::runtime::{CancelToken, OutputFile, Value};
-use crate::store::{AssetRecord, JobError, JobRecord};
+use crate::store::{AssetRecord, JobError, JobRecord, TEMPORARY_OUTPUT_TAG};
 
 /// The failure code `Jobs::store_output` gives when its [`Until`] came first; the
 /// commit loop turns it into the deadline's or the stop's outcome.
@@ -221,6 +221,15 @@ impl Jobs {
         }
     }
 
+    /// When a preview committed at `now` by `job` expires: after the preview retention, and
+    /// never after its job.
+    fn preview_expiry(&self, job: &JobRecord, now: chrono::DateTime<Utc>) -> chrono::DateTime<Utc> {
+        let kept = chrono::Duration::from_std(self.config.preview_retention).unwrap_or(chrono::Duration::MAX);
+        now.checked_add_signed(kept)
+            .unwrap_or(job.expires_at)
+            .min(job.expires_at)
+    }
+
     /// Whether one more output of `size` bytes fits the job's output bounds; why not if not.
     fn admit_output(&self, committed: &Committed, size: u64) -> Result<(), String> {
         admit(self.config.max_outputs, self.config.max_output_bytes, committed, size)
@@ -247,6 +256,7 @@ impl Jobs {
         };
         // The workflow counts too: a PNG carries it in a text chunk.
         let small = file.data.source_len() + workflow_text.len() <= INLINE_ENCODE_BYTES;
+        let temporary = file.temporary;
         let encode = move || {
             let ask = move || until.stop.is_canceled() || Instant::now() >= until.deadline;
             let stop = weft_compute::interrupt::Interrupt::new(&ask);
@@ -296,6 +306,7 @@ impl Jobs {
             blob,
             size,
             inline,
+            temporary,
         };
         Ok((cached, job_files))
     }
@@ -312,6 +323,7 @@ impl Jobs {
         committed: &mut Committed,
         held: Option<&mut Vec<HeldOutput>>,
     ) -> Result<(), String> {
+        let now = Utc::now();
         let asset = AssetRecord {
             id: uuid::Uuid::new_v4().to_string(),
             tenant: job.tenant.clone(),
@@ -327,9 +339,13 @@ impl Jobs {
                     .and_then(|v| v.as_str().map(String::from))
                     .unwrap_or_else(|| "file".into()),
             ),
-            tags: Vec::new(),
-            created_at: Utc::now(),
-            expires_at: None,
+            tags: if file.temporary {
+                vec![TEMPORARY_OUTPUT_TAG.to_string()]
+            } else {
+                Vec::new()
+            },
+            created_at: now,
+            expires_at: file.temporary.then(|| self.preview_expiry(job, now)),
             output_index: Some(committed.count),
             inline: file.inline.is_some(),
         };

@@ -340,6 +340,7 @@ mod tests {
             blob: "0".repeat(64),
             size: 1,
             inline: None,
+            temporary: false,
         }
     }
 

@@ -83,4 +83,7 @@ pub struct OutputFile {
     pub content_type: String,
     /// The content.
     pub data: FileData,
+    /// A preview (ComfyUI's `temp` folder): dropped after the server's preview retention
+    /// rather than kept as long as the job.
+    pub temporary: bool,
 }

@@ -36,6 +36,8 @@ pub(crate) struct GuestFile {
     pub(crate) extension: String,
     pub(crate) content_type: String,
     pub(crate) data: GuestFileData,
+    /// A preview, dropped after the preview retention (versions before 0.2.0: never).
+    pub(crate) temporary: bool,
 }
 
 /// The content of a [`GuestFile`]: bytes the guest made, or a handle for the host to encode.
@@ -159,6 +161,7 @@ pub(crate) fn lift_result<C: Contract>(
             extension: file.extension,
             content_type: file.content_type,
             data,
+            temporary: file.temporary,
         });
     }
     if returned > returned_limit {
@@ -213,9 +216,10 @@ fn lift<C: Contract>(table: &mut ResourceTable, value: C::Value) -> wasmtime::Re
 
 /// The [`Contract`] items that only rename, for the generated bindings module `$b`: its
 /// types and calls, and [`Shared`] values, output kinds and files to and from its WIT types,
-/// which every version spells the same.
+/// which every version spells the same. `$temporary` reads an output file's `temporary` flag
+/// (a version without one passes `|_| false`).
 macro_rules! shared_variants {
-    ($b:ident) => {
+    ($b:ident, $temporary:expr) => {
         type Pre = $b::PluginPre<CallState>;
         type Instance = $b::Plugin;
         type Value = $b::wit::Value;
@@ -293,6 +297,7 @@ macro_rules! shared_variants {
                 .files
                 .into_iter()
                 .map(|file| GuestFile {
+                    temporary: ($temporary)(&file),
                     kind: match file.kind {
                         $b::wit::OutputKind::Image => OutputKind::Image,
                         $b::wit::OutputKind::Video => OutputKind::Video,

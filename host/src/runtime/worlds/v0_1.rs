@@ -20,7 +20,7 @@ use crate::runtime::value::{ClipRes, ConditioningRes, Handle, ModelRes, NodeFail
 pub(crate) struct V0_1;
 
 impl Contract for V0_1 {
-    shared_variants!(v0_1);
+    shared_variants!(v0_1, |_: &v0_1::wit::OutputFile| false);
 
     /// A 0.1.0 node definition in 0.2.0's shape (which only adds fields).
     fn upgrade(def: wit::NodeDef) -> next::NodeDef {

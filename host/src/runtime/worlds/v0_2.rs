@@ -15,7 +15,7 @@ use crate::runtime::value::{Handle, HandleRes, NodeFailure};
 pub(crate) struct V0_2;
 
 impl Contract for V0_2 {
-    shared_variants!(v0_2);
+    shared_variants!(v0_2, |file: &v0_2::wit::OutputFile| file.temporary);
 
     fn upgrade(def: wit::NodeDef) -> wit::NodeDef {
         def

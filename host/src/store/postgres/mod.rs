@@ -945,7 +945,7 @@ impl Store for PgStore {
     async fn delete_expired_assets(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
         Ok(self
             .rows(
-                "DELETE FROM assets WHERE job_id IS NULL AND expires_at IS NOT NULL AND expires_at < $1 RETURNING blob",
+                "DELETE FROM assets WHERE expires_at IS NOT NULL AND expires_at < $1 RETURNING blob",
                 &[&now],
             )
             .await?
