@@ -400,10 +400,15 @@ fn guest_file(u: &mut Unstructured, reps: &[u32]) -> arbitrary::Result<wit::Outp
         wit::OutputKind::File,
         wit::OutputKind::Latent,
     ])?;
-    let data = match u.int_in_range(0..=3)? {
+    let data = match u.int_in_range(0..=4)? {
         0 => wit::FileData::Bytes(Vec::arbitrary(u)?),
         1 => wit::FileData::Png(handle(u, reps)?),
         2 => wit::FileData::Wav(handle(u, reps)?),
+        3 => wit::FileData::AnimatedPng(wit::ApngFrames {
+            frames: handle(u, reps)?,
+            frame_ms: u32::arbitrary(u)?,
+            compress_level: u8::arbitrary(u)?,
+        }),
         _ => wit::FileData::Latent(handle(u, reps)?),
     };
     Ok(wit::OutputFile {

@@ -54,6 +54,27 @@ impl Context {
         self.commit(file);
     }
 
+    /// Commits every image of `images` as one frame of an animated PNG (a `video` output),
+    /// each shown `frame_ms` milliseconds, compressed at zlib level `compress_level` (0-9).
+    pub fn save_animated_png(
+        &mut self,
+        filename_prefix: impl Into<String>,
+        images: Image,
+        frame_ms: u32,
+        compress_level: u8,
+    ) {
+        let frames = crate::ApngFrames {
+            frames: images,
+            frame_ms,
+            compress_level,
+        };
+        self.commit(host_encoded(
+            OutputKind::Video,
+            filename_prefix,
+            FileData::AnimatedPng(frames),
+        ));
+    }
+
     /// Commits `audio` as a WAV file, encoded by the host.
     pub fn save_wav(&mut self, filename_prefix: impl Into<String>, audio: Audio) {
         self.commit(host_encoded(OutputKind::Audio, filename_prefix, FileData::Wav(audio)));

@@ -62,8 +62,8 @@ pub use bindings::weft::node::images;
 /// Host-side mask operations: ComfyUI's mask nodes (`solid`, `invert`, `crop`, ...).
 pub use bindings::weft::node::masks;
 pub use bindings::weft::node::types::{
-    AssetRef, Audio, FileData, Handle, Image, InputSpec, Latent, Mask, NamedValue, NodeDef, NodeError, NodeResult,
-    OutputFile, OutputKind, OutputSpec, Value,
+    ApngFrames, AssetRef, Audio, FileData, Handle, Image, InputSpec, Latent, Mask, NamedValue, NodeDef, NodeError,
+    NodeResult, OutputFile, OutputKind, OutputSpec, Value,
 };
 pub use handle::{Clip, Conditioning, Guider, Model, Noise, Sampler, Sigmas, UpscaleModel, Vae};
 

@@ -137,6 +137,24 @@ pub(crate) fn encode(
             content_type: "audio/wav".into(),
             bytes: wav(audio).map_err(EncodeError::Failed)?,
         },
+        FileData::AnimatedPng {
+            frames,
+            frame_ms,
+            compress_level,
+        } => {
+            let text = job.png_text(workflow);
+            EncodedFile {
+                name: job.name(&file.filename_prefix, "png"),
+                kind: OutputKind::Video,
+                content_type: "image/png".into(),
+                bytes: codecs::encode_apng(frames, u64::from(*frame_ms), *compress_level, &text, stop).map_err(
+                    |e| match e {
+                        ComputeError::Interrupted => EncodeError::Interrupted,
+                        e => EncodeError::Failed(e.to_string()),
+                    },
+                )?,
+            }
+        }
         FileData::Latent(latent) => EncodedFile {
             name: job.name(&file.filename_prefix, "latent"),
             kind: OutputKind::Latent,

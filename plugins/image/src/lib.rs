@@ -5,9 +5,11 @@
 
 use weft_sdk::prelude::*;
 
+mod animated;
 mod image_nodes;
 mod mask_nodes;
 
+use animated::*;
 use image_nodes::*;
 use mask_nodes::*;
 
@@ -170,6 +172,7 @@ weft_sdk::export_plugin!(
     LoadImageMask,
     SaveImage,
     PreviewImage,
+    SaveAnimatedPNG,
     ImageCrop,
     ImageFlip,
     ImageRotate,

@@ -47,6 +47,15 @@ pub enum FileData {
     Wav(Arc<Held<AudioClip>>),
     /// The latents as safetensors.
     Latent(Arc<Held<LatentBatch>>),
+    /// The whole batch as one animated PNG.
+    AnimatedPng {
+        /// The frames, in order.
+        frames: Arc<Held<ImageBatch>>,
+        /// How long each frame shows, in milliseconds.
+        frame_ms: u32,
+        /// zlib level, 0 to 9.
+        compress_level: u8,
+    },
 }
 
 impl FileData {
@@ -66,6 +75,7 @@ impl FileData {
             FileData::Png(images) => images.width as usize * images.height as usize * images.channels as usize,
             FileData::Wav(audio) => audio.samples.len() * 4,
             FileData::Latent(latent) => latent.data.len() * 4,
+            FileData::AnimatedPng { frames, .. } => frames.data.len(),
         }
     }
 }

@@ -46,6 +46,12 @@ pub(crate) enum GuestFileData {
     Png(Resource<ImageRes>),
     Wav(Resource<AudioRes>),
     Latent(Resource<LatentRes>),
+    /// The frames of an animated PNG, with how long each shows and the zlib level.
+    AnimatedPng {
+        frames: Resource<ImageRes>,
+        frame_ms: u32,
+        compress_level: u8,
+    },
 }
 
 /// One contract version's WIT types and calls, as the generic lowering sees them.
@@ -154,6 +160,15 @@ pub(crate) fn lift_result<C: Contract>(
             GuestFileData::Png(image) => FileData::Png(table.delete(image)?.0),
             GuestFileData::Wav(audio) => FileData::Wav(table.delete(audio)?.0),
             GuestFileData::Latent(latent) => FileData::Latent(table.delete(latent)?.0),
+            GuestFileData::AnimatedPng {
+                frames,
+                frame_ms,
+                compress_level,
+            } => FileData::AnimatedPng {
+                frames: table.delete(frames)?.0,
+                frame_ms,
+                compress_level,
+            },
         };
         files.push(OutputFile {
             kind: file.kind,
@@ -217,9 +232,10 @@ fn lift<C: Contract>(table: &mut ResourceTable, value: C::Value) -> wasmtime::Re
 /// The [`Contract`] items that only rename, for the generated bindings module `$b`: its
 /// types and calls, and [`Shared`] values, output kinds and files to and from its WIT types,
 /// which every version spells the same. `$temporary` reads an output file's `temporary` flag
-/// (a version without one passes `|_| false`).
+/// (a version without one passes `|_| false`); the match arms after it convert the file data
+/// variants that only some versions have.
 macro_rules! shared_variants {
-    ($b:ident, $temporary:expr) => {
+    ($b:ident, $temporary:expr $(, $($data_arm:tt)*)?) => {
         type Pre = $b::PluginPre<CallState>;
         type Instance = $b::Plugin;
         type Value = $b::wit::Value;
@@ -314,6 +330,7 @@ macro_rules! shared_variants {
                         $b::wit::FileData::Png(image) => GuestFileData::Png(image),
                         $b::wit::FileData::Wav(audio) => GuestFileData::Wav(audio),
                         $b::wit::FileData::Latent(latent) => GuestFileData::Latent(latent),
+                        $($($data_arm)*)?
                     },
                 })
                 .collect();

@@ -15,7 +15,15 @@ use crate::runtime::value::{Handle, HandleRes, NodeFailure};
 pub(crate) struct V0_2;
 
 impl Contract for V0_2 {
-    shared_variants!(v0_2, |file: &v0_2::wit::OutputFile| file.temporary);
+    shared_variants!(
+        v0_2,
+        |file: &v0_2::wit::OutputFile| file.temporary,
+        v0_2::wit::FileData::AnimatedPng(apng) => GuestFileData::AnimatedPng {
+            frames: apng.frames,
+            frame_ms: apng.frame_ms,
+            compress_level: apng.compress_level,
+        },
+    );
 
     fn upgrade(def: wit::NodeDef) -> wit::NodeDef {
         def
