@@ -260,7 +260,7 @@ fn resize_and_pad_centres_the_fitted_image_on_the_padding_colour() {
 }
 
 #[test]
-fn huge_repeats_and_pads_end_with_the_memory_limit() {
+fn huge_repeats_pads_and_edge_maps_end_with_the_memory_limit() {
     let server = Server::with(Options {
         args: ["--job-memory-mib", "64", "--cache-mib", "0"]
             .map(String::from)
@@ -284,6 +284,12 @@ fn huge_repeats_and_pads_end_with_the_memory_limit() {
         "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}
     }));
     assert_failed_at_node(&grow, "node_memory_limit", "1");
+    let edges = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 2048, "height": 1024, "batch_size": 1, "color": 0}},
+        "2": {"class_type": "Canny", "inputs": {"image": ["1", 0], "low_threshold": 0.4, "high_threshold": 0.8}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "huge"}}
+    }));
+    assert_failed_at_node(&edges, "node_memory_limit", "2");
 }
 
 #[test]
@@ -325,4 +331,95 @@ fn porter_duff_source_over_keeps_an_opaque_source_and_its_alpha() {
     assert_near(image.get_pixel(3, 2).0, [0, 255, 0], "the source, resized to cover it");
     let alpha = &saved_pngs(&server, &job, "savealpha")[0];
     assert_near(alpha.get_pixel(3, 2).0, [0, 0, 0], "opaque");
+}
+
+/// A byte tensor `name` of the image-node fixture (large images on the 8-bit grid are
+/// stored as their bytes): its shape and bytes.
+fn fixture_bytes(name: &str) -> (Vec<usize>, Vec<u8>) {
+    let path = support::root().join("tests/fixtures/image-nodes/image_nodes.safetensors");
+    let file = std::fs::read(path).unwrap();
+    let header_len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&file[8..8 + header_len]).unwrap();
+    let entry = &header[name];
+    assert_eq!(entry["dtype"], "U8", "{name} is stored as bytes");
+    let shape = entry["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
+    let offsets = entry["data_offsets"].as_array().unwrap();
+    let (start, end) = (
+        offsets[0].as_u64().unwrap() as usize,
+        offsets[1].as_u64().unwrap() as usize,
+    );
+    (shape, file[8 + header_len + start..8 + header_len + end].to_vec())
+}
+
+/// The fixture's case of class `node` whose input `input` is the tensor `tensor`.
+fn fixture_case(node: &str, input: &str, tensor: &str) -> Value {
+    let path = support::root().join("tests/fixtures/image-nodes/cases.json");
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    fixture["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["node"] == node && c["inputs"][input]["tensor"] == tensor)
+        .cloned()
+        .unwrap_or_else(|| panic!("the fixture has a {node} case on {tensor}"))
+}
+
+/// A PNG of the first RGB image of a `[batch, height, width, 3]` byte tensor.
+fn png_of(shape: &[usize], bytes: &[u8]) -> Vec<u8> {
+    let (height, width) = (shape[1] as u32, shape[2] as u32);
+    let frame = image::RgbImage::from_raw(width, height, bytes[..shape[1] * shape[2] * 3].to_vec()).unwrap();
+    let mut out = std::io::Cursor::new(Vec::new());
+    frame.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    out.into_inner()
+}
+
+#[test]
+fn canny_on_an_uploaded_photo_finds_comfyuis_edges_pixel_for_pixel() {
+    let server = Server::start();
+    let case = fixture_case("Canny", "image", "big");
+    let (shape, pixels) = fixture_bytes("in.big");
+    let asset = server.upload("shapes.png", png_of(&shape, &pixels));
+    let job = server.run(json!({
+        "load": {"class_type": "LoadImage", "inputs": {"image": {"__type": "core/ASSET", "info": {"id": asset["id"]}}}},
+        "edges": {"class_type": "Canny", "inputs": {"image": ["load", 0], "low_threshold": case["inputs"]["low_threshold"], "high_threshold": case["inputs"]["high_threshold"]}},
+        "save": {"class_type": "SaveImage", "inputs": {"images": ["edges", 0], "filename_prefix": "edges"}}
+    }));
+    let saved = &saved_pngs(&server, &job, "save")[0];
+    let (want_shape, want) = fixture_bytes(case["outputs"][0]["tensor"].as_str().unwrap());
+    assert_eq!(saved.dimensions(), (want_shape[2] as u32, want_shape[1] as u32));
+    let got: Vec<u8> = saved.pixels().flat_map(|p| [p[0], p[1], p[2]]).collect();
+    assert!(got == want, "the edges differ from ComfyUI's");
+    assert!(got.contains(&255) && got.contains(&0), "some edges, not all");
+}
+
+/// Asserts `job` failed at `node` with a guest error naming `invalid_input` (the host
+/// reports a guest's error as `node_execution_error`, its own code in the message).
+fn assert_invalid_input_at(job: &Value, node: &str) {
+    assert_failed_at_node(job, "node_execution_error", node);
+    let message = job["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("(invalid_input)"), "{job}");
+}
+
+#[test]
+fn canny_refuses_crossed_thresholds_and_alpha_images_as_invalid_input() {
+    let server = Server::start();
+    let crossed = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
+        "2": {"class_type": "Canny", "inputs": {"image": ["1", 0], "low_threshold": 0.9, "high_threshold": 0.2}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "x"}}
+    }));
+    assert_invalid_input_at(&crossed, "2");
+    let alpha = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
+        "m": {"class_type": "SolidMask", "inputs": {"value": 0.5, "width": 8, "height": 8}},
+        "a": {"class_type": "JoinImageWithAlpha", "inputs": {"image": ["1", 0], "alpha": ["m", 0]}},
+        "2": {"class_type": "Canny", "inputs": {"image": ["a", 0], "low_threshold": 0.4, "high_threshold": 0.8}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "x"}}
+    }));
+    assert_invalid_input_at(&alpha, "2");
 }

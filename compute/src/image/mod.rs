@@ -10,6 +10,7 @@ use super::ComputeError;
 
 pub mod alpha;
 pub mod blend;
+pub mod canny;
 pub mod composite;
 pub mod filter;
 pub mod porter_duff;

@@ -5,9 +5,11 @@
 
 use weft_sdk::prelude::*;
 
+mod effect_nodes;
 mod image_nodes;
 mod mask_nodes;
 
+use effect_nodes::*;
 use image_nodes::*;
 use mask_nodes::*;
 
@@ -196,5 +198,6 @@ weft_sdk::export_plugin!(
     ImageColorToMask,
     JoinImageWithAlpha,
     SplitImageWithAlpha,
-    PorterDuffImageComposite
+    PorterDuffImageComposite,
+    Canny
 );

@@ -1,6 +1,7 @@
 //! The `weft:node@0.2.0` face of `images`: the 0.1.0 calls, plus `load-mask` and
 //! ComfyUI's image nodes (`transform`, `blend`, `filter`, `concat`, `select`, `repeat`,
-//! `composite`, `pad`, `from-mask`, `join-alpha`, `split-alpha`, `porter-duff`).
+//! `composite`, `pad`, `from-mask`, `join-alpha`, `split-alpha`, `porter-duff`; `canny`,
+//! `stitch` and `add-noise` are in `effects`).
 
 use std::sync::Arc;
 
@@ -278,6 +279,10 @@ impl v2::images::Host for Ctx<'_> {
         let keep_going = self.keep_going();
         let result = image_ops::porter_duff::porter_duff((&src, &sa), (&dst, &da), porter_duff_mode(mode), &keep_going);
         self.finish_pair(result, charge)
+    }
+
+    fn canny(&mut self, image: Resource<ImageRes>, low_threshold: f64, high_threshold: f64) -> ImageResult {
+        self.canny_edges(image, low_threshold, high_threshold)
     }
 }
 
