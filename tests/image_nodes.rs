@@ -423,3 +423,50 @@ fn canny_refuses_crossed_thresholds_and_alpha_images_as_invalid_input() {
     }));
     assert_invalid_input_at(&alpha, "2");
 }
+
+#[test]
+fn image_stitch_lays_out_resizes_pads_and_spaces_as_comfyui() {
+    let server = Server::start();
+    let job = server.run(json!({
+        "red": {"class_type": "EmptyImage", "inputs": {"width": 6, "height": 4, "batch_size": 2, "color": 0xFF0000}},
+        "blue": {"class_type": "EmptyImage", "inputs": {"width": 3, "height": 2, "batch_size": 1, "color": 0x0000FF}},
+        "beside": {"class_type": "ImageStitch", "inputs": {"image1": ["red", 0], "image2": ["blue", 0], "direction": "right", "match_image_size": true, "spacing_width": 2, "spacing_color": "green"}},
+        "save": {"class_type": "SaveImage", "inputs": {"images": ["beside", 0], "filename_prefix": "beside"}},
+        "above": {"class_type": "ImageStitch", "inputs": {"image1": ["red", 0], "image2": ["blue", 0], "direction": "up", "match_image_size": false, "spacing_width": 4, "spacing_color": "white"}},
+        "save2": {"class_type": "SaveImage", "inputs": {"images": ["above", 0], "filename_prefix": "above"}},
+        "alone": {"class_type": "ImageStitch", "inputs": {"image1": ["blue", 0], "direction": "left", "match_image_size": true, "spacing_width": 0, "spacing_color": "white"}},
+        "save3": {"class_type": "SaveImage", "inputs": {"images": ["alone", 0], "filename_prefix": "alone"}}
+    }));
+    // Blue 3x2 resized to red's height keeps its aspect: 6x4, after a 2-pixel green strip.
+    let beside = saved_pngs(&server, &job, "save");
+    assert_eq!(beside.len(), 2, "the single blue image repeats over red's batch");
+    for image in &beside {
+        assert_eq!(image.dimensions(), (14, 4));
+        assert_near(image.get_pixel(5, 3).0, [255, 0, 0], "red");
+        assert_eq!(image.get_pixel(6, 0).0, [0, 255, 0, 255], "the strip");
+        assert_eq!(image.get_pixel(7, 3).0, [0, 255, 0, 255], "the strip");
+        assert_near(image.get_pixel(8, 0).0, [0, 0, 255], "the resized blue");
+        assert_near(image.get_pixel(13, 3).0, [0, 0, 255], "the resized blue");
+    }
+    // Unmatched, above: blue centred on red's width (one column of white padding left).
+    let above = &saved_pngs(&server, &job, "save2")[0];
+    assert_eq!(above.dimensions(), (6, 10));
+    assert_eq!(above.get_pixel(0, 0).0, [255, 255, 255, 255], "padding");
+    assert_eq!(above.get_pixel(1, 1).0, [0, 0, 255, 255], "blue");
+    assert_eq!(above.get_pixel(4, 1).0, [255, 255, 255, 255], "padding");
+    assert_eq!(above.get_pixel(3, 4).0, [255, 255, 255, 255], "the strip");
+    assert_eq!(above.get_pixel(3, 6).0, [255, 0, 0, 255], "red");
+    let alone = &saved_pngs(&server, &job, "save3")[0];
+    assert_eq!(alone.dimensions(), (3, 2), "without image2, image1 unchanged");
+}
+
+#[test]
+fn a_stitch_wider_than_the_largest_side_is_invalid_input() {
+    let server = Server::start();
+    let job = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 16384, "height": 1, "batch_size": 1, "color": 0}},
+        "2": {"class_type": "ImageStitch", "inputs": {"image1": ["1", 0], "image2": ["1", 0], "direction": "right", "match_image_size": false, "spacing_width": 0, "spacing_color": "white"}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "x"}}
+    }));
+    assert_invalid_input_at(&job, "2");
+}

@@ -13,8 +13,10 @@ pub mod blend;
 pub mod canny;
 pub mod composite;
 pub mod filter;
+pub mod pillow;
 pub mod porter_duff;
 pub mod resample;
+pub mod stitch;
 pub mod transform;
 
 #[cfg(test)]

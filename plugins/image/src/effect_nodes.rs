@@ -4,6 +4,8 @@
 
 use weft_sdk::prelude::*;
 
+use images::{SpacingColor, StitchDirection, StitchOptions};
+
 weft_sdk::node! {
     /// Finds edges with kornia's Canny detector: white edges on black, the image's size.
     pub struct Canny {
@@ -16,6 +18,52 @@ weft_sdk::node! {
         outputs { IMAGE: Image }
         fn execute(_, inp) {
             Ok((images::canny(&inp.image, inp.low_threshold, inp.high_threshold)?,))
+        }
+    }
+}
+
+weft_sdk::node! {
+    /// Stitches image2 to image1 in the specified direction. If image2 is not provided,
+    /// returns image1 unchanged. Optional spacing can be added between images.
+    pub struct ImageStitch {
+        display_name: "Image Stitch",
+        category: "image/transform",
+        inputs {
+            image1: Image = input::image(),
+            direction: String = input::combo(["right", "down", "left", "up"]).default("right"),
+            match_image_size: bool = input::boolean().default(true),
+            spacing_width: u32 = input::uint().default(0).min(0).max(1024).step(2),
+            spacing_color: String =
+                input::combo(["white", "black", "red", "green", "blue"]).default("white"),
+            image2: Option<Image> = input::image(),
+        }
+        outputs { IMAGE: Image }
+        fn execute(_, inp) {
+            let Some(image2) = inp.image2 else {
+                return Ok((inp.image1,));
+            };
+            let direction = match inp.direction.as_str() {
+                "right" => StitchDirection::Right,
+                "down" => StitchDirection::Down,
+                "left" => StitchDirection::Left,
+                "up" => StitchDirection::Up,
+                other => return Err(NodeError::invalid_input(format!("unknown direction {other:?}"))),
+            };
+            let color = match inp.spacing_color.as_str() {
+                "white" => SpacingColor::White,
+                "black" => SpacingColor::Black,
+                "red" => SpacingColor::Red,
+                "green" => SpacingColor::Green,
+                "blue" => SpacingColor::Blue,
+                other => return Err(NodeError::invalid_input(format!("unknown spacing_color {other:?}"))),
+            };
+            let options = StitchOptions {
+                direction,
+                match_size: inp.match_image_size,
+                spacing: inp.spacing_width,
+                color,
+            };
+            Ok((images::stitch(&inp.image1, &image2, options)?,))
         }
     }
 }

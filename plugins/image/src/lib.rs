@@ -199,5 +199,6 @@ weft_sdk::export_plugin!(
     JoinImageWithAlpha,
     SplitImageWithAlpha,
     PorterDuffImageComposite,
-    Canny
+    Canny,
+    ImageStitch
 );

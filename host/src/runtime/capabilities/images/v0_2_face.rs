@@ -17,7 +17,7 @@ use crate::runtime::bindings::v0_2::weft::node as v2;
 use crate::runtime::bindings::v0_2::wit::{AssetRef, NodeError};
 use crate::runtime::memory::Held;
 use crate::runtime::value::{ImageRes, MaskRes};
-use v2::images::{BlendMode, Edges, FilterOp as Filter, PorterDuffMode, TransformOp as Transform};
+use v2::images::{BlendMode, Edges, FilterOp as Filter, PorterDuffMode, StitchOptions, TransformOp as Transform};
 
 impl v2::images::Host for Ctx<'_> {
     fn empty(
@@ -283,6 +283,15 @@ impl v2::images::Host for Ctx<'_> {
 
     fn canny(&mut self, image: Resource<ImageRes>, low_threshold: f64, high_threshold: f64) -> ImageResult {
         self.canny_edges(image, low_threshold, high_threshold)
+    }
+
+    fn stitch(
+        &mut self,
+        image1: Resource<ImageRes>,
+        image2: Resource<ImageRes>,
+        options: StitchOptions,
+    ) -> ImageResult {
+        self.stitch_images(image1, image2, options)
     }
 }
 
