@@ -38,7 +38,13 @@ fn check_inputs(class: &str, section: &str, got: &Value, want: &Value) {
             }
         }
         for key in ["min", "max", "step"] {
-            assert_eq!(number(options, key), number(want_options, key), "{class}.{name}: {key}");
+            let want = match number(want_options, key) {
+                // Seeds: the contract's integers are signed 64-bit, so weft's largest seed is
+                // `i64::MAX` where ComfyUI's is `2^64 - 1` (torch keeps the low 32 bits of either).
+                Some(max) if key == "max" && max == u64::MAX as f64 => Some(i64::MAX as f64),
+                other => other,
+            };
+            assert_eq!(number(options, key), want, "{class}.{name}: {key}");
         }
     }
 }
@@ -260,7 +266,7 @@ fn resize_and_pad_centres_the_fitted_image_on_the_padding_colour() {
 }
 
 #[test]
-fn huge_repeats_pads_and_edge_maps_end_with_the_memory_limit() {
+fn huge_repeats_pads_edge_maps_stitches_and_noise_end_with_the_memory_limit() {
     let server = Server::with(Options {
         args: ["--job-memory-mib", "64", "--cache-mib", "0"]
             .map(String::from)
@@ -290,6 +296,18 @@ fn huge_repeats_pads_and_edge_maps_end_with_the_memory_limit() {
         "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "huge"}}
     }));
     assert_failed_at_node(&edges, "node_memory_limit", "2");
+    let stitched = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 2048, "height": 2048, "batch_size": 1, "color": 0}},
+        "2": {"class_type": "ImageStitch", "inputs": {"image1": ["1", 0], "image2": ["1", 0], "direction": "right", "match_image_size": true, "spacing_width": 0, "spacing_color": "white"}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "huge"}}
+    }));
+    assert_failed_at_node(&stitched, "node_memory_limit", "2");
+    let noisy = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 2048, "height": 1536, "batch_size": 1, "color": 0}},
+        "2": {"class_type": "ImageAddNoise", "inputs": {"image": ["1", 0], "seed": 1, "strength": 0.5}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "huge"}}
+    }));
+    assert_failed_at_node(&noisy, "node_memory_limit", "2");
 }
 
 #[test]
@@ -333,15 +351,14 @@ fn porter_duff_source_over_keeps_an_opaque_source_and_its_alpha() {
     assert_near(alpha.get_pixel(3, 2).0, [0, 0, 0], "opaque");
 }
 
-/// A byte tensor `name` of the image-node fixture (large images on the 8-bit grid are
-/// stored as their bytes): its shape and bytes.
+/// Tensor `name` of the image-node fixture as the bytes a saved PNG holds (`255 v`
+/// clipped and truncated; large images on the 8-bit grid are stored as those bytes).
 fn fixture_bytes(name: &str) -> (Vec<usize>, Vec<u8>) {
     let path = support::root().join("tests/fixtures/image-nodes/image_nodes.safetensors");
     let file = std::fs::read(path).unwrap();
     let header_len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
     let header: Value = serde_json::from_slice(&file[8..8 + header_len]).unwrap();
     let entry = &header[name];
-    assert_eq!(entry["dtype"], "U8", "{name} is stored as bytes");
     let shape = entry["shape"]
         .as_array()
         .unwrap()
@@ -353,7 +370,16 @@ fn fixture_bytes(name: &str) -> (Vec<usize>, Vec<u8>) {
         offsets[0].as_u64().unwrap() as usize,
         offsets[1].as_u64().unwrap() as usize,
     );
-    (shape, file[8 + header_len + start..8 + header_len + end].to_vec())
+    let raw = &file[8 + header_len + start..8 + header_len + end];
+    let bytes = match entry["dtype"].as_str() {
+        Some("U8") => raw.to_vec(),
+        Some("F32") => raw
+            .chunks_exact(4)
+            .map(|b| (f32::from_le_bytes(b.try_into().unwrap()) * 255.0).clamp(0.0, 255.0) as u8)
+            .collect(),
+        other => panic!("{name}: unexpected dtype {other:?}"),
+    };
+    (shape, bytes)
 }
 
 /// The fixture's case of class `node` whose input `input` is the tensor `tensor`.
@@ -469,4 +495,25 @@ fn a_stitch_wider_than_the_largest_side_is_invalid_input() {
         "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "x"}}
     }));
     assert_invalid_input_at(&job, "2");
+}
+
+#[test]
+fn image_add_noise_saves_comfyuis_seeded_noise_byte_for_byte() {
+    let server = Server::start();
+    let case = fixture_case("ImageAddNoise", "image", "flat");
+    let job = server.run(json!({
+        "flat": {"class_type": "EmptyImage", "inputs": {"width": 4, "height": 3, "batch_size": 2, "color": 0x336699}},
+        "noisy": {"class_type": "ImageAddNoise", "inputs": {"image": ["flat", 0], "seed": case["inputs"]["seed"], "strength": case["inputs"]["strength"]}},
+        "save": {"class_type": "SaveImage", "inputs": {"images": ["noisy", 0], "filename_prefix": "noisy"}},
+        "still": {"class_type": "ImageAddNoise", "inputs": {"image": ["flat", 0], "seed": 4_000_000_000_000u64, "strength": 0.0}},
+        "save2": {"class_type": "SaveImage", "inputs": {"images": ["still", 0], "filename_prefix": "still"}}
+    }));
+    let (_, want) = fixture_bytes(case["outputs"][0]["tensor"].as_str().unwrap());
+    let got: Vec<u8> = saved_pngs(&server, &job, "save")
+        .iter()
+        .flat_map(|image| image.pixels().flat_map(|p| [p[0], p[1], p[2]]).collect::<Vec<_>>())
+        .collect();
+    assert!(got == want, "the noisy pixels differ from ComfyUI's");
+    let still = &saved_pngs(&server, &job, "save2")[0];
+    assert_near(still.get_pixel(2, 1).0, [0x33, 0x66, 0x99], "no strength, no noise");
 }

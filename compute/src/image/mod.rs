@@ -13,6 +13,7 @@ pub mod blend;
 pub mod canny;
 pub mod composite;
 pub mod filter;
+pub mod noise;
 pub mod pillow;
 pub mod porter_duff;
 pub mod resample;

@@ -67,3 +67,24 @@ weft_sdk::node! {
         }
     }
 }
+
+/// The largest seed the contract's integers carry (ComfyUI allows up to `2^64 - 1`;
+/// torch uses only the low 32 bits of any seed).
+const MAX_SEED: u64 = i64::MAX as u64;
+
+weft_sdk::node! {
+    /// Adds seeded gaussian noise of `strength` to every value, clamped to 0..=1.
+    pub struct ImageAddNoise {
+        category: "image",
+        inputs {
+            image: Image = input::image(),
+            seed: u64 = input::uint64().default(0).min(0).max(MAX_SEED)
+                .tooltip("The random seed used for creating the noise."),
+            strength: f64 = input::float().default(0.5).min(0.0).max(1.0).step(0.01),
+        }
+        outputs { IMAGE: Image }
+        fn execute(_, inp) {
+            Ok((images::add_noise(&inp.image, inp.seed, inp.strength)?,))
+        }
+    }
+}

@@ -200,5 +200,6 @@ weft_sdk::export_plugin!(
     SplitImageWithAlpha,
     PorterDuffImageComposite,
     Canny,
-    ImageStitch
+    ImageStitch,
+    ImageAddNoise
 );

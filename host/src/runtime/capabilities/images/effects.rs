@@ -42,6 +42,18 @@ impl Ctx<'_> {
     }
 }
 
+impl Ctx<'_> {
+    /// `ImageAddNoise`: seeded gaussian noise added to `image`, charged for the result.
+    pub(super) fn noisy(&mut self, image: Resource<ImageRes>, seed: u64, strength: f64) -> ImageResult {
+        let source = self.image(&image)?;
+        let bytes = image_ops::noise::add_noise_peak_bytes(&source);
+        let charge = self.charge_for(bytes, "a noisy image batch")?;
+        let keep_going = self.keep_going();
+        let result = image_ops::noise::add_noise(&source, seed, strength, &keep_going);
+        self.finish_image(result, charge)
+    }
+}
+
 /// The compute options of WIT stitch options.
 fn stitch_options(options: StitchOptions) -> Stitch {
     let direction = match options.direction {

@@ -293,6 +293,10 @@ impl v2::images::Host for Ctx<'_> {
     ) -> ImageResult {
         self.stitch_images(image1, image2, options)
     }
+
+    fn add_noise(&mut self, image: Resource<ImageRes>, seed: u64, strength: f64) -> ImageResult {
+        self.noisy(image, seed, strength)
+    }
 }
 
 /// The compute operator of a WIT Porter-Duff mode.
