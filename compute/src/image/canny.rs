@@ -10,7 +10,7 @@
 //! chain by growing the strong pixels one neighbour at a time until nothing changes; a
 //! flood fill from the strong pixels reaches the same fixed point in one pass.
 
-use super::{check_size, ImageBatch};
+use super::{check_size, ImageBatch, Work};
 use crate::ComputeError;
 
 /// kornia's float32 gaussian taps for a window of 5 and sigma 1 (`get_gaussian_kernel1d`).
@@ -32,9 +32,6 @@ const EPS: f32 = 1e-6;
 /// `_WINDOW_OFFSETS`): `(dy, dx)`, from the right neighbour clockwise.
 const NEIGHBOURS: [(isize, isize); 8] = [(0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1)];
 
-/// Pixels flood-filled or filtered between two questions to the caller.
-const PIXELS_PER_CHECK: usize = 1 << 16;
-
 /// Bytes [`canny`] holds at its peak besides its source: the result, and per image the
 /// grey and blurred planes, the two gradients, the padded magnitude, the edge classes and
 /// the flood fill's queue (at most one entry per pixel).
@@ -49,8 +46,9 @@ pub fn canny_peak_bytes(image: &ImageBatch) -> u64 {
 /// `Canny`: each image's edges as white on black, an RGB image of the same size. `low`
 /// and `high` are the thresholds on the gradient magnitude (compared as float32, strictly
 /// above); `low` must be positive and at most `high`. Images must be RGB and at least 3
-/// pixels on each side (kornia's reflected blur). `keep_going` is asked every few tens of
-/// thousands of pixels; when it says no the result is [`ComputeError::Interrupted`].
+/// pixels on each side (kornia's reflected blur). `keep_going` is asked before each image
+/// and every few million pixel operations inside one; when it says no the result is
+/// [`ComputeError::Interrupted`].
 pub fn canny(
     image: &ImageBatch,
     low: f64,
@@ -78,6 +76,9 @@ pub fn canny(
     let thresholds = (low as f32, high as f32);
     let mut data = Vec::with_capacity(image.data.len());
     for frame in image.data.chunks_exact(image.frame_len()) {
+        if !keep_going() {
+            return Err(ComputeError::Interrupted);
+        }
         let edges = frame_edges(frame, (w, h), thresholds, keep_going)?;
         for strong in edges {
             let v = if strong { 1.0 } else { 0.0 };
@@ -94,38 +95,30 @@ fn frame_edges(
     thresholds: (f32, f32),
     keep_going: &dyn Fn() -> bool,
 ) -> Result<Vec<bool>, ComputeError> {
-    let stop = || {
-        if keep_going() {
-            Ok(())
-        } else {
-            Err(ComputeError::Interrupted)
-        }
-    };
-    let grey = greyscale(frame);
-    stop()?;
-    let blurred = blur(&grey, size);
+    let mut work = Work::new(keep_going);
+    let grey = greyscale(frame, size, &mut work)?;
+    let blurred = blur(&grey, size, &mut work)?;
     drop(grey);
-    stop()?;
-    let (gx, gy) = sobel(&blurred, size);
+    let (gx, gy) = sobel(&blurred, size, &mut work)?;
     drop(blurred);
-    stop()?;
-    let classes = suppress_and_classify(&gx, &gy, size, thresholds);
+    let classes = suppress_and_classify(&gx, &gy, size, thresholds, &mut work)?;
     drop((gx, gy));
-    stop()?;
-    hysteresis(classes, size, keep_going)
+    hysteresis(classes, size, &mut work)
 }
 
 /// kornia's `rgb_to_grayscale`: `r * 0.299`, then `+ g * 0.587`, then `+ b * 0.114`.
-fn greyscale(frame: &[f32]) -> Vec<f32> {
+fn greyscale(frame: &[f32], (w, _): (usize, usize), work: &mut Work<'_>) -> Result<Vec<f32>, ComputeError> {
     let (wr, wg, wb) = (0.299f32, 0.587f32, 0.114f32);
-    frame
-        .chunks_exact(3)
-        .map(|p| {
+    let mut grey = Vec::with_capacity(frame.len() / 3);
+    for row in frame.chunks_exact(w * 3) {
+        grey.extend(row.chunks_exact(3).map(|p| {
             let out = p[0] * wr;
             let out = out + p[1] * wg;
             out + p[2] * wb
-        })
-        .collect()
+        }));
+        work.step(w as u64)?;
+    }
+    Ok(grey)
 }
 
 /// Index `i` (at most 2 outside `0..n`, `n >= 3`) reflected into it, as torch's reflect pad.
@@ -145,7 +138,7 @@ fn reflect(i: isize, n: usize) -> usize {
 /// first tap's product plus the others' in order. kornia blurs a small batch with
 /// `conv2d` and a large one (from 2^17 pixels, 2^16 per image) with weighted slices; both
 /// sum the taps in this order (the fixture has a case of each).
-fn blur(plane: &[f32], (w, h): (usize, usize)) -> Vec<f32> {
+fn blur(plane: &[f32], (w, h): (usize, usize), work: &mut Work<'_>) -> Result<Vec<f32>, ComputeError> {
     let mut rows = vec![0f32; w * h];
     for y in 0..h {
         let line = &plane[y * w..(y + 1) * w];
@@ -157,6 +150,7 @@ fn blur(plane: &[f32], (w, h): (usize, usize)) -> Vec<f32> {
             }
             rows[y * w + x] = sum;
         }
+        work.step(w as u64 * 5)?;
     }
     let mut out = vec![0f32; w * h];
     for y in 0..h {
@@ -168,13 +162,14 @@ fn blur(plane: &[f32], (w, h): (usize, usize)) -> Vec<f32> {
             }
             out[y * w + x] = sum;
         }
+        work.step(w as u64 * 5)?;
     }
-    out
+    Ok(out)
 }
 
 /// The unnormalised Sobel gradients (x, y) with replicated edges, each the sum of its
 /// kernel's non-zero taps in row-major order (the zero taps add nothing).
-fn sobel(plane: &[f32], (w, h): (usize, usize)) -> (Vec<f32>, Vec<f32>) {
+fn sobel(plane: &[f32], (w, h): (usize, usize), work: &mut Work<'_>) -> Result<(Vec<f32>, Vec<f32>), ComputeError> {
     let at = |y: isize, x: isize| {
         let y = y.clamp(0, h as isize - 1) as usize;
         let x = x.clamp(0, w as isize - 1) as usize;
@@ -191,15 +186,22 @@ fn sobel(plane: &[f32], (w, h): (usize, usize)) -> (Vec<f32>, Vec<f32>) {
             gx[i] = sx;
             gy[i] = sy;
         }
+        work.step(w as u64 * 12)?;
     }
-    (gx, gy)
+    Ok((gx, gy))
 }
 
 /// An edge class: 0 none, 1 weak (above the low threshold), 2 strong (above the high).
 type Class = u8;
 
 /// Non-maximum suppression and the double threshold: each pixel's class.
-fn suppress_and_classify(gx: &[f32], gy: &[f32], (w, h): (usize, usize), (low, high): (f32, f32)) -> Vec<Class> {
+fn suppress_and_classify(
+    gx: &[f32],
+    gy: &[f32],
+    (w, h): (usize, usize),
+    (low, high): (f32, f32),
+    work: &mut Work<'_>,
+) -> Result<Vec<Class>, ComputeError> {
     // The magnitude with a border of one pixel whose gradient is zero: sqrt(eps) there.
     let pw = w + 2;
     let floor = EPS.sqrt();
@@ -209,6 +211,7 @@ fn suppress_and_classify(gx: &[f32], gy: &[f32], (w, h): (usize, usize), (low, h
             let i = y * w + x;
             padded[(y + 1) * pw + x + 1] = (gx[i] * gx[i] + gy[i] * gy[i] + EPS).sqrt();
         }
+        work.step(w as u64)?;
     }
     let mut classes = vec![0u8; w * h];
     for y in 0..h {
@@ -234,24 +237,18 @@ fn suppress_and_classify(gx: &[f32], gy: &[f32], (w, h): (usize, usize), (low, h
             let kept = if is_max { magnitude } else { 0.0 };
             classes[i] = u8::from(kept > low) + u8::from(kept > high);
         }
+        work.step(w as u64 * 4)?;
     }
-    classes
+    Ok(classes)
 }
 
 /// kornia's hysteresis: strong pixels, and weak pixels joined to one through weak
-/// 8-neighbours. `keep_going` is asked every [`PIXELS_PER_CHECK`] pixels filled.
-fn hysteresis(
-    mut classes: Vec<Class>,
-    (w, h): (usize, usize),
-    keep_going: &dyn Fn() -> bool,
-) -> Result<Vec<bool>, ComputeError> {
+/// 8-neighbours, filled from the strong ones.
+fn hysteresis(mut classes: Vec<Class>, (w, h): (usize, usize), work: &mut Work<'_>) -> Result<Vec<bool>, ComputeError> {
     let mut queue: Vec<usize> = (0..w * h).filter(|&i| classes[i] == 2).collect();
-    let mut filled = 0usize;
+    work.step((w * h) as u64)?;
     while let Some(i) = queue.pop() {
-        filled += 1;
-        if filled.is_multiple_of(PIXELS_PER_CHECK) && !keep_going() {
-            return Err(ComputeError::Interrupted);
-        }
+        work.step(8)?;
         let (y, x) = ((i / w) as isize, (i % w) as isize);
         for (dy, dx) in NEIGHBOURS {
             let (ny, nx) = (y + dy, x + dx);
@@ -310,5 +307,17 @@ mod tests {
         let image = crate::image::empty(64, 64, 2, 0x808080).unwrap();
         let result = canny(&image, 0.1, 0.2, &|| false);
         assert!(matches!(result, Err(ComputeError::Interrupted)));
+        // Inside one large image, the caller is asked long before it is done.
+        let big = crate::image::empty(2048, 1024, 1, 0x808080).unwrap();
+        let asked = std::cell::Cell::new(0);
+        let stop_soon = || {
+            asked.set(asked.get() + 1);
+            asked.get() < 3
+        };
+        assert!(matches!(
+            canny(&big, 0.1, 0.2, &stop_soon),
+            Err(ComputeError::Interrupted)
+        ));
+        assert_eq!(asked.get(), 3, "stopped at the first no");
     }
 }

@@ -7,6 +7,9 @@ use super::ImageBatch;
 use crate::sampling::TorchGenerator;
 use crate::ComputeError;
 
+/// Values added between two questions to the caller.
+const VALUES_PER_CHECK: usize = 1 << 20;
+
 /// Bytes [`add_noise`] holds at its peak besides its source: the noise, which becomes the
 /// result in place.
 pub fn add_noise_peak_bytes(image: &ImageBatch) -> u64 {
@@ -27,8 +30,16 @@ pub fn add_noise(
         .randn_interruptible(image.data.len(), keep_going)
         .ok_or(ComputeError::Interrupted)?;
     let strength = strength as f32;
-    for (noise, value) in data.iter_mut().zip(&image.data) {
-        *noise = (value + strength * *noise).clamp(0.0, 1.0);
+    for (noise, values) in data
+        .chunks_mut(VALUES_PER_CHECK)
+        .zip(image.data.chunks(VALUES_PER_CHECK))
+    {
+        for (noise, value) in noise.iter_mut().zip(values) {
+            *noise = (value + strength * *noise).clamp(0.0, 1.0);
+        }
+        if !keep_going() {
+            return Err(ComputeError::Interrupted);
+        }
     }
     Ok(ImageBatch { data, ..*image })
 }

@@ -4,7 +4,7 @@
 //! on the way), and the bytes come back as `k / 255`. Pillow's `Resample.c` and the
 //! premultiplication of `Convert.c`, operation for operation.
 
-use super::{check_size, ImageBatch};
+use super::{check_size, ImageBatch, Work};
 use crate::ComputeError;
 
 /// Fraction bits of Pillow's fixed-point filter weights (`PRECISION_BITS`).
@@ -12,9 +12,6 @@ const PRECISION_BITS: u32 = 32 - 8 - 2;
 
 /// Half-width of Pillow's Lanczos filter, in source pixels at scale 1.
 const SUPPORT: f64 = 3.0;
-
-/// Filter taps between two questions to the caller.
-const TAPS_PER_CHECK: u64 = 1 << 22;
 
 /// Pillow's `sinc_filter`.
 fn sinc(x: f64) -> f64 {
@@ -81,28 +78,8 @@ struct Bytes {
     data: Vec<u8>,
 }
 
-/// Counts filter taps and asks the caller whether to go on every [`TAPS_PER_CHECK`].
-struct Progress<'a> {
-    keep_going: &'a dyn Fn() -> bool,
-    taps: u64,
-}
-
-impl Progress<'_> {
-    /// `taps` more done; an interruption once the caller says stop.
-    fn done(&mut self, taps: u64) -> Result<(), ComputeError> {
-        self.taps += taps;
-        if self.taps >= TAPS_PER_CHECK {
-            self.taps = 0;
-            if !(self.keep_going)() {
-                return Err(ComputeError::Interrupted);
-            }
-        }
-        Ok(())
-    }
-}
-
 /// `ImagingResampleHorizontal_8bpc`: every row resampled to `width` columns.
-fn horizontal(src: &Bytes, width: u32, progress: &mut Progress<'_>) -> Result<Bytes, ComputeError> {
+fn horizontal(src: &Bytes, width: u32, work: &mut Work<'_>) -> Result<Bytes, ComputeError> {
     let taps = coefficients(src.width as u32, width);
     let c = src.channels;
     let mut data = Vec::with_capacity(width as usize * src.height * c);
@@ -116,7 +93,7 @@ fn horizontal(src: &Bytes, width: u32, progress: &mut Progress<'_>) -> Result<By
                 data.push(clip8(sum));
             }
         }
-        progress.done(taps.iter().map(|(_, w)| w.len() as u64).sum::<u64>() * c as u64)?;
+        work.step(taps.iter().map(|(_, w)| w.len() as u64).sum::<u64>() * c as u64)?;
     }
     Ok(Bytes {
         width: width as usize,
@@ -126,7 +103,7 @@ fn horizontal(src: &Bytes, width: u32, progress: &mut Progress<'_>) -> Result<By
 }
 
 /// `ImagingResampleVertical_8bpc`: every column resampled to `height` rows.
-fn vertical(src: &Bytes, height: u32, progress: &mut Progress<'_>) -> Result<Bytes, ComputeError> {
+fn vertical(src: &Bytes, height: u32, work: &mut Work<'_>) -> Result<Bytes, ComputeError> {
     let taps = coefficients(src.height as u32, height);
     let line = src.width * src.channels;
     let mut data = Vec::with_capacity(line * height as usize);
@@ -138,7 +115,7 @@ fn vertical(src: &Bytes, height: u32, progress: &mut Progress<'_>) -> Result<Byt
             }
             data.push(clip8(sum));
         }
-        progress.done(weights.len() as u64 * line as u64)?;
+        work.step(weights.len() as u64 * line as u64)?;
     }
     Ok(Bytes {
         height: height as usize,
@@ -180,7 +157,7 @@ fn unpremultiply(frame: &mut Bytes) {
 /// `Image.resize(size, LANCZOS)` of one 8-bit frame: the same size is a copy; RGBA is
 /// resampled premultiplied; rows are resampled before columns, each only when its size
 /// changes.
-fn resize_frame(mut frame: Bytes, width: u32, height: u32, progress: &mut Progress<'_>) -> Result<Bytes, ComputeError> {
+fn resize_frame(mut frame: Bytes, width: u32, height: u32, work: &mut Work<'_>) -> Result<Bytes, ComputeError> {
     if (frame.width, frame.height) == (width as usize, height as usize) {
         return Ok(frame);
     }
@@ -189,10 +166,10 @@ fn resize_frame(mut frame: Bytes, width: u32, height: u32, progress: &mut Progre
         premultiply(&mut frame);
     }
     if frame.width != width as usize {
-        frame = horizontal(&frame, width, progress)?;
+        frame = horizontal(&frame, width, work)?;
     }
     if frame.height != height as usize {
-        frame = vertical(&frame, height, progress)?;
+        frame = vertical(&frame, height, work)?;
     }
     if rgba {
         unpremultiply(&mut frame);
@@ -232,17 +209,22 @@ pub fn resize(
         )));
     }
     check_size(width, height, image.batch, image.channels)?;
-    let mut progress = Progress { keep_going, taps: 0 };
+    let mut work = Work::new(keep_going);
     let mut data =
         Vec::with_capacity(width as usize * height as usize * image.batch as usize * image.channels as usize);
     for frame in image.data.chunks_exact(image.frame_len()) {
+        let mut bytes = Vec::with_capacity(frame.len());
+        for row in frame.chunks(image.width as usize * image.channels as usize) {
+            bytes.extend(row.iter().map(|v| (255.0f32 * v).clamp(0.0, 255.0) as u8));
+            work.step(row.len() as u64)?;
+        }
         let bytes = Bytes {
             width: image.width as usize,
             height: image.height as usize,
             channels: image.channels as usize,
-            data: frame.iter().map(|v| (255.0f32 * v).clamp(0.0, 255.0) as u8).collect(),
+            data: bytes,
         };
-        let resized = resize_frame(bytes, width, height, &mut progress)?;
+        let resized = resize_frame(bytes, width, height, &mut work)?;
         data.extend(resized.data.iter().map(|&k| f32::from(k) / 255.0));
     }
     Ok(ImageBatch {

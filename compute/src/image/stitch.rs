@@ -7,7 +7,7 @@
 //! alpha of 1. A spacing strip (its width rounded up to even) of the chosen colour, opaque,
 //! goes between them.
 
-use super::{check_size, pillow, ImageBatch, MAX_SIDE};
+use super::{check_size, pillow, ImageBatch, Work, MAX_SIDE};
 use crate::ComputeError;
 
 /// Where the second image goes.
@@ -184,16 +184,29 @@ pub fn stitch(
         },
     ];
     let (width, height) = layout.size;
-    let c = layout.channels as usize;
-    let frame_len = width as usize * height as usize * c;
+    let row_len = width as usize * layout.channels as usize;
+    let frame_len = row_len * height as usize;
     let mut data = vec![0f32; frame_len * layout.batch as usize];
+    let mut work = Work::new(keep_going);
     for (index, frame) in data.chunks_exact_mut(frame_len).enumerate() {
         if !keep_going() {
             return Err(ComputeError::Interrupted);
         }
-        paint_spacing(frame, &layout, along(lead), horizontal, options.color);
-        for piece in &pieces {
-            paint_piece(frame, &layout, piece, index as u32, horizontal, options.color.padding());
+        for (y, row) in frame.chunks_exact_mut(row_len).enumerate() {
+            let y = y as u32;
+            paint_spacing(row, y, &layout, along(lead), horizontal, options.color);
+            for piece in &pieces {
+                paint_piece(
+                    row,
+                    y,
+                    &layout,
+                    piece,
+                    index as u32,
+                    horizontal,
+                    options.color.padding(),
+                );
+            }
+            work.step(u64::from(width))?;
         }
     }
     Ok(ImageBatch {
@@ -205,55 +218,64 @@ pub fn stitch(
     })
 }
 
-/// Fills the spacing strip (after `lead` pixels along the joining axis) with `color`,
-/// opaque when the result has alpha.
-fn paint_spacing(frame: &mut [f32], layout: &Layout, lead: u32, horizontal: bool, color: SpacingColor) {
-    let (width, height) = layout.size;
+/// Fills row `y`'s part of the spacing strip (after `lead` pixels along the joining
+/// axis) with `color`, opaque when the result has alpha.
+fn paint_spacing(row: &mut [f32], y: u32, layout: &Layout, lead: u32, horizontal: bool, color: SpacingColor) {
     let c = layout.channels as usize;
     let mut pixel = color.rgb().to_vec();
     pixel.resize(c, 1.0);
-    for y in 0..height {
-        for x in 0..width {
-            let along = if horizontal { x } else { y };
-            if along >= lead && along < lead + layout.spacing {
-                let i = (y as usize * width as usize + x as usize) * c;
-                frame[i..i + c].copy_from_slice(&pixel);
-            }
-        }
+    let strip = lead..lead + layout.spacing;
+    let columns = if horizontal {
+        strip
+    } else if strip.contains(&y) {
+        0..layout.size.0
+    } else {
+        return;
+    };
+    for x in columns {
+        let i = x as usize * c;
+        row[i..i + c].copy_from_slice(&pixel);
     }
 }
 
-/// Paints image `index` of `piece` (its last image past its batch) into its slot: the
-/// image centred across the joining axis, the rest of the slot `padding` in the image's
-/// own channels; channels the image lacks are 1.
-fn paint_piece(frame: &mut [f32], layout: &Layout, piece: &Piece<'_>, index: u32, horizontal: bool, padding: f32) {
+/// Paints row `y` of image `index` of `piece` (its last image past its batch) into its
+/// slot: the image centred across the joining axis, the rest of the slot `padding` in the
+/// image's own channels; channels the image lacks are 1.
+fn paint_piece(
+    row: &mut [f32],
+    y: u32,
+    layout: &Layout,
+    piece: &Piece<'_>,
+    index: u32,
+    horizontal: bool,
+    padding: f32,
+) {
     let image = piece.image;
     let (width, height) = layout.size;
     let (c, ic) = (layout.channels as usize, image.channels as usize);
-    let source = &image.data[image.frame_len() * index.min(image.batch - 1) as usize..][..image.frame_len()];
-    // The slot, and the image's offset in it across the joining axis.
-    let (x0, y0, slot_w, slot_h) = if horizontal {
-        (piece.start, 0, image.width, height)
+    // The slot's columns, the image's offset in it, and the slot's row `y` falls on.
+    let (x0, slot_w, dx, dy, sy) = if horizontal {
+        (piece.start, image.width, 0, (height - image.height) / 2, y)
+    } else if (piece.start..piece.start + image.height).contains(&y) {
+        (0, width, (width - image.width) / 2, 0, y - piece.start)
     } else {
-        (0, piece.start, width, image.height)
+        return;
     };
-    let (dx, dy) = if horizontal {
-        (0, (height - image.height) / 2)
-    } else {
-        ((width - image.width) / 2, 0)
-    };
-    for sy in 0..slot_h {
-        for sx in 0..slot_w {
-            let out = ((y0 + sy) as usize * width as usize + (x0 + sx) as usize) * c;
-            let pixel = &mut frame[out..out + c];
-            pixel[ic..].fill(1.0);
-            let inside = sx >= dx && sy >= dy && sx - dx < image.width && sy - dy < image.height;
-            if inside {
-                let at = ((sy - dy) as usize * image.width as usize + (sx - dx) as usize) * ic;
-                pixel[..ic].copy_from_slice(&source[at..at + ic]);
-            } else {
-                pixel[..ic].fill(padding);
+    let frame = &image.data[image.frame_len() * index.min(image.batch - 1) as usize..][..image.frame_len()];
+    let line = (sy >= dy && sy - dy < image.height).then(|| {
+        let start = (sy - dy) as usize * image.width as usize * ic;
+        &frame[start..start + image.width as usize * ic]
+    });
+    for sx in 0..slot_w {
+        let out = (x0 + sx) as usize * c;
+        let pixel = &mut row[out..out + c];
+        pixel[ic..].fill(1.0);
+        match line {
+            Some(line) if sx >= dx && sx - dx < image.width => {
+                let at = (sx - dx) as usize * ic;
+                pixel[..ic].copy_from_slice(&line[at..at + ic]);
             }
+            _ => pixel[..ic].fill(padding),
         }
     }
 }
@@ -300,6 +322,21 @@ mod tests {
     }
 
     #[test]
+    fn a_stop_ends_a_stitch_as_interrupted() {
+        let image = crate::image::empty(64, 64, 2, 0x808080).unwrap();
+        let down = Stitch {
+            direction: Direction::Down,
+            match_size: true,
+            spacing: 2,
+            color: SpacingColor::Red,
+        };
+        assert!(matches!(
+            stitch(&image, &image, &down, &|| false),
+            Err(ComputeError::Interrupted)
+        ));
+    }
+
+    #[test]
     fn a_stitch_too_wide_or_resized_to_nothing_is_refused() {
         let wide = crate::image::empty(MAX_SIDE, 2, 1, 0).unwrap();
         let right = Stitch {
@@ -317,7 +354,7 @@ mod tests {
             match_size: true,
             ..right
         };
-        // 64 pixels high beside a 1x64 image: resized to 1x1... and a 1-high one to zero width.
+        // Beside a 1-high image a 1x64 one would be resized to zero width.
         let short = crate::image::empty(4, 1, 1, 0).unwrap();
         assert!(stitch(&short, &flat, &matched, &always).is_err());
         assert!(stitch(&flat, &flat, &matched, &always).is_ok());
