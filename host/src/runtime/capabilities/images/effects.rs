@@ -40,9 +40,7 @@ impl Ctx<'_> {
         let result = image_ops::stitch::stitch(&first, &second, &options, &keep_going);
         self.finish_image(result, charge)
     }
-}
 
-impl Ctx<'_> {
     /// `ImageAddNoise`: seeded gaussian noise added to `image`, charged for the result.
     pub(super) fn noisy(&mut self, image: Resource<ImageRes>, seed: u64, strength: f64) -> ImageResult {
         let source = self.image(&image)?;
