@@ -38,7 +38,13 @@ fn check_inputs(class: &str, section: &str, got: &Value, want: &Value) {
             }
         }
         for key in ["min", "max", "step"] {
-            assert_eq!(number(options, key), number(want_options, key), "{class}.{name}: {key}");
+            let want = match number(want_options, key) {
+                // Seeds: the contract's integers are signed 64-bit, so weft's largest seed is
+                // `i64::MAX` where ComfyUI's is `2^64 - 1` (torch keeps the low 32 bits of either).
+                Some(max) if key == "max" && max == u64::MAX as f64 => Some(i64::MAX as f64),
+                other => other,
+            };
+            assert_eq!(number(options, key), want, "{class}.{name}: {key}");
         }
     }
 }
@@ -260,7 +266,7 @@ fn resize_and_pad_centres_the_fitted_image_on_the_padding_colour() {
 }
 
 #[test]
-fn huge_repeats_and_pads_end_with_the_memory_limit() {
+fn huge_repeats_pads_edge_maps_stitches_and_noise_end_with_the_memory_limit() {
     let server = Server::with(Options {
         args: ["--job-memory-mib", "64", "--cache-mib", "0"]
             .map(String::from)
@@ -284,6 +290,24 @@ fn huge_repeats_and_pads_end_with_the_memory_limit() {
         "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}
     }));
     assert_failed_at_node(&grow, "node_memory_limit", "1");
+    let edges = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 2048, "height": 1024, "batch_size": 1, "color": 0}},
+        "2": {"class_type": "Canny", "inputs": {"image": ["1", 0], "low_threshold": 0.4, "high_threshold": 0.8}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "huge"}}
+    }));
+    assert_failed_at_node(&edges, "node_memory_limit", "2");
+    let stitched = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 2048, "height": 2048, "batch_size": 1, "color": 0}},
+        "2": {"class_type": "ImageStitch", "inputs": {"image1": ["1", 0], "image2": ["1", 0], "direction": "right", "match_image_size": true, "spacing_width": 0, "spacing_color": "white"}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "huge"}}
+    }));
+    assert_failed_at_node(&stitched, "node_memory_limit", "2");
+    let noisy = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 2048, "height": 1536, "batch_size": 1, "color": 0}},
+        "2": {"class_type": "ImageAddNoise", "inputs": {"image": ["1", 0], "seed": 1, "strength": 0.5}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "huge"}}
+    }));
+    assert_failed_at_node(&noisy, "node_memory_limit", "2");
 }
 
 #[test]
@@ -325,4 +349,171 @@ fn porter_duff_source_over_keeps_an_opaque_source_and_its_alpha() {
     assert_near(image.get_pixel(3, 2).0, [0, 255, 0], "the source, resized to cover it");
     let alpha = &saved_pngs(&server, &job, "savealpha")[0];
     assert_near(alpha.get_pixel(3, 2).0, [0, 0, 0], "opaque");
+}
+
+/// Tensor `name` of the image-node fixture as the bytes a saved PNG holds (`255 v`
+/// clipped and truncated; large images on the 8-bit grid are stored as those bytes).
+fn fixture_bytes(name: &str) -> (Vec<usize>, Vec<u8>) {
+    let path = support::root().join("tests/fixtures/image-nodes/image_nodes.safetensors");
+    let file = std::fs::read(path).unwrap();
+    let header_len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&file[8..8 + header_len]).unwrap();
+    let entry = &header[name];
+    let shape = entry["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
+    let offsets = entry["data_offsets"].as_array().unwrap();
+    let (start, end) = (
+        offsets[0].as_u64().unwrap() as usize,
+        offsets[1].as_u64().unwrap() as usize,
+    );
+    let raw = &file[8 + header_len + start..8 + header_len + end];
+    let bytes = match entry["dtype"].as_str() {
+        Some("U8") => raw.to_vec(),
+        Some("F32") => raw
+            .chunks_exact(4)
+            .map(|b| (f32::from_le_bytes(b.try_into().unwrap()) * 255.0).clamp(0.0, 255.0) as u8)
+            .collect(),
+        other => panic!("{name}: unexpected dtype {other:?}"),
+    };
+    (shape, bytes)
+}
+
+/// The fixture's case of class `node` whose input `input` is the tensor `tensor`.
+fn fixture_case(node: &str, input: &str, tensor: &str) -> Value {
+    let path = support::root().join("tests/fixtures/image-nodes/cases.json");
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    fixture["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["node"] == node && c["inputs"][input]["tensor"] == tensor)
+        .cloned()
+        .unwrap_or_else(|| panic!("the fixture has a {node} case on {tensor}"))
+}
+
+/// A PNG of the first RGB image of a `[batch, height, width, 3]` byte tensor.
+fn png_of(shape: &[usize], bytes: &[u8]) -> Vec<u8> {
+    let (height, width) = (shape[1] as u32, shape[2] as u32);
+    let frame = image::RgbImage::from_raw(width, height, bytes[..shape[1] * shape[2] * 3].to_vec()).unwrap();
+    let mut out = std::io::Cursor::new(Vec::new());
+    frame.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    out.into_inner()
+}
+
+#[test]
+fn canny_on_an_uploaded_photo_finds_comfyuis_edges_pixel_for_pixel() {
+    let server = Server::start();
+    let case = fixture_case("Canny", "image", "big");
+    let (shape, pixels) = fixture_bytes("in.big");
+    let asset = server.upload("shapes.png", png_of(&shape, &pixels));
+    let job = server.run(json!({
+        "load": {"class_type": "LoadImage", "inputs": {"image": {"__type": "core/ASSET", "info": {"id": asset["id"]}}}},
+        "edges": {"class_type": "Canny", "inputs": {"image": ["load", 0], "low_threshold": case["inputs"]["low_threshold"], "high_threshold": case["inputs"]["high_threshold"]}},
+        "save": {"class_type": "SaveImage", "inputs": {"images": ["edges", 0], "filename_prefix": "edges"}}
+    }));
+    let saved = &saved_pngs(&server, &job, "save")[0];
+    let (want_shape, want) = fixture_bytes(case["outputs"][0]["tensor"].as_str().unwrap());
+    assert_eq!(saved.dimensions(), (want_shape[2] as u32, want_shape[1] as u32));
+    let got: Vec<u8> = saved.pixels().flat_map(|p| [p[0], p[1], p[2]]).collect();
+    assert!(got == want, "the edges differ from ComfyUI's");
+    assert!(got.contains(&255) && got.contains(&0), "some edges, not all");
+}
+
+/// Asserts `job` failed at `node` with a guest error naming `invalid_input` (the host
+/// reports a guest's error as `node_execution_error`, its own code in the message).
+fn assert_invalid_input_at(job: &Value, node: &str) {
+    assert_failed_at_node(job, "node_execution_error", node);
+    let message = job["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("(invalid_input)"), "{job}");
+}
+
+#[test]
+fn canny_refuses_crossed_thresholds_and_alpha_images_as_invalid_input() {
+    let server = Server::start();
+    let crossed = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
+        "2": {"class_type": "Canny", "inputs": {"image": ["1", 0], "low_threshold": 0.9, "high_threshold": 0.2}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "x"}}
+    }));
+    assert_invalid_input_at(&crossed, "2");
+    let alpha = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
+        "m": {"class_type": "SolidMask", "inputs": {"value": 0.5, "width": 8, "height": 8}},
+        "a": {"class_type": "JoinImageWithAlpha", "inputs": {"image": ["1", 0], "alpha": ["m", 0]}},
+        "2": {"class_type": "Canny", "inputs": {"image": ["a", 0], "low_threshold": 0.4, "high_threshold": 0.8}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "x"}}
+    }));
+    assert_invalid_input_at(&alpha, "2");
+}
+
+#[test]
+fn image_stitch_lays_out_resizes_pads_and_spaces_as_comfyui() {
+    let server = Server::start();
+    let job = server.run(json!({
+        "red": {"class_type": "EmptyImage", "inputs": {"width": 6, "height": 4, "batch_size": 2, "color": 0xFF0000}},
+        "blue": {"class_type": "EmptyImage", "inputs": {"width": 3, "height": 2, "batch_size": 1, "color": 0x0000FF}},
+        "beside": {"class_type": "ImageStitch", "inputs": {"image1": ["red", 0], "image2": ["blue", 0], "direction": "right", "match_image_size": true, "spacing_width": 2, "spacing_color": "green"}},
+        "save": {"class_type": "SaveImage", "inputs": {"images": ["beside", 0], "filename_prefix": "beside"}},
+        "above": {"class_type": "ImageStitch", "inputs": {"image1": ["red", 0], "image2": ["blue", 0], "direction": "up", "match_image_size": false, "spacing_width": 4, "spacing_color": "white"}},
+        "save2": {"class_type": "SaveImage", "inputs": {"images": ["above", 0], "filename_prefix": "above"}},
+        "alone": {"class_type": "ImageStitch", "inputs": {"image1": ["blue", 0], "direction": "left", "match_image_size": true, "spacing_width": 0, "spacing_color": "white"}},
+        "save3": {"class_type": "SaveImage", "inputs": {"images": ["alone", 0], "filename_prefix": "alone"}}
+    }));
+    // Blue 3x2 resized to red's height keeps its aspect: 6x4, after a 2-pixel green strip.
+    let beside = saved_pngs(&server, &job, "save");
+    assert_eq!(beside.len(), 2, "the single blue image repeats over red's batch");
+    for image in &beside {
+        assert_eq!(image.dimensions(), (14, 4));
+        assert_near(image.get_pixel(5, 3).0, [255, 0, 0], "red");
+        assert_eq!(image.get_pixel(6, 0).0, [0, 255, 0, 255], "the strip");
+        assert_eq!(image.get_pixel(7, 3).0, [0, 255, 0, 255], "the strip");
+        assert_near(image.get_pixel(8, 0).0, [0, 0, 255], "the resized blue");
+        assert_near(image.get_pixel(13, 3).0, [0, 0, 255], "the resized blue");
+    }
+    // Unmatched, above: blue centred on red's width (one column of white padding left).
+    let above = &saved_pngs(&server, &job, "save2")[0];
+    assert_eq!(above.dimensions(), (6, 10));
+    assert_eq!(above.get_pixel(0, 0).0, [255, 255, 255, 255], "padding");
+    assert_eq!(above.get_pixel(1, 1).0, [0, 0, 255, 255], "blue");
+    assert_eq!(above.get_pixel(4, 1).0, [255, 255, 255, 255], "padding");
+    assert_eq!(above.get_pixel(3, 4).0, [255, 255, 255, 255], "the strip");
+    assert_eq!(above.get_pixel(3, 6).0, [255, 0, 0, 255], "red");
+    let alone = &saved_pngs(&server, &job, "save3")[0];
+    assert_eq!(alone.dimensions(), (3, 2), "without image2, image1 unchanged");
+}
+
+#[test]
+fn a_stitch_wider_than_the_largest_side_is_invalid_input() {
+    let server = Server::start();
+    let job = server.run(json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 16384, "height": 1, "batch_size": 1, "color": 0}},
+        "2": {"class_type": "ImageStitch", "inputs": {"image1": ["1", 0], "image2": ["1", 0], "direction": "right", "match_image_size": false, "spacing_width": 0, "spacing_color": "white"}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "x"}}
+    }));
+    assert_invalid_input_at(&job, "2");
+}
+
+#[test]
+fn image_add_noise_saves_comfyuis_seeded_noise_byte_for_byte() {
+    let server = Server::start();
+    let case = fixture_case("ImageAddNoise", "image", "flat");
+    let job = server.run(json!({
+        "flat": {"class_type": "EmptyImage", "inputs": {"width": 4, "height": 3, "batch_size": 2, "color": 0x336699}},
+        "noisy": {"class_type": "ImageAddNoise", "inputs": {"image": ["flat", 0], "seed": case["inputs"]["seed"], "strength": case["inputs"]["strength"]}},
+        "save": {"class_type": "SaveImage", "inputs": {"images": ["noisy", 0], "filename_prefix": "noisy"}},
+        "still": {"class_type": "ImageAddNoise", "inputs": {"image": ["flat", 0], "seed": 4_000_000_000_000u64, "strength": 0.0}},
+        "save2": {"class_type": "SaveImage", "inputs": {"images": ["still", 0], "filename_prefix": "still"}}
+    }));
+    let (_, want) = fixture_bytes(case["outputs"][0]["tensor"].as_str().unwrap());
+    let got: Vec<u8> = saved_pngs(&server, &job, "save")
+        .iter()
+        .flat_map(|image| image.pixels().flat_map(|p| [p[0], p[1], p[2]]).collect::<Vec<_>>())
+        .collect();
+    assert!(got == want, "the noisy pixels differ from ComfyUI's");
+    let still = &saved_pngs(&server, &job, "save2")[0];
+    assert_near(still.get_pixel(2, 1).0, [0x33, 0x66, 0x99], "no strength, no noise");
 }

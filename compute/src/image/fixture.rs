@@ -33,7 +33,18 @@ impl Fixture {
             .into_iter()
             .map(|(name, t)| {
                 let shape = t.dims().to_vec();
-                (name, (shape, t.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+                let flat = t.flatten_all().unwrap();
+                // Large tensors on the 8-bit grid are stored as their bytes `k` for `k / 255`.
+                let values = match flat.dtype() {
+                    candle_core::DType::U8 => flat
+                        .to_vec1::<u8>()
+                        .unwrap()
+                        .into_iter()
+                        .map(|k| f32::from(k) / 255.0)
+                        .collect(),
+                    _ => flat.to_vec1::<f32>().unwrap(),
+                };
+                (name, (shape, values))
             })
             .collect();
         let text = std::fs::read_to_string(dir.join("cases.json")).expect("cases.json is readable");

@@ -10,10 +10,14 @@ use super::ComputeError;
 
 pub mod alpha;
 pub mod blend;
+pub mod canny;
 pub mod composite;
 pub mod filter;
+pub mod noise;
+pub mod pillow;
 pub mod porter_duff;
 pub mod resample;
+pub mod stitch;
 pub mod transform;
 
 #[cfg(test)]
@@ -246,13 +250,14 @@ const TAPS_PER_CHECK: u64 = 1 << 22;
 
 /// Counts a long loop's work and asks the caller whether to go on every
 /// [`TAPS_PER_CHECK`] of it.
-struct Work<'a> {
+pub(crate) struct Work<'a> {
     keep_going: &'a dyn Fn() -> bool,
     since_check: u64,
 }
 
 impl<'a> Work<'a> {
-    fn new(keep_going: &'a dyn Fn() -> bool) -> Self {
+    /// Work for a caller who says whether to go on through `keep_going`.
+    pub(crate) fn new(keep_going: &'a dyn Fn() -> bool) -> Self {
         Work {
             keep_going,
             since_check: 0,
@@ -260,13 +265,22 @@ impl<'a> Work<'a> {
     }
 
     /// `taps` more done; false once the caller says stop.
-    fn done(&mut self, taps: u64) -> bool {
+    pub(crate) fn done(&mut self, taps: u64) -> bool {
         self.since_check += taps;
         if self.since_check < TAPS_PER_CHECK {
             return true;
         }
         self.since_check = 0;
         (self.keep_going)()
+    }
+
+    /// [`Work::done`] as a result: [`ComputeError::Interrupted`] once the caller says stop.
+    pub(crate) fn step(&mut self, taps: u64) -> Result<(), ComputeError> {
+        if self.done(taps) {
+            Ok(())
+        } else {
+            Err(ComputeError::Interrupted)
+        }
     }
 }
 

@@ -130,14 +130,32 @@ impl TorchGenerator {
 
     /// `torch.randn(n)` (float32, contiguous).
     pub fn randn(&mut self, n: usize) -> Vec<f32> {
+        self.randn_interruptible(n, &|| true)
+            .expect("drawing stops only when told to")
+    }
+
+    /// [`TorchGenerator::randn`], asking `keep_going` every million values drawn or
+    /// transformed; `None` once it says no (the generator is then part way through).
+    pub fn randn_interruptible(&mut self, n: usize, keep_going: &dyn Fn() -> bool) -> Option<Vec<f32>> {
+        const VALUES_PER_CHECK: usize = 1 << 20;
         if n < 16 {
-            return (0..n).map(|_| self.normal_f64() as f32).collect();
+            return Some((0..n).map(|_| self.normal_f64() as f32).collect());
         }
-        let mut out: Vec<f32> = (0..n).map(|_| self.uniform_f32()).collect();
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let stretch = VALUES_PER_CHECK.min(n - out.len());
+            out.extend((0..stretch).map(|_| self.uniform_f32()));
+            if !keep_going() {
+                return None;
+            }
+        }
         let mut b = 0;
         while b + 16 <= n {
             self.normal_block(&mut out[b..b + 16]);
             b += 16;
+            if b % VALUES_PER_CHECK == 0 && !keep_going() {
+                return None;
+            }
         }
         if !n.is_multiple_of(16) {
             let tail = &mut out[n - 16..];
@@ -146,7 +164,7 @@ impl TorchGenerator {
             }
             self.normal_block(tail);
         }
-        out
+        Some(out)
     }
 
     fn normal_block(&self, block: &mut [f32]) {

@@ -6,10 +6,12 @@
 use weft_sdk::prelude::*;
 
 mod animated;
+mod effect_nodes;
 mod image_nodes;
 mod mask_nodes;
 
 use animated::*;
+use effect_nodes::*;
 use image_nodes::*;
 use mask_nodes::*;
 
@@ -200,5 +202,8 @@ weft_sdk::export_plugin!(
     ImageColorToMask,
     JoinImageWithAlpha,
     SplitImageWithAlpha,
-    PorterDuffImageComposite
+    PorterDuffImageComposite,
+    Canny,
+    ImageStitch,
+    ImageAddNoise
 );

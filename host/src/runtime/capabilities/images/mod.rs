@@ -1,5 +1,6 @@
 //! `weft:node/images` and `weft:node/masks`: pixel work on host-held images and masks.
 
+mod effects;
 mod masks;
 mod ops;
 mod v0_2_face;

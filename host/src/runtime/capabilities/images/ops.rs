@@ -32,7 +32,7 @@ pub(super) fn image_values(image: &ImageBatch) -> u64 {
 }
 
 /// A compute failure as the guest's node error.
-fn guest_error(e: ComputeError) -> NodeError {
+pub(super) fn guest_error(e: ComputeError) -> NodeError {
     NodeError {
         code: e.code().to_string(),
         message: e.to_string(),

@@ -1,6 +1,7 @@
 //! The `weft:node@0.2.0` face of `images`: the 0.1.0 calls, plus `load-mask` and
 //! ComfyUI's image nodes (`transform`, `blend`, `filter`, `concat`, `select`, `repeat`,
-//! `composite`, `pad`, `from-mask`, `join-alpha`, `split-alpha`, `porter-duff`).
+//! `composite`, `pad`, `from-mask`, `join-alpha`, `split-alpha`, `porter-duff`; `canny`,
+//! `stitch` and `add-noise` are in `effects`).
 
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ use crate::runtime::bindings::v0_2::weft::node as v2;
 use crate::runtime::bindings::v0_2::wit::{AssetRef, NodeError};
 use crate::runtime::memory::Held;
 use crate::runtime::value::{ImageRes, MaskRes};
-use v2::images::{BlendMode, Edges, FilterOp as Filter, PorterDuffMode, TransformOp as Transform};
+use v2::images::{BlendMode, Edges, FilterOp as Filter, PorterDuffMode, StitchOptions, TransformOp as Transform};
 
 impl v2::images::Host for Ctx<'_> {
     fn empty(
@@ -278,6 +279,23 @@ impl v2::images::Host for Ctx<'_> {
         let keep_going = self.keep_going();
         let result = image_ops::porter_duff::porter_duff((&src, &sa), (&dst, &da), porter_duff_mode(mode), &keep_going);
         self.finish_pair(result, charge)
+    }
+
+    fn canny(&mut self, image: Resource<ImageRes>, low_threshold: f64, high_threshold: f64) -> ImageResult {
+        self.canny_edges(image, low_threshold, high_threshold)
+    }
+
+    fn stitch(
+        &mut self,
+        image1: Resource<ImageRes>,
+        image2: Resource<ImageRes>,
+        options: StitchOptions,
+    ) -> ImageResult {
+        self.stitch_images(image1, image2, options)
+    }
+
+    fn add_noise(&mut self, image: Resource<ImageRes>, seed: u64, strength: f64) -> ImageResult {
+        self.noisy(image, seed, strength)
     }
 }
 
