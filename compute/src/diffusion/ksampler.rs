@@ -7,6 +7,7 @@
 use super::adm::PromptKind;
 use super::conditioning::Conditioning;
 use super::guidance::{Combine, Guidance};
+use super::inpaint::ConcatSource;
 use super::model::DiffusionModel;
 use crate::interrupt::Interrupt;
 use crate::resize::{resize_planes, Mode};
@@ -197,6 +198,11 @@ pub fn run_sampling(
         combine: run.combine,
         rescale: model.cfg_rescale(),
         stop,
+        concat: ConcatSource {
+            latent: &latent_in,
+            denoise_mask: mask.as_deref(),
+            shape: [shape[0], shape[1], shape[2], shape[3]],
+        },
     };
     let mut denoiser = |x: &Tensor, sigma: f32| -> anyhow::Result<Tensor> {
         let Some(mask) = &mask else {
@@ -249,7 +255,7 @@ pub fn run_sampling(
 }
 
 /// The latent's noise mask resized to its cells and repeated over its channels, if it has one.
-fn noise_mask(latent: &LatentBatch, shape: &[usize]) -> Option<Vec<f32>> {
+pub(super) fn noise_mask(latent: &LatentBatch, shape: &[usize]) -> Option<Vec<f32>> {
     let m = latent.noise_mask.as_ref()?;
     let planes = resize_planes(
         &m.data,
