@@ -11,7 +11,7 @@ use super::vae::{crop_to_cells, encode, encode_cropped, grey_masked, mask_at_cel
 use crate::image::resample::{upscale_center, Planes};
 use crate::image::{ImageBatch, MaskBatch};
 use crate::interrupt::Interrupt;
-use crate::resize::Mode;
+use crate::resize::{resize_planes, Mode};
 use crate::sampling::Tensor;
 use crate::values::LatentBatch;
 use crate::ComputeError;
@@ -255,6 +255,31 @@ pub fn prepare_inpaint_pixels(pixels: &ImageBatch, mask: &MaskBatch) -> Result<(
         data: cells_mask,
     };
     Ok((grey, cells))
+}
+
+/// The latent's noise mask resized (bilinear) to its cells and repeated over its channels
+/// and batch, if it has one (ComfyUI's `prepare_mask`): the mask sampling blends with and
+/// [`concat_inputs`] falls back on.
+pub(super) fn noise_mask(latent: &LatentBatch, shape: &[usize]) -> Option<Vec<f32>> {
+    let m = latent.noise_mask.as_ref()?;
+    let planes = resize_planes(
+        &m.data,
+        m.height as usize,
+        m.width as usize,
+        shape[2],
+        shape[3],
+        Mode::Bilinear,
+    );
+    let plane = shape[2] * shape[3];
+    let count = m.batch as usize;
+    Some(
+        (0..shape[0])
+            .flat_map(|b| {
+                let mine = &planes[(b % count) * plane..(b % count + 1) * plane];
+                std::iter::repeat_n(mine, shape[1]).flatten().copied()
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]

@@ -4,7 +4,6 @@
 use serde_json::Value;
 
 use super::*;
-use crate::diffusion::ksampler::noise_mask;
 use crate::diffusion::latent::plain;
 
 fn fixture() -> Value {
