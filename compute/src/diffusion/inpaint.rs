@@ -135,7 +135,11 @@ fn latent_to_noise_shape(
 ) -> Result<Vec<f32>, ComputeError> {
     let [tb, tc, th, tw] = match t.shape.as_slice() {
         &[tb, tc, th, tw] if tb > 0 && th > 0 && tw > 0 => [tb, tc, th, tw],
-        other => return Err(ComputeError::invalid(format!("an inpainting image latent of shape {other:?}"))),
+        other => {
+            return Err(ComputeError::invalid(format!(
+                "an inpainting image latent of shape {other:?}"
+            )))
+        }
     };
     if tc != c {
         return Err(ComputeError::invalid(format!(
@@ -181,7 +185,10 @@ pub fn resize_to_batch_size(data: &[f32], count: usize, batch: usize) -> Vec<f32
         };
         index.min(count - 1)
     };
-    (0..batch).flat_map(|i| &data[pick(i) * per..][..per]).copied().collect()
+    (0..batch)
+        .flat_map(|i| &data[pick(i) * per..][..per])
+        .copied()
+        .collect()
 }
 
 /// What `InpaintModelConditioning` returns.

@@ -78,7 +78,11 @@ pub(super) fn crop_to_cells(pixels: &ImageBatch) -> Result<ImageBatch, ComputeEr
 
 /// Encodes `pixels` one image at a time, as [`decode`] decodes: one image's working memory
 /// whatever the batch.
-pub(super) fn encode_cropped(vae: &Autoencoder, pixels: &ImageBatch, stop: Interrupt<'_>) -> Result<LatentBatch, ComputeError> {
+pub(super) fn encode_cropped(
+    vae: &Autoencoder,
+    pixels: &ImageBatch,
+    stop: Interrupt<'_>,
+) -> Result<LatentBatch, ComputeError> {
     let per_image = (pixels.width * pixels.height * pixels.channels) as usize;
     let mut shape = [0u32; 4];
     let mut data = Vec::new();

@@ -1506,7 +1506,11 @@ mod tests {
                 inpainting: true,
                 ..base.clone()
             };
-            let index = index_of(&sparse_checkpoint(dir.path(), "inpainting", &checkpoint_layout(&inpainting)));
+            let index = index_of(&sparse_checkpoint(
+                dir.path(),
+                "inpainting",
+                &checkpoint_layout(&inpainting),
+            ));
             assert_eq!(detect_config(&index).unwrap(), inpainting);
             let conv_in = format!("{UNET_PREFIX}input_blocks.0.0.weight");
             let mut layout = checkpoint_layout(&base);

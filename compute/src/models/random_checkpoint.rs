@@ -63,8 +63,8 @@ pub const SD15_INPAINT: Recipe = Recipe {
     name: "sd15-inpaint-random-v1",
     metadata_key: "weft.sd15_inpaint_random",
     layout: include_str!("../../assets/sd15-inpaint-random/layout.tsv"),
-    seed0_sha256: "0000000000000000000000000000000000000000000000000000000000000000",
-    seed0_file: "sd15-inpaint-random-s0-000000000000.safetensors",
+    seed0_sha256: "f9b22da57f5d2c479ff55b783c0555883f58b37bf2eb258170a757738980cdc5",
+    seed0_file: "sd15-inpaint-random-s0-f9b22da57f5d.safetensors",
 };
 
 /// Recipe `sdxl-random-v1`: the SDXL base single-file layout (2,515 tensors, 6.9 GB in

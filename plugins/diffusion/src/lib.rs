@@ -16,7 +16,8 @@ mod vae;
 pub use conditioning::{
     CLIPSetLastLayer, CLIPTextEncode, CLIPTextEncodeSDXL, CLIPTextEncodeSDXLRefiner, ConditioningAverage,
     ConditioningCombine, ConditioningConcat, ConditioningSetArea, ConditioningSetAreaPercentage,
-    ConditioningSetAreaStrength, ConditioningSetMask, ConditioningSetTimestepRange, ConditioningZeroOut, InpaintModelConditioning,
+    ConditioningSetAreaStrength, ConditioningSetMask, ConditioningSetTimestepRange, ConditioningZeroOut,
+    InpaintModelConditioning,
 };
 pub use custom_sampling::{
     AlignYourStepsScheduler, BasicGuider, BasicScheduler, BetaSamplingScheduler, CFGGuider, DisableNoise,

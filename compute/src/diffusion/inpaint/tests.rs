@@ -48,7 +48,12 @@ fn assert_close(got: &[f32], want: &[f32], what: &str) {
 #[test]
 fn inpaint_model_conditioning_greys_and_masks_as_comfyui() {
     let fixture = fixture();
-    for (n, case) in fixture["inpaint_model_conditioning"].as_array().unwrap().iter().enumerate() {
+    for (n, case) in fixture["inpaint_model_conditioning"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
         let s = shape(&case["pixels"]);
         let pixels = ImageBatch {
             batch: s[0] as u32,
@@ -96,7 +101,9 @@ fn an_inpainting_models_extra_input_is_built_as_comfyuis_concat_cond() {
         latent.noise_mask = case.get("latent_noise_mask").map(|m| Arc::new(mask(m)));
         let latent_in = process_in(&latent.data, dims[2] * dims[3]);
         let denoise = noise_mask(&latent, &dims);
-        let base = Conditioning::from_context(candle_core::Tensor::zeros((1, 1, 1), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap());
+        let base = Conditioning::from_context(
+            candle_core::Tensor::zeros((1, 1, 1), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap(),
+        );
         let mut entry = base.0[0].clone();
         entry.concat_latent_image = case
             .get("concat_latent_image")

@@ -25,8 +25,8 @@ use weft_types::NodeErrorCode;
 
 use super::{own, CallState, Capabilities, Capability, CapabilityCtx, Own};
 use crate::runtime::bindings::v0_2::weft::node::diffusion::{
-    add_to_linker, Area, AreaFraction, Checkpoint, Host, InpaintConditioning, LatentChange, LatentCombination, SampleOptions,
-    SizeConditioning as WitSizeConditioning,
+    add_to_linker, Area, AreaFraction, Checkpoint, Host, InpaintConditioning, LatentChange, LatentCombination,
+    SampleOptions, SizeConditioning as WitSizeConditioning,
 };
 use crate::runtime::bindings::v0_2::wit::{AssetRef, NodeError};
 use crate::runtime::call::{read_asset, AssetReader, CallContext, Interrupt, ProgressSink};
