@@ -342,7 +342,7 @@ fn sparse_checkpoint(path: &Path, layout: &[(String, Vec<usize>)]) {
         offset += bytes;
     }
     let mut text = serde_json::to_vec(&header).unwrap();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
