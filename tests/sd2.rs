@@ -2,8 +2,8 @@
 //! tiny random-weight SD2 checkpoints (`weft models tiny-sd2`, eps and `--v-prediction`)
 //! that `CheckpointLoaderSimple` detects by their keys; a v-prediction file samples with
 //! v-prediction unless a `ModelSamplingDiscrete` says otherwise; `CLIPSetLastLayer` moves
-//! the encoding off SD2's default penultimate layer; SD2's inpainting and unCLIP variants
-//! are clean node errors.
+//! the encoding off SD2's default penultimate layer; SD2's unCLIP variant, and an
+//! inpainting one that lacks tensors, are clean node errors.
 
 mod support;
 
@@ -138,7 +138,7 @@ fn clip_set_last_layer_moves_sd2_off_its_penultimate_default() {
 }
 
 #[test]
-fn sd2_inpainting_and_unclip_checkpoints_are_clean_node_errors() {
+fn sd2_unclip_and_incomplete_inpainting_checkpoints_are_clean_node_errors() {
     let (dir, server) = setup();
     let checkpoints = dir.path().join("checkpoints");
     let unet = |name: &str| format!("model.diffusion_model.{name}");
@@ -160,7 +160,8 @@ fn sd2_inpainting_and_unclip_checkpoints_are_clean_node_errors() {
         ],
     );
     for (name, says) in [
-        ("512-inpainting-ema.safetensors", "inpainting"),
+        // Inpainting UNets are run (`tests/inpainting.rs`); this file lacks their tensors.
+        ("512-inpainting-ema.safetensors", "missing"),
         ("sd21-unclip-h.safetensors", "unCLIP"),
     ] {
         let job = server.run(default_graph(name, 1));

@@ -103,6 +103,8 @@ mod tests {
             mask: None,
             strength: 1.0,
             timestep_range: None,
+            concat_latent_image: None,
+            concat_mask: None,
         }
     }
 

@@ -43,6 +43,12 @@ pub struct CondEntry {
     /// The part of sampling it applies to, as fractions of the way through (ComfyUI's
     /// `start_percent`, `end_percent`); all of it when none.
     pub timestep_range: Option<(f64, f64)>,
+    /// The masked image's latent an inpainting model reads beside the noisy latent
+    /// (`InpaintModelConditioning`'s `concat_latent_image`), `[batch, channels, h, w]` as
+    /// nodes see latents; other models ignore it.
+    pub concat_latent_image: Option<Arc<crate::sampling::Tensor>>,
+    /// The mask an inpainting model reads beside it (`concat_mask`), at any size.
+    pub concat_mask: Option<Arc<MaskBatch>>,
 }
 
 /// A mask that weights a conditioning entry's prediction cell by cell.
@@ -144,6 +150,8 @@ impl Conditioning {
             mask: None,
             strength: 1.0,
             timestep_range: None,
+            concat_latent_image: None,
+            concat_mask: None,
         }])
     }
 

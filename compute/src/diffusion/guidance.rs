@@ -8,6 +8,7 @@ use candle_core::Tensor as CTensor;
 
 use super::adm::{adm_vector, PromptKind};
 use super::conditioning::{can_batch, repeat_to_common_length, CondEntry, Conditioning};
+use super::inpaint::{concat_inputs, ConcatSource};
 use super::model::DiffusionModel;
 use super::placement::{region, weights, Region};
 use crate::interrupt::Interrupt;
@@ -56,6 +57,8 @@ pub struct Guidance<'a> {
     pub rescale: Option<f64>,
     /// Asked between the UNet's blocks.
     pub stop: Interrupt<'a>,
+    /// What an inpainting model's extra input falls back on ([`concat_inputs`]).
+    pub concat: ConcatSource<'a>,
 }
 
 /// Entries that share a UNet call: their region, the first entry's token count, and each
@@ -173,7 +176,7 @@ impl Guidance<'_> {
                 })
                 .map(|i| x[i])
                 .collect();
-            let preds = self.unet(which, &members, &crop, [b, c, h, w], sigma)?;
+            let preds = self.unet(which, &members, &crop, (region, [b, c, h, w]), sigma)?;
             for (&(index, entry), pred) in members.iter().zip(preds.chunks_exact(crop.len())) {
                 let mult = weights(entry, region, height, width, b);
                 let (out, counts) = (&mut out[index], &mut counts[index]);
@@ -206,14 +209,14 @@ impl Guidance<'_> {
         which: &[usize],
         members: &[(usize, &CondEntry)],
         crop: &[f32],
-        shape: [usize; 4],
+        (region, shape): (Region, [usize; 4]),
         sigma: f32,
     ) -> anyhow::Result<Vec<f32>> {
         let device = &self.model.checkpoint.device;
         let b = shape[0];
         let scaled = self.ms.calculate_input(sigma, crop);
         let input = CTensor::from_slice(&scaled, shape.as_slice(), device)?;
-        let input = CTensor::cat(&vec![&input; members.len()], 0)?;
+        let input = self.with_concat(&input, members, region)?;
         let contexts = members
             .iter()
             .map(|(_, e)| e.context.to_device(device)?.repeat((b, 1, 1)))
@@ -234,6 +237,34 @@ impl Guidance<'_> {
 }
 
 impl Guidance<'_> {
+    /// `input` (the batch cut to `region`) once per member, each followed along the
+    /// channels by the member's extra input cut to `region` when the model is an inpainting
+    /// model (ComfyUI's `c_concat`, cut to the entry's area); other models ignore it.
+    fn with_concat(&self, input: &CTensor, members: &[(usize, &CondEntry)], region: Region) -> anyhow::Result<CTensor> {
+        let mut rows = Vec::with_capacity(members.len());
+        for (_, entry) in members {
+            let Some(extra) = concat_inputs(self.model, entry, &self.concat)? else {
+                rows.push(input.clone());
+                continue;
+            };
+            let [b, c, height, width] = self.concat.shape;
+            let (y, x0, h, w) = region;
+            let channels = c + 1;
+            let cut: Vec<f32> = (0..b * channels)
+                .flat_map(|plane| {
+                    (0..h).flat_map(move |r| {
+                        let start = (plane * height + y + r) * width + x0;
+                        start..start + w
+                    })
+                })
+                .map(|i| extra[i])
+                .collect();
+            let extra = CTensor::from_slice(&cut, (b, channels, h, w), input.device())?;
+            rows.push(CTensor::cat(&[input, &extra], 1)?);
+        }
+        Ok(CTensor::cat(&rows, 0)?)
+    }
+
     /// Whether `entry` takes part at `sigma`: inside its timestep range, the range's ends
     /// turned into sigmas as ComfyUI's `calculate_start_end_timesteps` does.
     fn applies_at(&self, entry: &CondEntry, sigma: f32) -> bool {

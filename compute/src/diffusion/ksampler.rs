@@ -7,9 +7,9 @@
 use super::adm::PromptKind;
 use super::conditioning::Conditioning;
 use super::guidance::{Combine, Guidance};
+use super::inpaint::{noise_mask, ConcatSource};
 use super::model::DiffusionModel;
 use crate::interrupt::Interrupt;
-use crate::resize::{resize_planes, Mode};
 use crate::sampling::{
     default_noise, ksampler_sigmas, sample_with, seeded_noise, ModelSampling, SampleError, SamplerKind, SamplerOptions,
     Scheduler, StepControl, StepInfo, Tensor, TorchGenerator,
@@ -197,6 +197,11 @@ pub fn run_sampling(
         combine: run.combine,
         rescale: model.cfg_rescale(),
         stop,
+        concat: ConcatSource {
+            latent: &latent_in,
+            denoise_mask: mask.as_deref(),
+            shape: [shape[0], shape[1], shape[2], shape[3]],
+        },
     };
     let mut denoiser = |x: &Tensor, sigma: f32| -> anyhow::Result<Tensor> {
         let Some(mask) = &mask else {
@@ -246,29 +251,6 @@ pub fn run_sampling(
         latent: out(&samples.data),
         denoised: last_denoised.map(|d| out(&d)),
     })
-}
-
-/// The latent's noise mask resized to its cells and repeated over its channels, if it has one.
-fn noise_mask(latent: &LatentBatch, shape: &[usize]) -> Option<Vec<f32>> {
-    let m = latent.noise_mask.as_ref()?;
-    let planes = resize_planes(
-        &m.data,
-        m.height as usize,
-        m.width as usize,
-        shape[2],
-        shape[3],
-        Mode::Bilinear,
-    );
-    let plane = shape[2] * shape[3];
-    let count = m.batch as usize;
-    Some(
-        (0..shape[0])
-            .flat_map(|b| {
-                let mine = &planes[(b % count) * plane..(b % count + 1) * plane];
-                std::iter::repeat_n(mine, shape[1]).flatten().copied()
-            })
-            .collect(),
-    )
 }
 
 /// KSampler's sigmas cut to the step window (`comfy.samplers.KSampler.sample`).

@@ -42,7 +42,7 @@ pub fn decode(vae: &Autoencoder, latent: &LatentBatch, stop: Interrupt<'_>) -> R
 }
 
 /// `pixels` cut to whole latent cells, centred, keeping only RGB.
-fn crop_to_cells(pixels: &ImageBatch) -> Result<ImageBatch, ComputeError> {
+pub(super) fn crop_to_cells(pixels: &ImageBatch) -> Result<ImageBatch, ComputeError> {
     let (w, h) = (
         pixels.width / PIXELS_PER_CELL * PIXELS_PER_CELL,
         pixels.height / PIXELS_PER_CELL * PIXELS_PER_CELL,
@@ -78,7 +78,11 @@ fn crop_to_cells(pixels: &ImageBatch) -> Result<ImageBatch, ComputeError> {
 
 /// Encodes `pixels` one image at a time, as [`decode`] decodes: one image's working memory
 /// whatever the batch.
-fn encode_cropped(vae: &Autoencoder, pixels: &ImageBatch, stop: Interrupt<'_>) -> Result<LatentBatch, ComputeError> {
+pub(super) fn encode_cropped(
+    vae: &Autoencoder,
+    pixels: &ImageBatch,
+    stop: Interrupt<'_>,
+) -> Result<LatentBatch, ComputeError> {
     let per_image = (pixels.width * pixels.height * pixels.channels) as usize;
     let mut shape = [0u32; 4];
     let mut data = Vec::new();
@@ -114,8 +118,30 @@ pub fn encode_for_inpaint(
     grow_by: u32,
     stop: Interrupt<'_>,
 ) -> Result<LatentBatch, ComputeError> {
+    let cropped = crop_to_cells(pixels)?;
+    let (w, h) = (cropped.width as usize, cropped.height as usize);
+    let (cells_mask, planes) = mask_at_cells(pixels, mask)?;
+    // torch's `round`: halves to even.
+    let rounded: Vec<f32> = cells_mask.iter().map(|v| v.round_ties_even()).collect();
+    let grey = grey_masked(cropped, &rounded, planes);
+    let mut latent = encode_cropped(vae, &grey, stop)?;
+    latent.noise_mask = Some(Arc::new(MaskBatch {
+        width: w as u32,
+        height: h as u32,
+        batch: planes as u32,
+        data: grow(&rounded, planes, h, w, grow_by as usize),
+    }));
+    Ok(latent)
+}
+
+/// `mask` resized (bilinear) to `pixels`' size and cut to whole latent cells as
+/// [`crop_to_cells`] cuts the image: the values and the number of masks.
+pub(super) fn mask_at_cells(pixels: &ImageBatch, mask: &MaskBatch) -> Result<(Vec<f32>, usize), ComputeError> {
     let (pw, ph) = (pixels.width as usize, pixels.height as usize);
-    // The mask at the image's size, then cut like the image.
+    let planes = mask.batch as usize;
+    if planes == 0 || mask.width == 0 || mask.height == 0 {
+        return Err(ComputeError::invalid("the mask is empty"));
+    }
     let full = resize_planes(
         &mask.data,
         mask.height as usize,
@@ -124,16 +150,22 @@ pub fn encode_for_inpaint(
         pw,
         Mode::Bilinear,
     );
-    let cropped = crop_to_cells(pixels)?;
-    let (w, h) = (cropped.width as usize, cropped.height as usize);
-    let (x0, y0) = ((pw % 8) / 2, (ph % 8) / 2);
-    let planes = mask.batch as usize;
-    let rounded: Vec<f32> = (0..planes)
+    let cell = PIXELS_PER_CELL as usize;
+    let (w, h) = (pw / cell * cell, ph / cell * cell);
+    let (x0, y0) = ((pw % cell) / 2, (ph % cell) / 2);
+    let cut = (0..planes)
         .flat_map(|p| {
             let full = &full;
-            (0..h).flat_map(move |y| (0..w).map(move |x| full[(p * ph + y0 + y) * pw + x0 + x].round()))
+            (0..h).flat_map(move |y| (0..w).map(move |x| full[(p * ph + y0 + y) * pw + x0 + x]))
         })
         .collect();
+    Ok((cut, planes))
+}
+
+/// `cropped` with the pixels where the rounded mask (`planes` masks, one for all images or
+/// one per image) is 1 set to grey: `(v - 0.5) * (1 - mask) + 0.5`, as ComfyUI computes it.
+pub(super) fn grey_masked(cropped: ImageBatch, rounded: &[f32], planes: usize) -> ImageBatch {
+    let (w, h) = (cropped.width as usize, cropped.height as usize);
     let mut grey = cropped;
     for b in 0..grey.batch as usize {
         let m = &rounded[(b % planes) * w * h..][..w * h];
@@ -144,14 +176,7 @@ pub fn encode_for_inpaint(
             }
         }
     }
-    let mut latent = encode_cropped(vae, &grey, stop)?;
-    latent.noise_mask = Some(Arc::new(MaskBatch {
-        width: w as u32,
-        height: h as u32,
-        batch: planes as u32,
-        data: grow(&rounded, planes, h, w, grow_by as usize),
-    }));
-    Ok(latent)
+    grey
 }
 
 /// ComfyUI's mask growth: a `size` x `size` box sum (padding `ceil((size - 1) / 2)`, output

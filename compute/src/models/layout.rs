@@ -226,6 +226,10 @@ pub struct ModelConfig {
     /// Whether the UNet predicts v rather than the noise (SD2's 768-v checkpoints): its own
     /// model sampling is then v-prediction over the same discrete schedule.
     pub v_prediction: bool,
+    /// Whether the UNet is an inpainting UNet (ComfyUI: more than 4 input channels): its
+    /// input is the noisy latent, the mask and the masked image's latent, side by side
+    /// ([`ModelConfig::unet_in_channels`]).
+    pub inpainting: bool,
 }
 
 /// Per-block depths of `levels` levels of `blocks` residual blocks, from per-level depths.
@@ -254,6 +258,7 @@ impl ModelConfig {
             vae_res_blocks: 2,
             text: vec![ClipConfig::vit_l(CLIP_PREFIX)],
             v_prediction: false,
+            inpainting: false,
         }
     }
 
@@ -324,6 +329,7 @@ impl ModelConfig {
             vae_res_blocks: 1,
             text: vec![clip],
             v_prediction: false,
+            inpainting: false,
         }
     }
 
@@ -445,6 +451,16 @@ impl ModelConfig {
             .unwrap_or(0)
     }
 
+    /// The channels the UNet's input convolution reads: the latent's, plus for an
+    /// inpainting UNet one for the mask and the masked image's latent (ComfyUI's
+    /// `concat_keys` `mask`, `masked_image`).
+    pub fn unet_in_channels(&self) -> usize {
+        match self.inpainting {
+            true => 2 * self.latent_channels + 1,
+            false => self.latent_channels,
+        }
+    }
+
     /// The projection of this family's latents onto RGB for previews.
     pub fn latent_rgb(&self) -> &'static crate::preview::LatentRgb {
         match self.family {
@@ -538,7 +554,7 @@ pub fn unet_layout(cfg: &ModelConfig) -> Layout {
         wb(&mut out, "label_emb.0.0", &[temb, adm], temb);
         wb(&mut out, "label_emb.0.2", &[temb, temb], temb);
     }
-    wb(&mut out, "input_blocks.0.0", &[ch, lc, 3, 3], ch);
+    wb(&mut out, "input_blocks.0.0", &[ch, cfg.unet_in_channels(), 3, 3], ch);
     let mut chans = vec![ch];
     let mut cur = ch;
     let mut n = 1;
@@ -1038,7 +1054,11 @@ pub fn detect_arch(index: &SafetensorsIndex) -> Arch {
 /// such as SSD-1B and Vega load too). An error names the family found when weft cannot run it.
 pub fn detect_config(index: &SafetensorsIndex) -> Result<ModelConfig, String> {
     let mut cfg = match detect_arch(index) {
-        Arch::Sd1 => return Ok(ModelConfig::sd1()),
+        Arch::Sd1 => {
+            let mut cfg = ModelConfig::sd1();
+            cfg.inpainting = detect_inpainting(index, &cfg)?;
+            return Ok(cfg);
+        }
         Arch::Sdxl => ModelConfig::sdxl(),
         Arch::SdxlRefiner => ModelConfig::sdxl_refiner(),
         Arch::Sd2 => return sd2_config(index),
@@ -1049,30 +1069,45 @@ pub fn detect_config(index: &SafetensorsIndex) -> Result<ModelConfig, String> {
         }
     };
     count_transformer_depths(index, &mut cfg)?;
+    cfg.inpainting = detect_inpainting(index, &cfg)?;
     Ok(cfg)
 }
 
+/// Whether the UNet of `index`, of family `cfg`, is an inpainting UNet, from its input
+/// convolution's input channels: the latent's (text-to-image) or the latent's, the mask's
+/// and the masked image's (ComfyUI's `in_channels` 9). Other counts are refused by name.
+fn detect_inpainting(index: &SafetensorsIndex, cfg: &ModelConfig) -> Result<bool, String> {
+    let name = format!("{UNET_PREFIX}input_blocks.0.0.weight");
+    let inpainting = ModelConfig {
+        inpainting: true,
+        ..cfg.clone()
+    };
+    match width_of(index, &name) {
+        None => Err(format!("a UNet without {name}")),
+        Some(c) if c == cfg.unet_in_channels() => Ok(false),
+        Some(c) if c == inpainting.unet_in_channels() => Ok(true),
+        Some(c) => Err(format!(
+            "a UNet whose input convolution takes {c} channels; weft runs UNets of {} (text to image) or {} (inpainting) input channels",
+            cfg.unet_in_channels(),
+            inpainting.unet_in_channels()
+        )),
+    }
+}
+
 /// The configuration of the SD2 checkpoint `index`: transformer depths counted from the
-/// file, the prediction read from it ([`sd2_predicts_v`]). The unCLIP (label embedding) and
-/// inpainting (more than 4 input channels) variants are refused.
+/// file, the prediction read from it ([`sd2_predicts_v`]), inpainting UNets detected. The
+/// unCLIP (label embedding) variant is refused.
 fn sd2_config(index: &SafetensorsIndex) -> Result<ModelConfig, String> {
     if let Some(adm) = width_of(index, &format!("{UNET_PREFIX}label_emb.0.0.weight")) {
         return Err(format!(
             "Stable Diffusion 2.1 unCLIP (a {adm}-wide image embedding); weft runs SD2 text-to-image checkpoints, not unCLIP"
         ));
     }
-    match width_of(index, &format!("{UNET_PREFIX}input_blocks.0.0.weight")) {
-        Some(4) => {}
-        Some(c) => {
-            return Err(format!(
-                "a Stable Diffusion 2.x inpainting or other {c}-channel UNet; weft runs SD2 checkpoints of 4 input channels"
-            ))
-        }
-        None => return Err("a Stable Diffusion 2.x UNet without input_blocks.0.0.weight".to_string()),
-    }
     let mut cfg = ModelConfig::sd2();
     count_transformer_depths(index, &mut cfg)?;
-    cfg.v_prediction = sd2_predicts_v(index)?;
+    cfg.inpainting = detect_inpainting(index, &cfg)?;
+    // As ComfyUI: only a 4-channel SD2 UNet may predict v; inpainting ones predict the noise.
+    cfg.v_prediction = !cfg.inpainting && sd2_predicts_v(index)?;
     Ok(cfg)
 }
 
@@ -1464,23 +1499,29 @@ mod tests {
         assert_eq!(detect_arch(&index), Arch::Sd2);
         let refused = detect_config(&index).unwrap_err();
         assert!(refused.contains("unCLIP"), "{refused}");
-        let inpainting = ModelConfig {
-            latent_channels: 9,
-            ..ModelConfig::sd2()
-        };
-        let mut layout = checkpoint_layout(&ModelConfig::sd2());
-        let conv_in = format!("{UNET_PREFIX}input_blocks.0.0.weight");
-        let (_, inpaint_in) = checkpoint_layout(&inpainting)
-            .into_iter()
-            .find(|(n, _)| *n == conv_in)
-            .unwrap();
-        layout
-            .iter_mut()
-            .filter(|(n, _)| *n == conv_in)
-            .for_each(|(_, s)| *s = inpaint_in.clone());
-        let index = index_of(&sparse_checkpoint(dir.path(), "inpainting", &layout));
-        let refused = detect_config(&index).unwrap_err();
-        assert!(refused.contains("Stable Diffusion 2.x inpainting"), "{refused}");
+        // Inpainting UNets (9 input channels) are detected in every family; other input
+        // widths are refused by name.
+        for base in [ModelConfig::sd1(), ModelConfig::sd2(), ModelConfig::sdxl()] {
+            let inpainting = ModelConfig {
+                inpainting: true,
+                ..base.clone()
+            };
+            let index = index_of(&sparse_checkpoint(
+                dir.path(),
+                "inpainting",
+                &checkpoint_layout(&inpainting),
+            ));
+            assert_eq!(detect_config(&index).unwrap(), inpainting);
+            let conv_in = format!("{UNET_PREFIX}input_blocks.0.0.weight");
+            let mut layout = checkpoint_layout(&base);
+            layout
+                .iter_mut()
+                .filter(|(n, _)| *n == conv_in)
+                .for_each(|(_, s)| s[1] = 7);
+            let index = index_of(&sparse_checkpoint(dir.path(), "seven", &layout));
+            let refused = detect_config(&index).unwrap_err();
+            assert!(refused.contains("takes 7 channels"), "{refused}");
+        }
         // A file without a UNet says what it has.
         let layout = clip_layout(&ModelConfig::sdxl().text[1]);
         let index = index_of(&sparse_checkpoint(dir.path(), "clip", &layout));

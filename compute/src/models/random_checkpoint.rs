@@ -56,6 +56,17 @@ pub const SD15: Recipe = Recipe {
     seed0_file: "sd15-random-s0-aa64b29d75cc.safetensors",
 };
 
+/// Recipe `sd15-inpaint-random-v1`: [`SD15`]'s layout with the UNet's input convolution
+/// taking 9 channels (the latent, the mask, the masked image), as SD1.5 inpainting
+/// checkpoints have it; values as [`SD15`]'s, so every other tensor equals its.
+pub const SD15_INPAINT: Recipe = Recipe {
+    name: "sd15-inpaint-random-v1",
+    metadata_key: "weft.sd15_inpaint_random",
+    layout: include_str!("../../assets/sd15-inpaint-random/layout.tsv"),
+    seed0_sha256: "f9b22da57f5d2c479ff55b783c0555883f58b37bf2eb258170a757738980cdc5",
+    seed0_file: "sd15-inpaint-random-s0-f9b22da57f5d.safetensors",
+};
+
 /// Recipe `sdxl-random-v1`: the SDXL base single-file layout (2,515 tensors, 6.9 GB in
 /// float16), values as [`SD15`]'s.
 pub const SDXL: Recipe = Recipe {
@@ -482,7 +493,7 @@ mod tests {
 
     #[test]
     fn the_cached_files_are_named_by_their_content_hash() {
-        for recipe in [SD15, SDXL] {
+        for recipe in [SD15, SD15_INPAINT, SDXL] {
             assert!(
                 recipe.seed0_file.contains(&recipe.seed0_sha256[..12]),
                 "{}",
@@ -535,6 +546,21 @@ mod tests {
         assert!(entries.windows(2).all(|w| w[0].key < w[1].key), "sorted by name");
         let sd15 = super::super::checkpoint_layout(&super::super::ModelConfig::sd1());
         for (key, shape) in sd15 {
+            assert_eq!(entry(&entries, &key).shape, shape, "{key}");
+        }
+    }
+
+    #[test]
+    fn inpainting_layout_is_sd15_with_a_nine_channel_input() {
+        let entries = parse_layout(SD15_INPAINT.layout).expect("parses");
+        assert_eq!(entries.len(), 1130);
+        let parameters: usize = entries.iter().map(Entry::elements).sum();
+        assert_eq!(parameters, 1_066_235_307 + 320 * 5 * 9);
+        let cfg = super::super::ModelConfig {
+            inpainting: true,
+            ..super::super::ModelConfig::sd1()
+        };
+        for (key, shape) in super::super::checkpoint_layout(&cfg) {
             assert_eq!(entry(&entries, &key).shape, shape, "{key}");
         }
     }

@@ -182,7 +182,7 @@ impl Unet {
                 )),
                 None => None,
             },
-            conv_in: conv3x3(vb.pp("conv_in"), cfg.latent_channels, base, 1)?,
+            conv_in: conv3x3(vb.pp("conv_in"), cfg.unet_in_channels(), base, 1)?,
             down,
             mid,
             up,
@@ -322,8 +322,9 @@ impl Unet {
         let mut peak = Peak::default();
         // The input batch, its copy in the UNet's dtype, the output and the sampler's view
         // of it; the context.
-        peak.hold(4 * a(lc, 0) + batch as u64 * (tokens * cfg.context_dim) as u64 * 4);
-        peak.during(a(base, 0) + conv_scratch(batch, (lc, base), sizes[0], 3, 1));
+        let cin_first = cfg.unet_in_channels();
+        peak.hold(4 * a(lc, 0) + a(cin_first, 0) + batch as u64 * (tokens * cfg.context_dim) as u64 * 4);
+        peak.during(a(base, 0) + conv_scratch(batch, (cin_first, base), sizes[0], 3, 1));
         peak.hold(a(base, 0));
         let mut skips = vec![(base, 0)];
         let mut cin = base;

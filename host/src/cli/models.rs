@@ -77,6 +77,20 @@ pub(crate) enum ModelsCommand {
         #[arg(long, default_value = "fp16")]
         dtype: random_checkpoint::Precision,
     },
+    /// Writes the deterministic random-weight checkpoint with the exact SD1.5 inpainting
+    /// layout (a UNet of 9 input channels; 2.1 GB, float16; seed 0 is the checkpoint of the
+    /// inpainting parity checks).
+    Sd15InpaintRandom {
+        /// Output .safetensors file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Element type of the weights: fp16, or fp32 (twice the size).
+        #[arg(long, default_value = "fp16")]
+        dtype: random_checkpoint::Precision,
+    },
     /// Writes the deterministic random-weight checkpoint with the exact SDXL base layout (6.9 GB,
     /// float16; seed 0 is the checkpoint of the SDXL parity checks).
     SdxlRandom {
@@ -199,6 +213,9 @@ impl ModelsCommand {
             }
             ModelsCommand::Split { checkpoint, out_dir } => split(&checkpoint, &out_dir),
             ModelsCommand::Sd15Random { out, seed, dtype } => write_recipe(&random_checkpoint::SD15, out, seed, dtype),
+            ModelsCommand::Sd15InpaintRandom { out, seed, dtype } => {
+                write_recipe(&random_checkpoint::SD15_INPAINT, out, seed, dtype)
+            }
             ModelsCommand::SdxlRandom { out, seed, dtype } => write_recipe(&random_checkpoint::SDXL, out, seed, dtype),
             ModelsCommand::TinyVae { out, seed } => tiny_vae(out, seed),
             ModelsCommand::TinyLora { out, seed, rank, sdxl } => tiny_lora(out, seed, rank, sdxl),

@@ -267,3 +267,30 @@ weft_sdk::node! {
         }
     }
 }
+
+weft_sdk::node! {
+    /// Conditions an inpainting model on an image and a mask: the masked part of the image, greyed and encoded, and the mask go with both conditionings; the latent is the image encoded.
+    pub struct InpaintModelConditioning {
+        category: "conditioning/inpaint",
+        inputs {
+            positive: Conditioning = input::conditioning(),
+            negative: Conditioning = input::conditioning(),
+            vae: Vae = input::vae(),
+            pixels: Image = input::image(),
+            mask: Mask = input::mask(),
+            noise_mask: bool = input::boolean().default(true).tooltip("Add a noise mask to the latent so sampling will only happen within the mask. Might improve results or completely break things depending on the model."),
+        }
+        outputs { positive: Conditioning, negative: Conditioning, latent: Latent }
+        fn execute(_, inp) {
+            let out = diffusion::inpaint_model_conditioning(
+                inp.positive.handle(),
+                inp.negative.handle(),
+                inp.vae.handle(),
+                &inp.pixels,
+                &inp.mask,
+                inp.noise_mask,
+            )?;
+            Ok((Conditioning(out.positive), Conditioning(out.negative), out.latent))
+        }
+    }
+}

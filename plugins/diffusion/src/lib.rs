@@ -17,6 +17,7 @@ pub use conditioning::{
     CLIPSetLastLayer, CLIPTextEncode, CLIPTextEncodeSDXL, CLIPTextEncodeSDXLRefiner, ConditioningAverage,
     ConditioningCombine, ConditioningConcat, ConditioningSetArea, ConditioningSetAreaPercentage,
     ConditioningSetAreaStrength, ConditioningSetMask, ConditioningSetTimestepRange, ConditioningZeroOut,
+    InpaintModelConditioning,
 };
 pub use custom_sampling::{
     AlignYourStepsScheduler, BasicGuider, BasicScheduler, BetaSamplingScheduler, CFGGuider, DisableNoise,
@@ -67,6 +68,7 @@ weft_sdk::export_plugin!(
     ConditioningSetAreaPercentage,
     ConditioningSetAreaStrength,
     ConditioningSetMask,
+    InpaintModelConditioning,
     EmptyLatentImage,
     LatentUpscale,
     LatentUpscaleBy,

@@ -25,8 +25,8 @@ use weft_types::NodeErrorCode;
 
 use super::{own, CallState, Capabilities, Capability, CapabilityCtx, Own};
 use crate::runtime::bindings::v0_2::weft::node::diffusion::{
-    add_to_linker, Area, AreaFraction, Checkpoint, Host, LatentChange, LatentCombination, SampleOptions,
-    SizeConditioning as WitSizeConditioning,
+    add_to_linker, Area, AreaFraction, Checkpoint, Host, InpaintConditioning, LatentChange, LatentCombination,
+    SampleOptions, SizeConditioning as WitSizeConditioning,
 };
 use crate::runtime::bindings::v0_2::wit::{AssetRef, NodeError};
 use crate::runtime::call::{read_asset, AssetReader, CallContext, Interrupt, ProgressSink};
@@ -290,7 +290,11 @@ impl Ctx<'_> {
 
     fn push_conditioning(&mut self, c: Conditioning) -> wasmtime::Result<Resource<HandleRes>> {
         let len = c.0.len() as u32;
-        let mask_bytes = |e: &sd::CondEntry| e.mask.as_ref().map_or(0, |m| m.mask.data.len() as u64 * 4);
+        let mask_bytes = |e: &sd::CondEntry| {
+            let inpaint = e.concat_latent_image.as_ref().map_or(0, |t| t.data.len())
+                + e.concat_mask.as_ref().map_or(0, |m| m.data.len());
+            e.mask.as_ref().map_or(0, |m| m.mask.data.len() as u64 * 4) + inpaint as u64 * 4
+        };
         let bytes: u64 =
             c.0.iter()
                 .map(|e| e.context.elem_count() as u64 * 4 + mask_bytes(e))
@@ -989,6 +993,36 @@ impl Host for Ctx<'_> {
             attempt!(self.computed(sd::vae::encode_for_inpaint(&models, &image, &mask, grow_mask_by, stop))?);
         self.core.deadline.check()?;
         Ok(Ok(self.push_latent(latent, charge)?))
+    }
+
+    fn inpaint_model_conditioning(
+        &mut self,
+        positive: Resource<HandleRes>,
+        negative: Resource<HandleRes>,
+        vae: Resource<HandleRes>,
+        pixels: Resource<ImageRes>,
+        mask: Resource<MaskRes>,
+        noise_mask: bool,
+    ) -> wasmtime::Result<Result<InpaintConditioning, NodeError>> {
+        let positive = attempt!(self.payload::<Conditioning>(&positive, "CONDITIONING")?);
+        let negative = attempt!(self.payload::<Conditioning>(&negative, "CONDITIONING")?);
+        let models = attempt!(self.payload::<Autoencoder>(&vae, "VAE")?);
+        let image = self.core.table.get(&pixels)?.0.clone();
+        let mask = self.core.table.get(&mask)?.0.clone();
+        // The image is encoded twice, one image at a time: once greyed, once as it is.
+        let charge = self.charge_encode(&models, &image)?;
+        self.core.deadline.check()?;
+        let stop = self.stop_question();
+        let stop = weft_compute::interrupt::Interrupt::new(&stop);
+        let conds = (positive.as_ref(), negative.as_ref());
+        let encoded = sd::inpaint_model_conditioning(&models, conds, &image, &mask, noise_mask, stop);
+        let out = attempt!(self.computed(encoded)?);
+        self.core.deadline.check()?;
+        Ok(Ok(InpaintConditioning {
+            positive: self.push_conditioning(out.positive)?,
+            negative: self.push_conditioning(out.negative)?,
+            latent: self.push_latent(out.latent, charge)?,
+        }))
     }
 
     fn sampler(
