@@ -5,6 +5,7 @@
 pub mod autoencoder;
 pub mod cache;
 pub mod clip_text;
+pub mod controlnet;
 pub mod layout;
 pub mod loader;
 pub mod random_checkpoint;
@@ -23,4 +24,5 @@ pub use layout::{
 };
 pub use loader::{load_models, load_sd1, CheckpointModels, TextModels, UnetModels};
 pub use safetensors::{CheckpointError, Dtype, SafetensorsIndex, TensorInfo, DEFAULT_MAX_HEADER};
-pub use unet::Unet;
+pub use controlnet::ControlNet;
+pub use unet::{ControlResiduals, Unet};
