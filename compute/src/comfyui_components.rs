@@ -130,6 +130,7 @@ fn sdxl_and_refiner_size_conditioning_match_comfyui() -> Result<()> {
         mask: None,
         strength: 1.0,
         timestep_range: None,
+        control: None,
     };
     let sized = SizeConditioning {
         width: Some(832.0),

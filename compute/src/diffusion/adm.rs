@@ -103,6 +103,7 @@ mod tests {
             mask: None,
             strength: 1.0,
             timestep_range: None,
+            control: None,
         }
     }
 

@@ -43,6 +43,9 @@ pub struct CondEntry {
     /// The part of sampling it applies to, as fractions of the way through (ComfyUI's
     /// `start_percent`, `end_percent`); all of it when none.
     pub timestep_range: Option<(f64, f64)>,
+    /// The ControlNet applied to it (`ControlNetApply`, `ControlNetApplyAdvanced`), with
+    /// those applied before it chained behind.
+    pub control: Option<Arc<super::control::Control>>,
 }
 
 /// A mask that weights a conditioning entry's prediction cell by cell.
@@ -144,6 +147,7 @@ impl Conditioning {
             mask: None,
             strength: 1.0,
             timestep_range: None,
+            control: None,
         }])
     }
 

@@ -1,6 +1,6 @@
 //! Guidance as ComfyUI's guiders compute it: each conditioning's prediction is the weighted
 //! mean of its entries' UNet predictions (`calc_cond_batch`: areas, strengths, timestep
-//! ranges, entries batched into shared UNet calls), and the predictions are combined by
+//! ranges, entries batched into shared UNet calls, ControlNets), and the predictions are combined by
 //! classifier-free guidance (`CFGGuider`, `KSampler`) or `DualCFGGuider`'s two scales, with
 //! the model's `RescaleCFG` patch applied where ComfyUI applies its `cfg_function`.
 
@@ -8,6 +8,7 @@ use candle_core::Tensor as CTensor;
 
 use super::adm::{adm_vector, PromptKind};
 use super::conditioning::{can_batch, repeat_to_common_length, CondEntry, Conditioning};
+use super::control::{same_control, ControlCall};
 use super::model::DiffusionModel;
 use super::placement::{region, weights, Region};
 use crate::interrupt::Interrupt;
@@ -151,10 +152,9 @@ impl Guidance<'_> {
                     continue;
                 }
                 let tokens = entry.context.dim(1)?;
-                match groups
-                    .iter_mut()
-                    .find(|(r, t, _)| *r == region && can_batch(*t, tokens))
-                {
+                match groups.iter_mut().find(|(r, t, members)| {
+                    *r == region && can_batch(*t, tokens) && same_control(&members[0].1.control, &entry.control)
+                }) {
                     Some((_, _, members)) => members.push((index, entry)),
                     None => groups.push((region, tokens, vec![(index, entry)])),
                 }
@@ -221,10 +221,21 @@ impl Guidance<'_> {
         let context = CTensor::cat(&repeat_to_common_length(&contexts)?, 0)?;
         let y = self.adm(which, members, b)?;
         let t = self.ms.timestep(sigma) as f64;
-        let output = self
-            .model
-            .unet()
-            .forward_interruptible(&input, t, (&context, y.as_ref()), self.stop)?;
+        let control = match &members[0].1.control {
+            Some(control) => control.residuals(&ControlCall {
+                input: &input,
+                sigma,
+                ms: self.ms,
+                context: (&context, y.as_ref()),
+                members: members.len(),
+                stop: self.stop,
+            })?,
+            None => None,
+        };
+        let output =
+            self.model
+                .unet()
+                .forward_controlled(&input, t, (&context, y.as_ref()), control.as_ref(), self.stop)?;
         let output = output.flatten_all()?.to_vec1::<f32>()?;
         Ok(output
             .chunks_exact(crop.len())

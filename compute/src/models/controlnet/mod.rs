@@ -151,7 +151,7 @@ impl ControlNet {
             _ => {}
         }
         let emb = candle_nn::ops::silu(&emb)?;
-        let h = (self.conv_in.forward(x)? + guided)?;
+        let h = self.conv_in.forward(x)?.broadcast_add(&guided)?;
         let mut zero = self.zero_convs.iter();
         let mut output = Vec::with_capacity(self.zero_convs.len());
         let mut project = |h: &Tensor| -> Result<()> {

@@ -153,3 +153,64 @@ fn a_truncated_file_is_refused() {
     let err = load(&path, &Device::Cpu).err().expect("refused");
     assert!(err.downcast_ref::<CheckpointError>().is_some(), "{err:#}");
 }
+
+fn image_of(t: &Tensor) -> crate::image::ImageBatch {
+    let (b, c, h, w) = t.dims4().unwrap();
+    crate::image::ImageBatch {
+        width: w as u32,
+        height: h as u32,
+        batch: b as u32,
+        channels: c as u32,
+        data: t.permute((0, 2, 3, 1)).unwrap().flatten_all().unwrap().to_vec1().unwrap(),
+    }
+}
+
+/// Two chained controls (hints resized with a centre crop and fitted to the batch,
+/// strengths, a range that leaves the second out at the first step) against ComfyUI's
+/// `ControlNet.get_control`.
+#[test]
+fn chained_controls_match_comfyui_get_control() {
+    use crate::diffusion::control::{Control, ControlCall};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = write_fixture(dir.path(), ControlNetKeys::Original);
+    let model = Arc::new(load(&path, &Device::Cpu).expect("load"));
+    let control = |hint: &str, strength: f64, range: (f64, f64), previous: Option<Arc<Control>>| {
+        Arc::new(Control {
+            model: model.clone(),
+            hint: Arc::new(image_of(&reference(hint))),
+            strength,
+            range,
+            previous,
+            apply_to_uncond: false,
+        })
+    };
+    let first = control("first_hint", 0.6, (0.0, 1.0), None);
+    let second = control("second_hint", 1.3, (0.3, 0.9), Some(first));
+    let ms = crate::sampling::ModelSampling::sd1();
+    let (x, context) = (reference("batch_x"), reference("batch_context"));
+    for step in ["start", "middle"] {
+        let sigma = reference(&format!("{step}.sigma")).to_vec1::<f32>().unwrap()[0];
+        let data: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+        let input = Tensor::from_vec(ms.calculate_input(sigma, &data), x.dims(), &Device::Cpu).unwrap();
+        let call = ControlCall {
+            input: &input,
+            sigma,
+            ms: &ms,
+            context: (&context, None),
+            members: 2,
+            stop: Interrupt::NEVER,
+        };
+        let got = second.residuals(&call).expect("residuals").expect("a control applies");
+        let mut compared: Vec<(String, &Option<Tensor>)> =
+            got.output.iter().enumerate().map(|(i, t)| (format!("{step}.output.{i}"), t)).collect();
+        compared.push((format!("{step}.middle.0"), &got.middle[0]));
+        for (name, got) in compared {
+            let want = reference(&name);
+            let got = got.as_ref().expect("a residual");
+            let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            let worst = crate::max_abs_diff(got, &want);
+            assert!(worst <= 1e-5 * scale, "{name}: {worst} against {scale}");
+        }
+    }
+}
