@@ -309,3 +309,9 @@ pub fn working_bytes<'a>(
     }
     bytes
 }
+
+/// Loads the ControlNet file at `path` (the workflow's `name` for it) onto `device`, for a
+/// `CONTROL_NET`; errors name the file by `name`, never by its path.
+pub fn load_controlnet(path: &std::path::Path, name: &str, device: &candle_core::Device) -> std::result::Result<ControlNetFile, super::ModelError> {
+    crate::models::controlnet::load(path, device).map_err(|e| super::ModelError::from_load(e, path, name))
+}

@@ -26,7 +26,7 @@ pub mod vae;
 pub use autoencoder::{write_random_vae, Autoencoder, StandaloneVae};
 pub use checkpoint::{detect_layout, load_checkpoint, ModelError};
 pub use conditioning::{Area, CondEntry, Conditioning, SizeConditioning};
-pub use control::{Control, ControlSettings};
+pub use control::{load_controlnet, Control, ControlSettings};
 pub use custom_sampling::{sample_custom, CustomSampler, Guider, GuiderKind, NoiseSpec, Sigmas};
 pub use ksampler::{ksample, run_sampling, SampleFailure, SampleSettings, Sampled, SamplingRun};
 pub use lora::{write_random_lora, Lora};

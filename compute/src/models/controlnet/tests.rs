@@ -17,13 +17,19 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/controlnet")
 }
 
-/// The fixture network's tensors under their original names, drawn as the generator script
-/// draws them, and the timestep.
+/// The fixture's SD1.x network's tensors under their original names, drawn as the generator
+/// script draws them, and the timestep.
 fn fixture_weights() -> (Vec<(String, Vec<usize>, Vec<f32>)>, f64) {
+    drawn_weights("tensors", 0)
+}
+
+/// The tensors `list` of `layout.json`, drawn from the generator seeded with the fixture's
+/// seed plus `offset`, and the timestep.
+fn drawn_weights(list: &str, offset: u64) -> (Vec<(String, Vec<usize>, Vec<f32>)>, f64) {
     let text = std::fs::read_to_string(fixtures().join("layout.json")).expect("layout.json");
     let layout: serde_json::Value = serde_json::from_str(&text).expect("layout JSON");
-    let mut g = TorchGenerator::new(layout["seed"].as_u64().expect("seed"));
-    let tensors = layout["tensors"]
+    let mut g = TorchGenerator::new(layout["seed"].as_u64().expect("seed") + offset);
+    let tensors = layout[list]
         .as_array()
         .expect("tensors")
         .iter()
@@ -211,6 +217,46 @@ fn chained_controls_match_comfyui_get_control() {
             let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             let worst = crate::max_abs_diff(got, &want);
             assert!(worst <= 1e-5 * scale, "{name}: {worst} against {scale}");
+        }
+    }
+}
+
+/// A reduced SDXL ControlNet (label embedding, linear projections, deeper transformers)
+/// against ComfyUI's, in the original layout and diffusers'.
+#[test]
+fn an_sdxl_controlnet_matches_comfyui_cldm() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tensors, timestep) = drawn_weights("sdxl_tensors", 1);
+    let cfg = ModelConfig::tiny_sdxl();
+    let (x, hint, context, y) = (
+        reference("sdxl.x"),
+        reference("sdxl.hint"),
+        reference("sdxl.context"),
+        reference("sdxl.y"),
+    );
+    for keys in [ControlNetKeys::Original, ControlNetKeys::Diffusers] {
+        let renamed: Vec<_> = tensors
+            .iter()
+            .map(|(k, s, d)| (rename_original(k, keys, &cfg).expect("mapped"), s.clone(), d.clone()))
+            .collect();
+        let path = dir.path().join(format!("sdxl-{keys:?}.safetensors"));
+        write_f32_safetensors(&path, &renamed, &BTreeMap::new()).unwrap();
+        let net = load(&path, &Device::Cpu).expect("load").net;
+        assert_eq!(net.config().adm_in_channels, cfg.adm_in_channels);
+        let got = net
+            .forward((&x, &hint), timestep, (&context, Some(&y)), Interrupt::NEVER)
+            .expect("forward");
+        assert_eq!(got.output.len(), 9);
+        let mut compared: Vec<(String, &Option<Tensor>)> =
+            got.output.iter().enumerate().map(|(i, t)| (format!("sdxl.output.{i}"), t)).collect();
+        compared.push(("sdxl.middle.0".to_string(), &got.middle[0]));
+        for (name, got) in compared {
+            let want = reference(&name);
+            let got = got.as_ref().expect("a residual");
+            let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            let worst = crate::max_abs_diff(got, &want);
+            assert!(scale > 0.1, "{name}: a degenerate output proves nothing");
+            assert!(worst <= 1e-5 * scale, "{keys:?} {name}: {worst} against {scale}");
         }
     }
 }
