@@ -1,25 +1,23 @@
-//! ControlNets applied to conditioning, as ComfyUI's `ControlNetApply` and
-//! `ControlNetApplyAdvanced` attach them (`comfy/controlnet.py`'s `ControlNet` after
-//! `set_cond_hint`): each entry carries a [`Control`], chained to the control it had before,
-//! and sampling adds the controls' residuals to the UNet's skip connections and middle block
-//! for the steps inside each control's range.
+//! A ControlNet as a conditioning entry carries it (`comfy/controlnet.py`'s `ControlNet`
+//! after `set_cond_hint`): a [`Control`], chained to the control the entry had before, whose
+//! residuals sampling adds to the UNet's skip connections and middle block for the steps
+//! inside its range (`get_control`). The nodes that attach controls are in
+//! [`super::controlnet`].
 
 use std::fmt;
 use std::sync::Arc;
 
 use candle_core::{Result, Tensor};
 
-use super::conditioning::{CondEntry, Conditioning};
 use crate::image::resample::{upscale_center, Mode, Planes};
 use crate::image::ImageBatch;
 use crate::interrupt::Interrupt;
 use crate::models::controlnet::ControlNetFile;
 use crate::models::ControlResiduals;
 use crate::sampling::ModelSampling;
-use crate::ComputeError;
 
 /// Pixels per latent cell the hint is resized to (ComfyUI's `compression_ratio`).
-const HINT_SCALE: usize = 8;
+pub(super) const HINT_SCALE: usize = 8;
 
 /// A ControlNet with its control image, strength and range (one ComfyUI `ControlNet` copy).
 /// Entries that share a `Control` (the same `Arc`) share UNet calls.
@@ -60,127 +58,6 @@ pub fn same_control(a: &Option<Arc<Control>>, b: &Option<Arc<Control>>) -> bool 
     }
 }
 
-/// The parts of a control application the nodes choose.
-#[derive(Debug, Clone, Copy)]
-pub struct ControlSettings {
-    /// Multiplies the residuals.
-    pub strength: f64,
-    /// `start_percent`, `end_percent`.
-    pub range: (f64, f64),
-}
-
-/// Checks that `hint` can drive `model`: as many channels as its hint encoder reads.
-fn check_hint(model: &ControlNetFile, hint: &ImageBatch) -> std::result::Result<(), ComputeError> {
-    let want = model.net.hint_channels();
-    if hint.channels as usize != want {
-        return Err(ComputeError::invalid(format!(
-            "this ControlNet reads {want}-channel control images; the image has {} channels",
-            hint.channels
-        )));
-    }
-    if hint.width == 0 || hint.height == 0 || hint.batch == 0 {
-        return Err(ComputeError::invalid("the control image is empty"));
-    }
-    Ok(())
-}
-
-/// `ControlNetApplyAdvanced`: `positive` and `negative` with `model` applied (strength 0
-/// leaves them as they are). Entries that had the same control before share the new one.
-pub fn apply_advanced(
-    (positive, negative): (&Conditioning, &Conditioning),
-    model: &Arc<ControlNetFile>,
-    hint: &Arc<ImageBatch>,
-    settings: ControlSettings,
-) -> std::result::Result<(Conditioning, Conditioning), ComputeError> {
-    if settings.strength == 0.0 {
-        return Ok((positive.clone(), negative.clone()));
-    }
-    check_hint(model, hint)?;
-    let mut made: Vec<(Option<Arc<Control>>, Arc<Control>)> = Vec::new();
-    let mut apply = |c: &Conditioning| {
-        let entries = c
-            .0
-            .iter()
-            .map(|entry| {
-                let control = match made.iter().find(|(prev, _)| same_control(prev, &entry.control)) {
-                    Some((_, control)) => control.clone(),
-                    None => {
-                        let control = Arc::new(Control {
-                            model: model.clone(),
-                            hint: hint.clone(),
-                            strength: settings.strength,
-                            range: settings.range,
-                            previous: entry.control.clone(),
-                            apply_to_uncond: false,
-                        });
-                        made.push((entry.control.clone(), control.clone()));
-                        control
-                    }
-                };
-                CondEntry {
-                    control: Some(control),
-                    ..entry.clone()
-                }
-            })
-            .collect();
-        Conditioning(entries)
-    };
-    Ok((apply(positive), apply(negative)))
-}
-
-/// `ControlNetApply`: every entry of `conditioning` with a control of its own over the whole
-/// of sampling, which sampling also gives the negative prompt (strength 0 leaves it as it is).
-pub fn apply_simple(
-    conditioning: &Conditioning,
-    model: &Arc<ControlNetFile>,
-    hint: &Arc<ImageBatch>,
-    strength: f64,
-) -> std::result::Result<Conditioning, ComputeError> {
-    if strength == 0.0 {
-        return Ok(conditioning.clone());
-    }
-    check_hint(model, hint)?;
-    let entries = conditioning
-        .0
-        .iter()
-        .map(|entry| CondEntry {
-            control: Some(Arc::new(Control {
-                model: model.clone(),
-                hint: hint.clone(),
-                strength,
-                range: (0.0, 1.0),
-                previous: entry.control.clone(),
-                apply_to_uncond: true,
-            })),
-            ..entry.clone()
-        })
-        .collect();
-    Ok(Conditioning(entries))
-}
-
-/// ComfyUI's `apply_empty_x_to_equal_area` for controls: when no whole-image entry of
-/// `uncond` has a control, the controls of `positive`'s whole-image entries applied with
-/// `ControlNetApply` are given, in turn, to `uncond`'s whole-image entries.
-pub fn share_with_uncond(positive: &Conditioning, uncond: &mut Conditioning) {
-    let whole = |e: &&CondEntry| e.area.is_none() && e.area_fraction.is_none();
-    let controls: Vec<Arc<Control>> = positive
-        .0
-        .iter()
-        .filter(whole)
-        .filter_map(|e| e.control.clone().filter(|c| c.apply_to_uncond))
-        .collect();
-    if controls.is_empty() || uncond.0.iter().filter(whole).any(|e| e.control.is_some()) {
-        return;
-    }
-    let others: Vec<usize> = (0..uncond.0.len()).filter(|&i| whole(&&uncond.0[i])).collect();
-    if others.is_empty() {
-        return;
-    }
-    for (x, control) in controls.into_iter().enumerate() {
-        uncond.0[others[x % others.len()]].control = Some(control);
-    }
-}
-
 /// What one UNet call gives a control: the scaled input batch, the model's sampling at
 /// this step, the call's context and label vector, how many conditioning entries share the
 /// batch, and the interruption.
@@ -207,7 +84,10 @@ impl Control {
             Some(p) => p.residuals(call)?,
             None => None,
         };
-        let (start, end) = (call.ms.percent_to_sigma(self.range.0), call.ms.percent_to_sigma(self.range.1));
+        let (start, end) = (
+            call.ms.percent_to_sigma(self.range.0),
+            call.ms.percent_to_sigma(self.range.1),
+        );
         if call.sigma > start || call.sigma < end {
             return Ok(previous);
         }
@@ -242,9 +122,13 @@ impl Control {
             .map_err(|e| candle_core::Error::Msg(format!("control image: {e}")))?;
         let resized = fit_batch(resized, batch, call.members);
         let (b, c) = (resized.batch, resized.channels);
-        Tensor::from_vec(resized.data, (b, h * HINT_SCALE, w * HINT_SCALE, c), call.input.device())?
-            .permute((0, 3, 1, 2))?
-            .contiguous()
+        Tensor::from_vec(
+            resized.data,
+            (b, h * HINT_SCALE, w * HINT_SCALE, c),
+            call.input.device(),
+        )?
+        .permute((0, 3, 1, 2))?
+        .contiguous()
     }
 }
 
@@ -285,33 +169,79 @@ fn merge(out: &mut Vec<Option<Tensor>>, previous: Vec<Option<Tensor>>) -> Result
     Ok(())
 }
 
-/// Working memory of the controls of `entries` for one UNet call over `batch` latents of
-/// `size` cells: each distinct control chain's networks and resized hints.
-pub fn working_bytes<'a>(
-    entries: impl Iterator<Item = &'a CondEntry>,
-    batch: usize,
-    size: (usize, usize),
-    tokens: usize,
-) -> u64 {
-    let mut seen: Vec<*const Control> = Vec::new();
-    let mut bytes = 0u64;
-    for entry in entries {
-        let mut next = entry.control.as_deref();
-        while let Some(control) = next {
-            if !seen.contains(&(control as *const Control)) {
-                seen.push(control);
-                let hint = (batch * size.0 * size.1 * HINT_SCALE * HINT_SCALE * control.hint.channels as usize) as u64 * 8;
-                bytes = bytes.max(control.model.net.working_bytes(batch, size, tokens) + hint);
-                bytes += hint;
-            }
-            next = control.previous.as_deref();
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::controlnet::tests::{reference, write_fixture};
+    use crate::models::controlnet::{load, ControlNetKeys};
+    use candle_core::Device;
+
+    fn image_of(t: &Tensor) -> crate::image::ImageBatch {
+        let (b, c, h, w) = t.dims4().unwrap();
+        crate::image::ImageBatch {
+            width: w as u32,
+            height: h as u32,
+            batch: b as u32,
+            channels: c as u32,
+            data: t
+                .permute((0, 2, 3, 1))
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap(),
         }
     }
-    bytes
-}
 
-/// Loads the ControlNet file at `path` (the workflow's `name` for it) onto `device`, for a
-/// `CONTROL_NET`; errors name the file by `name`, never by its path.
-pub fn load_controlnet(path: &std::path::Path, name: &str, device: &candle_core::Device) -> std::result::Result<ControlNetFile, super::ModelError> {
-    crate::models::controlnet::load(path, device).map_err(|e| super::ModelError::from_load(e, path, name))
+    /// Two chained controls (hints resized with a centre crop and fitted to the batch,
+    /// strengths, a range that leaves the second out at the first step) against ComfyUI's
+    /// `ControlNet.get_control`.
+    #[test]
+    fn chained_controls_match_comfyui_get_control() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _) = write_fixture(dir.path(), ControlNetKeys::Original);
+        let model = Arc::new(load(&path, &Device::Cpu).expect("load"));
+        let control = |hint: &str, strength: f64, range: (f64, f64), previous: Option<Arc<Control>>| {
+            Arc::new(Control {
+                model: model.clone(),
+                hint: Arc::new(image_of(&reference(hint))),
+                strength,
+                range,
+                previous,
+                apply_to_uncond: false,
+            })
+        };
+        let first = control("first_hint", 0.6, (0.0, 1.0), None);
+        let second = control("second_hint", 1.3, (0.3, 0.9), Some(first));
+        let ms = crate::sampling::ModelSampling::sd1();
+        let (x, context) = (reference("batch_x"), reference("batch_context"));
+        for step in ["start", "middle"] {
+            let sigma = reference(&format!("{step}.sigma")).to_vec1::<f32>().unwrap()[0];
+            let data: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+            let input = Tensor::from_vec(ms.calculate_input(sigma, &data), x.dims(), &Device::Cpu).unwrap();
+            let call = ControlCall {
+                input: &input,
+                sigma,
+                ms: &ms,
+                context: (&context, None),
+                members: 2,
+                stop: Interrupt::NEVER,
+            };
+            let got = second.residuals(&call).expect("residuals").expect("a control applies");
+            let mut compared: Vec<(String, &Option<Tensor>)> = got
+                .output
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (format!("{step}.output.{i}"), t))
+                .collect();
+            compared.push((format!("{step}.middle.0"), &got.middle[0]));
+            for (name, got) in compared {
+                let want = reference(&name);
+                let got = got.as_ref().expect("a residual");
+                let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                let worst = crate::max_abs_diff(got, &want);
+                assert!(worst <= 1e-5 * scale, "{name}: {worst} against {scale}");
+            }
+        }
+    }
 }

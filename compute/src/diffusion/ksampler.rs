@@ -158,7 +158,7 @@ fn share_controls(conds: &mut [(Conditioning, PromptKind)], combine: Combine) {
     };
     for (i, (cond, _)) in conds.iter_mut().enumerate() {
         if i != positive {
-            super::control::share_with_uncond(&positive_cond, cond);
+            super::controlnet::share_with_uncond(&positive_cond, cond);
         }
     }
 }

@@ -164,7 +164,12 @@ pub(super) fn run_down(
 }
 
 /// Runs `h` through the middle block `mid`.
-pub(super) fn run_middle(mid: &Middle, h: &Tensor, (emb, context): (&Tensor, &Tensor), stop: Interrupt<'_>) -> Result<Tensor> {
+pub(super) fn run_middle(
+    mid: &Middle,
+    h: &Tensor,
+    (emb, context): (&Tensor, &Tensor),
+    stop: Interrupt<'_>,
+) -> Result<Tensor> {
     stop.check()?;
     let mut h = mid.0.forward(h, emb)?;
     if let Some(t) = &mid.1 {

@@ -4,6 +4,7 @@
 //! never enter the plugin.
 
 mod conditioning;
+mod controlnet;
 mod custom_sampling;
 mod latent;
 mod latent_ops;
@@ -18,6 +19,7 @@ pub use conditioning::{
     ConditioningCombine, ConditioningConcat, ConditioningSetArea, ConditioningSetAreaPercentage,
     ConditioningSetAreaStrength, ConditioningSetMask, ConditioningSetTimestepRange, ConditioningZeroOut,
 };
+pub use controlnet::{ControlNetApply, ControlNetApplyAdvanced, ControlNetLoader, DiffControlNetLoader};
 pub use custom_sampling::{
     AlignYourStepsScheduler, BasicGuider, BasicScheduler, BetaSamplingScheduler, CFGGuider, DisableNoise,
     DualCFGGuider, ExponentialScheduler, FlipSigmas, KSamplerSelect, KarrasScheduler, LaplaceScheduler, ManualSigmas,
@@ -48,6 +50,10 @@ weft_sdk::export_plugin!(
     CheckpointLoaderSimple,
     UpscaleModelLoader,
     ImageUpscaleWithModel,
+    ControlNetLoader,
+    DiffControlNetLoader,
+    ControlNetApply,
+    ControlNetApplyAdvanced,
     VAELoader,
     UNETLoader,
     CLIPLoader,

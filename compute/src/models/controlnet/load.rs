@@ -55,7 +55,9 @@ impl ControlNetKeys {
             return Ok(ControlNetKeys::Original);
         }
         if any("controlnet_blocks.") || any("controlnet_x_embedder") {
-            return Err("a ControlNet for a transformer model (Flux, SD3, Qwen-Image, ...), which weft does not run".into());
+            return Err(
+                "a ControlNet for a transformer model (Flux, SD3, Qwen-Image, ...), which weft does not run".into(),
+            );
         }
         if any("adapter.") || any("body.") || any("conv_in.") && !any("down_blocks.") {
             return Err("no ControlNet tensors (a T2I adapter or another kind of model?)".into());

@@ -58,7 +58,11 @@ impl ControlNet {
         let mut hint = Vec::with_capacity(HINT_CONVS.len() + 1);
         let mut cin = hint_channels;
         for (i, &(cout, stride)) in HINT_CONVS.iter().enumerate() {
-            let name = if i == 0 { "conv_in".to_string() } else { format!("blocks.{}", i - 1) };
+            let name = if i == 0 {
+                "conv_in".to_string()
+            } else {
+                format!("blocks.{}", i - 1)
+            };
             hint.push(conv3x3(embedding.pp(name), cin, cout, stride)?);
             cin = cout;
         }
@@ -197,4 +201,4 @@ impl ControlNet {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
