@@ -76,11 +76,14 @@ impl ControlNetKeys {
         if let Some(rest) = bare.strip_prefix("input_hint_block.") {
             let (index, param) = rest.split_once('.')?;
             let index: usize = index.parse().ok()?;
-            let conv = match index / 2 {
-                0 if index == 0 => "conv_in".to_string(),
-                7 if index == 14 => "conv_out".to_string(),
-                n if index % 2 == 0 && n < 7 => format!("blocks.{}", n - 1),
-                _ => return None,
+            // Convolutions sit at the even indices 0..=14 (a SiLU between each two).
+            if !index.is_multiple_of(2) || index > 14 {
+                return None;
+            }
+            let conv = match index {
+                0 => "conv_in".to_string(),
+                14 => "conv_out".to_string(),
+                n => format!("blocks.{}", n / 2 - 1),
             };
             return Some(format!("controlnet_cond_embedding.{conv}.{param}"));
         }

@@ -13,19 +13,22 @@ use crate::models::layout::ModelConfig;
 use crate::models::safetensors::{write_f32_safetensors, CheckpointError, SafetensorsIndex, DEFAULT_MAX_HEADER};
 use crate::sampling::TorchGenerator;
 
+/// Named tensors with their shapes, as the safetensors writer takes them.
+type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+
 pub(crate) fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/controlnet")
 }
 
 /// The fixture's SD1.x network's tensors under their original names, drawn as the generator
 /// script draws them, and the timestep.
-fn fixture_weights() -> (Vec<(String, Vec<usize>, Vec<f32>)>, f64) {
+fn fixture_weights() -> (Tensors, f64) {
     drawn_weights("tensors", 0)
 }
 
 /// The tensors `list` of `layout.json`, drawn from the generator seeded with the fixture's
 /// seed plus `offset`, and the timestep.
-fn drawn_weights(list: &str, offset: u64) -> (Vec<(String, Vec<usize>, Vec<f32>)>, f64) {
+fn drawn_weights(list: &str, offset: u64) -> (Tensors, f64) {
     let text = std::fs::read_to_string(fixtures().join("layout.json")).expect("layout.json");
     let layout: serde_json::Value = serde_json::from_str(&text).expect("layout JSON");
     let mut g = TorchGenerator::new(layout["seed"].as_u64().expect("seed") + offset);

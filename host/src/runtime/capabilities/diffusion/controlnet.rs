@@ -20,6 +20,12 @@ use crate::runtime::value::{HandleRes, ImageRes};
 /// The type name of ControlNet handles.
 const CONTROL_NET: &str = "CONTROL_NET";
 
+/// A ControlNet and the control image a conditioning keeps.
+type ControlInputs = (Arc<ControlNetFile>, Arc<ImageBatch>);
+
+/// A positive and a negative conditioning.
+type ConditioningPair = (Resource<HandleRes>, Resource<HandleRes>);
+
 impl Ctx<'_> {
     /// `load-controlnet`: the file `name` of `controlnet`, as a `CONTROL_NET` whose
     /// weights are charged to the job.
@@ -44,7 +50,7 @@ impl Ctx<'_> {
         &self,
         handle: &Resource<HandleRes>,
         image: &Resource<ImageRes>,
-    ) -> wasmtime::Result<Result<(Arc<ControlNetFile>, Arc<ImageBatch>), NodeError>> {
+    ) -> wasmtime::Result<Result<ControlInputs, NodeError>> {
         let model = match self.payload::<ControlNetFile>(handle, CONTROL_NET)? {
             Ok(model) => model,
             Err(e) => return Ok(Err(e)),
@@ -54,14 +60,13 @@ impl Ctx<'_> {
     }
 
     /// `controlnet-apply-advanced`.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn controlnet_advanced(
         &mut self,
-        (positive, negative): (Resource<HandleRes>, Resource<HandleRes>),
+        (positive, negative): ConditioningPair,
         control_net: Resource<HandleRes>,
         image: Resource<ImageRes>,
         settings: ControlSettings,
-    ) -> wasmtime::Result<Result<(Resource<HandleRes>, Resource<HandleRes>), NodeError>> {
+    ) -> wasmtime::Result<Result<ConditioningPair, NodeError>> {
         let positive = match self.payload::<Conditioning>(&positive, "CONDITIONING")? {
             Ok(c) => c,
             Err(e) => return Ok(Err(e)),
