@@ -132,6 +132,7 @@ fn sdxl_and_refiner_size_conditioning_match_comfyui() -> Result<()> {
         timestep_range: None,
         concat_latent_image: None,
         concat_mask: None,
+        control: None,
     };
     let sized = SizeConditioning {
         width: Some(832.0),

@@ -2,7 +2,7 @@
 //! of its own as a generic [`Handle`] named by its ComfyUI type; a typed wrapper makes a
 //! node's inputs and outputs say which type they carry, and checks it on the way in.
 //!
-//! `Model`, `Clip`, `Vae`, `Conditioning`, `UpscaleModel` and the custom-sampling types `Sampler`,
+//! `Model`, `Clip`, `Vae`, `Conditioning`, `UpscaleModel`, `ControlNet` and the custom-sampling types `Sampler`,
 //! `Sigmas`, `Noise` and `Guider` are defined here. Declare any other type in
 //! one line with [`handle_type!`](crate::handle_type):
 //! `weft_sdk::handle_type!(/// Noise levels. pub struct Sigmas = "SIGMAS");`
@@ -75,6 +75,10 @@ handle_type!(
 handle_type!(
     /// An image upscale model (ComfyUI's `UPSCALE_MODEL`).
     pub struct UpscaleModel = "UPSCALE_MODEL"
+);
+handle_type!(
+    /// A ControlNet (ComfyUI's `CONTROL_NET`).
+    pub struct ControlNet = "CONTROL_NET"
 );
 handle_type!(
     /// A sampler with its own parameters (ComfyUI's `SAMPLER`).

@@ -11,8 +11,8 @@ use weft_types as types;
 
 use crate::json::JsonLiteral;
 use crate::{
-    AssetRef, Audio, Clip, Conditioning, Image, InputSpec, Latent, Mask, Model, NamedValue, NodeError, UpscaleModel,
-    Vae, Value,
+    AssetRef, Audio, Clip, Conditioning, ControlNet, Image, InputSpec, Latent, Mask, Model, NamedValue, NodeError,
+    UpscaleModel, Vae, Value,
 };
 
 /// The ComfyUI name of the type of `value`, for error messages.
@@ -215,6 +215,11 @@ pub fn clip() -> Spec<Clip> {
 
 /// A `VAE` input.
 pub fn vae() -> Spec<Vae> {
+    spec()
+}
+
+/// A `CONTROL_NET` input.
+pub fn control_net() -> Spec<ControlNet> {
     spec()
 }
 

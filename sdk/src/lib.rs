@@ -65,7 +65,7 @@ pub use bindings::weft::node::types::{
     ApngFrames, AssetRef, Audio, FileData, Handle, Image, InputSpec, Latent, Mask, NamedValue, NodeDef, NodeError,
     NodeResult, OutputFile, OutputKind, OutputSpec, Value,
 };
-pub use handle::{Clip, Conditioning, Guider, Model, Noise, Sampler, Sigmas, UpscaleModel, Vae};
+pub use handle::{Clip, Conditioning, ControlNet, Guider, Model, Noise, Sampler, Sigmas, UpscaleModel, Vae};
 
 pub use context::Context;
 pub use input::{Input, InputType, InputValues, Spec};
@@ -79,8 +79,8 @@ pub use weft_types::NodeErrorCode;
 pub mod prelude {
     pub use crate::input;
     pub use crate::{
-        diffusion, images, masks, AssetRef, Audio, Clip, Conditioning, Context, FileData, Guider, Handle, Image,
-        Latent, Mask, Model, NodeError, Noise, OutputFile, OutputKind, Sampler, Sigmas, UpscaleModel, Vae,
+        diffusion, images, masks, AssetRef, Audio, Clip, Conditioning, Context, ControlNet, FileData, Guider, Handle,
+        Image, Latent, Mask, Model, NodeError, Noise, OutputFile, OutputKind, Sampler, Sigmas, UpscaleModel, Vae,
     };
 }
 

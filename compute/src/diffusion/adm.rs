@@ -105,6 +105,7 @@ mod tests {
             timestep_range: None,
             concat_latent_image: None,
             concat_mask: None,
+            control: None,
         }
     }
 

@@ -49,6 +49,9 @@ pub struct CondEntry {
     pub concat_latent_image: Option<Arc<crate::sampling::Tensor>>,
     /// The mask an inpainting model reads beside it (`concat_mask`), at any size.
     pub concat_mask: Option<Arc<MaskBatch>>,
+    /// The ControlNet applied to it (`ControlNetApply`, `ControlNetApplyAdvanced`), with
+    /// those applied before it chained behind.
+    pub control: Option<Arc<super::control::Control>>,
 }
 
 /// A mask that weights a conditioning entry's prediction cell by cell.
@@ -152,6 +155,7 @@ impl Conditioning {
             timestep_range: None,
             concat_latent_image: None,
             concat_mask: None,
+            control: None,
         }])
     }
 

@@ -1,6 +1,6 @@
 //! Guidance as ComfyUI's guiders compute it: each conditioning's prediction is the weighted
 //! mean of its entries' UNet predictions (`calc_cond_batch`: areas, strengths, timestep
-//! ranges, entries batched into shared UNet calls), and the predictions are combined by
+//! ranges, entries batched into shared UNet calls, ControlNets), and the predictions are combined by
 //! classifier-free guidance (`CFGGuider`, `KSampler`) or `DualCFGGuider`'s two scales, with
 //! the model's `RescaleCFG` patch applied where ComfyUI applies its `cfg_function`.
 
@@ -8,6 +8,7 @@ use candle_core::Tensor as CTensor;
 
 use super::adm::{adm_vector, PromptKind};
 use super::conditioning::{can_batch, repeat_to_common_length, CondEntry, Conditioning};
+use super::control::{same_control, ControlCall};
 use super::inpaint::{concat_inputs, ConcatSource};
 use super::model::DiffusionModel;
 use super::placement::{region, weights, Region};
@@ -154,10 +155,9 @@ impl Guidance<'_> {
                     continue;
                 }
                 let tokens = entry.context.dim(1)?;
-                match groups
-                    .iter_mut()
-                    .find(|(r, t, _)| *r == region && can_batch(*t, tokens))
-                {
+                match groups.iter_mut().find(|(r, t, members)| {
+                    *r == region && can_batch(*t, tokens) && same_control(&members[0].1.control, &entry.control)
+                }) {
                     Some((_, _, members)) => members.push((index, entry)),
                     None => groups.push((region, tokens, vec![(index, entry)])),
                 }
@@ -215,8 +215,10 @@ impl Guidance<'_> {
         let device = &self.model.checkpoint.device;
         let b = shape[0];
         let scaled = self.ms.calculate_input(sigma, crop);
-        let input = CTensor::from_slice(&scaled, shape.as_slice(), device)?;
-        let input = self.with_concat(&input, members, region)?;
+        let latent_input = CTensor::from_slice(&scaled, shape.as_slice(), device)?;
+        // An inpainting model reads the concat inputs beside the latent; a ControlNet reads
+        // the latent alone, as ComfyUI's `get_control` does.
+        let input = self.with_concat(&latent_input, members, region)?;
         let contexts = members
             .iter()
             .map(|(_, e)| e.context.to_device(device)?.repeat((b, 1, 1)))
@@ -224,10 +226,21 @@ impl Guidance<'_> {
         let context = CTensor::cat(&repeat_to_common_length(&contexts)?, 0)?;
         let y = self.adm(which, members, b)?;
         let t = self.ms.timestep(sigma) as f64;
-        let output = self
-            .model
-            .unet()
-            .forward_interruptible(&input, t, (&context, y.as_ref()), self.stop)?;
+        let control = match &members[0].1.control {
+            Some(control) => control.residuals(&ControlCall {
+                input: &CTensor::cat(&vec![&latent_input; members.len()], 0)?,
+                sigma,
+                ms: self.ms,
+                context: (&context, y.as_ref()),
+                members: members.len(),
+                stop: self.stop,
+            })?,
+            None => None,
+        };
+        let output =
+            self.model
+                .unet()
+                .forward_controlled(&input, t, (&context, y.as_ref()), control.as_ref(), self.stop)?;
         let output = output.flatten_all()?.to_vec1::<f32>()?;
         Ok(output
             .chunks_exact(crop.len())

@@ -146,6 +146,23 @@ fn check_inputs(run: &SamplingRun<'_>, latent: &LatentBatch) -> Result<(), Compu
     Ok(())
 }
 
+/// Gives the negative conditionings the positive's `ControlNetApply` controls, as ComfyUI's
+/// `process_conds` does (the positive is the first for CFG, the last for dual CFG).
+fn share_controls(conds: &mut [(Conditioning, PromptKind)], combine: Combine) {
+    let positive = match combine {
+        Combine::Cfg { .. } => 0,
+        Combine::DualCfg { .. } => conds.len().saturating_sub(1),
+    };
+    let Some(positive_cond) = conds.get(positive).map(|(c, _)| c.clone()) else {
+        return;
+    };
+    for (i, (cond, _)) in conds.iter_mut().enumerate() {
+        if i != positive {
+            super::controlnet::share_with_uncond(&positive_cond, cond);
+        }
+    }
+}
+
 /// Runs `run` on `latent` (see [`ksample`] for `on_step` and `stop`). No sigmas leave the
 /// latent as it is; a single sigma only noises it, as ComfyUI's guiders do.
 pub fn run_sampling(
@@ -184,11 +201,12 @@ pub fn run_sampling(
         });
     }
     // Areas in fractions and masks are resolved against the latent once, as ComfyUI does.
-    let resolved: Vec<(Conditioning, PromptKind)> = run
+    let mut resolved: Vec<(Conditioning, PromptKind)> = run
         .conds
         .iter()
         .map(|(c, kind)| (super::placement::resolve(c, shape[2], shape[3]), *kind))
         .collect();
+    share_controls(&mut resolved, run.combine);
     let guide = Guidance {
         model,
         ms: &ms,

@@ -5,6 +5,7 @@
 pub mod autoencoder;
 pub mod cache;
 pub mod clip_text;
+pub mod controlnet;
 pub mod layout;
 pub mod loader;
 pub mod random_checkpoint;
@@ -17,10 +18,11 @@ mod working;
 pub use autoencoder::Sd1Vae;
 pub use cache::ModelCache;
 pub use clip_text::ClipText;
+pub use controlnet::ControlNet;
 pub use layout::{
     checkpoint_layout, detect_arch, ldm_to_candle, open_checkpoint, write_random_checkpoint, Arch, Component,
     ModelConfig,
 };
 pub use loader::{load_models, load_sd1, CheckpointModels, TextModels, UnetModels};
 pub use safetensors::{CheckpointError, Dtype, SafetensorsIndex, TensorInfo, DEFAULT_MAX_HEADER};
-pub use unet::Unet;
+pub use unet::{ControlResiduals, Unet};

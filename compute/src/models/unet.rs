@@ -24,7 +24,7 @@ use crate::linear::Linear;
 use crate::norm::GroupNorm;
 
 /// Groups of every group norm.
-const GROUPS: usize = 32;
+pub(super) const GROUPS: usize = 32;
 
 /// The UNet: `forward(latent, timestep, context) -> eps`.
 pub struct Unet {
@@ -35,7 +35,7 @@ pub struct Unet {
     label_linears: Option<(Linear, Linear)>,
     conv_in: Conv2d,
     down: Vec<Level>,
-    mid: (ResBlock, Option<Transformer>, ResBlock),
+    mid: Middle,
     up: Vec<Level>,
     norm_out: GroupNorm,
     conv_out: Conv2d,
@@ -43,7 +43,7 @@ pub struct Unet {
 
 /// One resolution level: residual blocks, each followed by a transformer where the level has
 /// attention, then a down- or upsampling convolution except at the last level.
-struct Level {
+pub(super) struct Level {
     resnets: Vec<ResBlock>,
     transformers: Vec<Option<Transformer>>,
     resample: Option<Conv2d>,
@@ -51,9 +51,9 @@ struct Level {
 
 /// What every transformer of a UNet shares: context width and head split.
 #[derive(Clone, Copy)]
-struct TransformerShape {
-    context: usize,
-    heads: Heads,
+pub(super) struct TransformerShape {
+    pub(super) context: usize,
+    pub(super) heads: Heads,
 }
 
 impl Level {
@@ -89,11 +89,112 @@ impl Level {
     }
 }
 
-fn conv3x3(vb: VarBuilder, cin: usize, cout: usize, stride: usize) -> Result<Conv2d> {
+/// The middle block: residual block, transformer (where the layout has one), residual block.
+pub(super) type Middle = (ResBlock, Option<Transformer>, ResBlock);
+
+/// The down path of layout `cfg` (`down_blocks.*` under `vb`), shared by the UNet and the
+/// ControlNet, which copies it.
+pub(super) fn down_levels(vb: &VarBuilder, cfg: &ModelConfig, shape: TransformerShape) -> Result<Vec<Level>> {
+    let base = cfg.model_channels;
+    let time_dim = 4 * base;
+    let channels: Vec<usize> = cfg.channel_mult.iter().map(|m| m * base).collect();
+    let levels = channels.len();
+    let mut down = Vec::with_capacity(levels);
+    let mut cin = base;
+    for (i, &cout) in channels.iter().enumerate() {
+        let inputs: Vec<usize> = (0..cfg.num_res_blocks)
+            .map(|j| if j == 0 { cin } else { cout })
+            .collect();
+        let depths: Vec<usize> = (0..cfg.num_res_blocks).map(|j| cfg.depth_down(i, j)).collect();
+        let downsample = (i + 1 < levels).then_some(("downsamplers.0.conv", 2));
+        let level = Level::new(
+            vb.pp(format!("down_blocks.{i}")),
+            (&inputs, &depths),
+            cout,
+            shape,
+            time_dim,
+            downsample,
+        )?;
+        down.push(level);
+        cin = cout;
+    }
+    Ok(down)
+}
+
+/// The middle block of layout `cfg` (`mid_block.*` under `vb`).
+pub(super) fn middle_block(vb: &VarBuilder, cfg: &ModelConfig, shape: TransformerShape) -> Result<Middle> {
+    let base = cfg.model_channels;
+    let time_dim = 4 * base;
+    let last = cfg.channel_mult.last().map_or(base, |m| m * base);
+    let vb_mid = vb.pp("mid_block");
+    Ok((
+        ResBlock::new(vb_mid.pp("resnets.0"), last, last, time_dim)?,
+        cfg.transformer_depth_middle
+            .map(|depth| Transformer::new(vb_mid.pp("attentions.0"), last, depth, shape))
+            .transpose()?,
+        ResBlock::new(vb_mid.pp("resnets.1"), last, last, time_dim)?,
+    ))
+}
+
+/// Runs `h` through the down path `levels`, handing every block's output (each residual
+/// block with its transformer, each downsampling) to `each`, in order; the last output.
+pub(super) fn run_down(
+    levels: &[Level],
+    mut h: Tensor,
+    (emb, context): (&Tensor, &Tensor),
+    stop: Interrupt<'_>,
+    mut each: impl FnMut(&Tensor) -> Result<()>,
+) -> Result<Tensor> {
+    for level in levels {
+        for (j, resnet) in level.resnets.iter().enumerate() {
+            stop.check()?;
+            h = resnet.forward(&h, emb)?;
+            if let Some(Some(t)) = level.transformers.get(j) {
+                h = t.forward(&h, context, stop)?;
+            }
+            each(&h)?;
+        }
+        if let Some(conv) = &level.resample {
+            stop.check()?;
+            h = conv.forward(&h)?;
+            each(&h)?;
+        }
+    }
+    Ok(h)
+}
+
+/// Runs `h` through the middle block `mid`.
+pub(super) fn run_middle(
+    mid: &Middle,
+    h: &Tensor,
+    (emb, context): (&Tensor, &Tensor),
+    stop: Interrupt<'_>,
+) -> Result<Tensor> {
+    stop.check()?;
+    let mut h = mid.0.forward(h, emb)?;
+    if let Some(t) = &mid.1 {
+        h = t.forward(&h, context, stop)?;
+    }
+    stop.check()?;
+    mid.2.forward(&h, emb)
+}
+
+/// What a ControlNet adds to a UNet pass (ComfyUI's `control` dictionary): one tensor per
+/// skip connection, in the order the down path makes them (`output`), and one for the
+/// middle block's output (`middle`). A `None` adds nothing there.
+#[derive(Debug, Clone, Default)]
+pub struct ControlResiduals {
+    /// Added to the skip connections; aligned from the end, as ComfyUI pops both lists.
+    pub output: Vec<Option<Tensor>>,
+    /// Added to the middle block's output; the last one is used.
+    pub middle: Vec<Option<Tensor>>,
+}
+
+pub(super) fn conv3x3(vb: VarBuilder, cin: usize, cout: usize, stride: usize) -> Result<Conv2d> {
     Conv2d::new(vb, cin, cout, 3, stride, 1)
 }
 
-fn conv1x1(vb: VarBuilder, cin: usize, cout: usize) -> Result<Conv2d> {
+pub(super) fn conv1x1(vb: VarBuilder, cin: usize, cout: usize) -> Result<Conv2d> {
     Conv2d::new(vb, cin, cout, 1, 1, 0)
 }
 
@@ -109,35 +210,9 @@ impl Unet {
             heads: cfg.heads,
         };
 
-        let mut down = Vec::with_capacity(levels);
-        let mut cin = base;
-        for (i, &cout) in channels.iter().enumerate() {
-            let inputs: Vec<usize> = (0..cfg.num_res_blocks)
-                .map(|j| if j == 0 { cin } else { cout })
-                .collect();
-            let depths: Vec<usize> = (0..cfg.num_res_blocks).map(|j| cfg.depth_down(i, j)).collect();
-            let downsample = (i + 1 < levels).then_some(("downsamplers.0.conv", 2));
-            let level = Level::new(
-                vb.pp(format!("down_blocks.{i}")),
-                (&inputs, &depths),
-                cout,
-                shape,
-                time_dim,
-                downsample,
-            )?;
-            down.push(level);
-            cin = cout;
-        }
-
+        let down = down_levels(&vb, cfg, shape)?;
+        let mid = middle_block(&vb, cfg, shape)?;
         let last = *channels.last().unwrap_or(&base);
-        let vb_mid = vb.pp("mid_block");
-        let mid = (
-            ResBlock::new(vb_mid.pp("resnets.0"), last, last, time_dim)?,
-            cfg.transformer_depth_middle
-                .map(|depth| Transformer::new(vb_mid.pp("attentions.0"), last, depth, shape))
-                .transpose()?,
-            ResBlock::new(vb_mid.pp("resnets.1"), last, last, time_dim)?,
-        );
 
         let mut up = Vec::with_capacity(levels);
         let mut prev = last;
@@ -214,7 +289,20 @@ impl Unet {
         (context, y): (&Tensor, Option<&Tensor>),
         stop: Interrupt<'_>,
     ) -> Result<Tensor> {
-        crate::on_workers(|| self.forward_here(x, timestep, (context, y), stop))
+        crate::on_workers(|| self.forward_here(x, timestep, (context, y), None, stop))
+    }
+
+    /// [`Unet::forward_interruptible`] with a ControlNet's residuals added to the skip
+    /// connections and the middle block's output, as ComfyUI's `apply_control` adds them.
+    pub fn forward_controlled(
+        &self,
+        x: &Tensor,
+        timestep: f64,
+        (context, y): (&Tensor, Option<&Tensor>),
+        control: Option<&ControlResiduals>,
+        stop: Interrupt<'_>,
+    ) -> Result<Tensor> {
+        crate::on_workers(|| self.forward_here(x, timestep, (context, y), control, stop))
     }
 
     /// The time embedding, plus the label embedding of `y` where the model has one.
@@ -240,6 +328,7 @@ impl Unet {
         x: &Tensor,
         timestep: f64,
         (context, y): (&Tensor, Option<&Tensor>),
+        control: Option<&ControlResiduals>,
         stop: Interrupt<'_>,
     ) -> Result<Tensor> {
         stop.check()?;
@@ -248,30 +337,16 @@ impl Unet {
         // Every residual block projects silu(emb); compute it once.
         let emb = candle_nn::ops::silu(&emb)?;
 
-        let mut h = self.conv_in.forward(x)?;
+        let h = self.conv_in.forward(x)?;
         let mut skips = vec![h.clone()];
-        for level in &self.down {
-            for (j, resnet) in level.resnets.iter().enumerate() {
-                stop.check()?;
-                h = resnet.forward(&h, &emb)?;
-                if let Some(Some(t)) = level.transformers.get(j) {
-                    h = t.forward(&h, context, stop)?;
-                }
-                skips.push(h.clone());
-            }
-            if let Some(conv) = &level.resample {
-                stop.check()?;
-                h = conv.forward(&h)?;
-                skips.push(h.clone());
-            }
+        let h = run_down(&self.down, h, (&emb, context), stop, |h| {
+            skips.push(h.clone());
+            Ok(())
+        })?;
+        let mut h = run_middle(&self.mid, &h, (&emb, context), stop)?;
+        if let Some(control) = control {
+            add_control(&mut skips, &mut h, control)?;
         }
-        stop.check()?;
-        h = self.mid.0.forward(&h, &emb)?;
-        if let Some(t) = &self.mid.1 {
-            h = t.forward(&h, context, stop)?;
-        }
-        stop.check()?;
-        h = self.mid.2.forward(&h, &emb)?;
         for level in &self.up {
             for (j, resnet) in level.resnets.iter().enumerate() {
                 stop.check()?;
@@ -377,6 +452,20 @@ impl Unet {
     }
 }
 
+/// Adds `control`'s residuals to `skips` (aligned from the end) and the middle block's
+/// output `h`, as ComfyUI's `apply_control` does when the up path pops them.
+fn add_control(skips: &mut [Tensor], h: &mut Tensor, control: &ControlResiduals) -> Result<()> {
+    if let Some(Some(middle)) = control.middle.last() {
+        *h = (&*h + middle.to_dtype(h.dtype())?)?;
+    }
+    for (skip, residual) in skips.iter_mut().rev().zip(control.output.iter().rev()) {
+        if let Some(residual) = residual {
+            *skip = (&*skip + residual.to_dtype(skip.dtype())?)?;
+        }
+    }
+    Ok(())
+}
+
 /// Bytes of a spatial transformer over `batch` x `size` pixels of `c` channels while it
 /// runs (split into `heads`), besides its input, under a context of `(tokens, width)`: during the feed-forward,
 /// the tokens, the first norm's output (kept for the block), the 8c-wide projection, the
@@ -397,7 +486,7 @@ fn transformer_bytes(
 
 /// Sinusoidal embedding of `timestep`, `[cos | sin]` of `timestep · 10000^(-i/half)`, as
 /// ComfyUI's `timestep_embedding` (and diffusers with `flip_sin_to_cos`); `[batch, dim]`.
-fn timestep_embedding(timestep: f64, dim: usize, batch: usize, like: &Tensor) -> Result<Tensor> {
+pub(super) fn timestep_embedding(timestep: f64, dim: usize, batch: usize, like: &Tensor) -> Result<Tensor> {
     let half = dim / 2;
     let mut row = vec![0f32; dim];
     for i in 0..half {
@@ -411,7 +500,7 @@ fn timestep_embedding(timestep: f64, dim: usize, batch: usize, like: &Tensor) ->
 
 /// Residual block: two group-norm/SiLU/3×3-conv stages with the time embedding added in
 /// between, plus a 1×1 shortcut when the channel count changes.
-struct ResBlock {
+pub(super) struct ResBlock {
     norm1: GroupNorm,
     conv1: Conv2d,
     time_proj: Linear,
@@ -421,7 +510,7 @@ struct ResBlock {
 }
 
 impl ResBlock {
-    fn new(vb: VarBuilder, cin: usize, cout: usize, time_dim: usize) -> Result<Self> {
+    pub(super) fn new(vb: VarBuilder, cin: usize, cout: usize, time_dim: usize) -> Result<Self> {
         Ok(ResBlock {
             norm1: GroupNorm::new(vb.pp("norm1"), GROUPS, cin, 1e-5, true)?,
             conv1: conv3x3(vb.pp("conv1"), cin, cout, 1)?,
@@ -438,7 +527,7 @@ impl ResBlock {
 
     /// `emb` is `silu(time embedding)`, `[b, time_dim]`. The time projection is added as
     /// part of `conv1` and the residual as part of `conv2`.
-    fn forward(&self, x: &Tensor, emb: &Tensor) -> Result<Tensor> {
+    pub(super) fn forward(&self, x: &Tensor, emb: &Tensor) -> Result<Tensor> {
         let shift = self.time_proj.forward(emb)?;
         let h = self.conv1.forward_fused(&self.norm1.forward(x)?, Some(&shift), None)?;
         let residual = match &self.shortcut {
@@ -453,7 +542,7 @@ impl ResBlock {
 /// Spatial transformer: group norm, projection to tokens (a 1×1 convolution, or SDXL's
 /// linear layer, which is the same product), `depth` transformer blocks, projection back,
 /// residual.
-struct Transformer {
+pub(super) struct Transformer {
     norm: GroupNorm,
     proj_in: Conv2d,
     blocks: Vec<TransformerBlock>,
@@ -499,7 +588,7 @@ impl Transformer {
 
     /// Tokens stay `[b, h·w, c]` from `proj_in` to `proj_out`, which fold the transposes
     /// into their products; each residual is added by the layer before it.
-    fn forward(&self, x: &Tensor, context: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
+    pub(super) fn forward(&self, x: &Tensor, context: &Tensor, stop: Interrupt<'_>) -> Result<Tensor> {
         let (_, _, h, w) = x.dims4()?;
         let mut t = self.proj_in.forward_to_tokens(&self.norm.forward(x)?)?;
         for block in &self.blocks {

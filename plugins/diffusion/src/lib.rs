@@ -4,6 +4,7 @@
 //! never enter the plugin.
 
 mod conditioning;
+mod controlnet;
 mod custom_sampling;
 mod latent;
 mod latent_ops;
@@ -19,6 +20,7 @@ pub use conditioning::{
     ConditioningSetAreaStrength, ConditioningSetMask, ConditioningSetTimestepRange, ConditioningZeroOut,
     InpaintModelConditioning,
 };
+pub use controlnet::{ControlNetApply, ControlNetApplyAdvanced, ControlNetLoader, DiffControlNetLoader};
 pub use custom_sampling::{
     AlignYourStepsScheduler, BasicGuider, BasicScheduler, BetaSamplingScheduler, CFGGuider, DisableNoise,
     DualCFGGuider, ExponentialScheduler, FlipSigmas, KSamplerSelect, KarrasScheduler, LaplaceScheduler, ManualSigmas,
@@ -49,6 +51,10 @@ weft_sdk::export_plugin!(
     CheckpointLoaderSimple,
     UpscaleModelLoader,
     ImageUpscaleWithModel,
+    ControlNetLoader,
+    DiffControlNetLoader,
+    ControlNetApply,
+    ControlNetApplyAdvanced,
     VAELoader,
     UNETLoader,
     CLIPLoader,

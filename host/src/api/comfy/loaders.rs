@@ -45,13 +45,6 @@ const LOADERS: &[Loader] = &[
         outputs: &["MODEL", "CLIP_VISION", "VAE"],
     },
     Loader {
-        class: "ControlNetLoader",
-        display_name: "Load ControlNet Model",
-        category: "loaders",
-        inputs: &[("control_net_name", Input::Files("controlnet"))],
-        outputs: &["CONTROL_NET"],
-    },
-    Loader {
         class: "UNETLoader",
         display_name: "Load Diffusion Model",
         category: "advanced/loaders",

@@ -7,6 +7,7 @@
 //! share: the capability's configuration), [`DiffusionState`] (one call's part of
 //! `CallState`), and [`Library::list`] for the catalogue's model-file combos.
 
+mod controlnet;
 mod embeddings;
 mod latent_ops;
 mod listings;
@@ -289,6 +290,11 @@ impl Ctx<'_> {
     }
 
     fn push_conditioning(&mut self, c: Conditioning) -> wasmtime::Result<Resource<HandleRes>> {
+        self.push_conditioning_with(c, 0)
+    }
+
+    /// Keeps `c`, charged for its tensors and `extra` bytes it holds besides (a control image).
+    fn push_conditioning_with(&mut self, c: Conditioning, extra: u64) -> wasmtime::Result<Resource<HandleRes>> {
         let len = c.0.len() as u32;
         let mask_bytes = |e: &sd::CondEntry| {
             let inpaint = e.concat_latent_image.as_ref().map_or(0, |t| t.data.len())
@@ -298,7 +304,8 @@ impl Ctx<'_> {
         let bytes: u64 =
             c.0.iter()
                 .map(|e| e.context.elem_count() as u64 * 4 + mask_bytes(e))
-                .sum();
+                .sum::<u64>()
+                + extra;
         let charge = self.core.charge(bytes, || format!("a conditioning of {len} entries"))?;
         self.push_handle("CONDITIONING", format!("{len} entries"), len, Arc::new(c), charge)
     }
@@ -418,7 +425,13 @@ fn unet_working_bytes(model: &DiffusionModel, shape: [u32; 4], conds: &[&Conditi
         .map(|e| e.context.dim(1).unwrap_or(0))
         .max()
         .unwrap_or(0);
-    Unet::working_bytes(&model.checkpoint.config, b * entries.max(1), (h, w), tokens)
+    let controls = sd::controlnet::working_bytes(
+        conds.iter().flat_map(|c| c.0.iter()),
+        b * entries.max(1),
+        (h, w),
+        tokens,
+    );
+    Unet::working_bytes(&model.checkpoint.config, b * entries.max(1), (h, w), tokens) + controls
 }
 
 impl Host for Ctx<'_> {
@@ -929,6 +942,40 @@ impl Host for Ctx<'_> {
         image: Resource<ImageRes>,
     ) -> wasmtime::Result<Result<Resource<ImageRes>, NodeError>> {
         self.upscale(upscale_model, image)
+    }
+
+    fn load_controlnet(
+        &mut self,
+        control_net_name: String,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        self.controlnet(control_net_name)
+    }
+
+    fn controlnet_apply_advanced(
+        &mut self,
+        positive: Resource<HandleRes>,
+        negative: Resource<HandleRes>,
+        control_net: Resource<HandleRes>,
+        image: Resource<ImageRes>,
+        strength: f64,
+        start: f64,
+        end: f64,
+    ) -> wasmtime::Result<Result<(Resource<HandleRes>, Resource<HandleRes>), NodeError>> {
+        let settings = sd::ControlSettings {
+            strength,
+            range: (start, end),
+        };
+        self.controlnet_advanced((positive, negative), control_net, image, settings)
+    }
+
+    fn controlnet_apply(
+        &mut self,
+        conditioning: Resource<HandleRes>,
+        control_net: Resource<HandleRes>,
+        image: Resource<ImageRes>,
+        strength: f64,
+    ) -> wasmtime::Result<Result<Resource<HandleRes>, NodeError>> {
+        self.controlnet_simple(conditioning, control_net, image, strength)
     }
 
     fn vae_decode(

@@ -1,6 +1,7 @@
 //! The operator's ComfyUI-style models folder: `checkpoints/`, `loras/`, `vae/`,
 //! `embeddings/`, `diffusion_models/` (and the legacy `unet/`), `text_encoders/` (and the
-//! legacy `clip/`) and `upscale_models/` under one directory. Files are listed by walking the folder (the catalogue
+//! legacy `clip/`), `upscale_models/` and `controlnet/` (and the legacy `t2i_adapter/`) under one
+//! directory. Files are listed by walking the folder (the catalogue
 //! reads them through [`ModelListings`](super::listings::ModelListings), which keeps a walk
 //! until the folder changes: no restart to pick up a new checkpoint), and a workflow's name is resolved only inside
 //! its folder: absolute names, `..`, and symlinks that lead out of the folder are refused.
@@ -8,7 +9,7 @@
 use std::path::{Component, Path, PathBuf};
 
 /// The folders of a models directory that nodes may name files in.
-pub(crate) const FOLDERS: [&str; 7] = [
+pub(crate) const FOLDERS: [&str; 8] = [
     "checkpoints",
     "loras",
     "vae",
@@ -16,11 +17,12 @@ pub(crate) const FOLDERS: [&str; 7] = [
     "diffusion_models",
     "text_encoders",
     "upscale_models",
+    "controlnet",
 ];
 
 /// The directories of the models directory that hold model files: each folder's own, and
-/// the legacy ones ComfyUI still lists under a folder's name (`unet`, `clip`).
-pub(crate) const DIRECTORIES: [&str; 9] = [
+/// the legacy ones ComfyUI still lists under a folder's name (`unet`, `clip`, `t2i_adapter`).
+pub(crate) const DIRECTORIES: [&str; 11] = [
     "checkpoints",
     "loras",
     "vae",
@@ -30,11 +32,14 @@ pub(crate) const DIRECTORIES: [&str; 9] = [
     "text_encoders",
     "clip",
     "upscale_models",
+    "controlnet",
+    "t2i_adapter",
 ];
 
 /// The directories folder `folder` lists, in the order a name is looked up in them (as
 /// ComfyUI's `folder_paths`: `diffusion_models` is `unet` and `diffusion_models`,
-/// `text_encoders` is `text_encoders` and `clip`).
+/// `text_encoders` is `text_encoders` and `clip`, `controlnet` is `controlnet` and
+/// `t2i_adapter`).
 fn directories(folder: &str) -> &'static [&'static str] {
     match folder {
         "diffusion_models" => &["unet", "diffusion_models"],
@@ -44,6 +49,7 @@ fn directories(folder: &str) -> &'static [&'static str] {
         "vae" => &["vae"],
         "embeddings" => &["embeddings"],
         "upscale_models" => &["upscale_models"],
+        "controlnet" => &["controlnet", "t2i_adapter"],
         _ => &[],
     }
 }
