@@ -13,6 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use support::parity::{cache_dir, latent_values};
 use support::{weft_bin, Options, Server};
 use weft_compute::models::safetensors::{write_f32_safetensors, SafetensorsIndex, DEFAULT_MAX_HEADER};
 use weft_compute::sampling::TorchGenerator;
@@ -106,29 +107,6 @@ fn saved_latent(server: &Server, workflow: Value) -> Vec<f32> {
         .find(|(name, _)| name.ends_with(".latent"))
         .expect("a latent");
     latent_values(bytes).1
-}
-
-/// The float32 tensor `latent_tensor` of a ComfyUI `.latent` (safetensors) file.
-fn latent_values(bytes: &[u8]) -> (Vec<u64>, Vec<f32>) {
-    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
-    let entry = &header["latent_tensor"];
-    let shape = entry["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap())
-        .collect();
-    let offsets = entry["data_offsets"].as_array().unwrap();
-    let (begin, end) = (
-        offsets[0].as_u64().unwrap() as usize,
-        offsets[1].as_u64().unwrap() as usize,
-    );
-    let data = bytes[8 + len + begin..8 + len + end]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (shape, data)
 }
 
 fn empty_image(width: u32, height: u32) -> Value {
@@ -229,15 +207,6 @@ fn the_controlnet_nodes_have_comfyuis_specs() {
     assert!(catalogue["ControlNetLoader"]
         .get("deprecated")
         .is_none_or(|d| d == false));
-}
-
-/// weft's per-machine cache directory, found as `weft` finds it.
-fn cache_dir() -> PathBuf {
-    let var = |name| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
-    var("WEFT_CACHE_DIR")
-        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("weft")))
-        .or_else(|| var("HOME").map(|d| d.join(".cache").join("weft")))
-        .unwrap_or_else(|| std::env::temp_dir().join("weft"))
 }
 
 const SD15_SHA256: &str = "aa64b29d75cc3581c40496e21560f885b40078d8af1910f2f2282424b1636fe9";

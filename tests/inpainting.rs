@@ -12,9 +12,9 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use support::parity::{cache_dir, latent_values, run_long};
 use support::{models_server, run_outputs, tiny_checkpoint, weft_bin, Options, Server};
 
 /// The checkpoint the fixture's workflows load.
@@ -26,15 +26,6 @@ const CASES: [&str; 4] = ["imc", "imc_nomask", "vefi", "outpaint"];
 
 fn fixtures() -> PathBuf {
     support::root().join("tests/fixtures/inpaint")
-}
-
-/// weft's per-machine cache directory, found as `weft` finds it.
-fn cache_dir() -> PathBuf {
-    let var = |name| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
-    var("WEFT_CACHE_DIR")
-        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("weft")))
-        .or_else(|| var("HOME").map(|d| d.join(".cache").join("weft")))
-        .unwrap_or_else(|| std::env::temp_dir().join("weft"))
 }
 
 /// A models folder whose `checkpoints/` holds the cached inpainting checkpoint as a hard
@@ -70,49 +61,6 @@ fn models_dir() -> PathBuf {
         std::fs::hard_link(&cached, &linked).unwrap();
     }
     models
-}
-
-/// Submits `workflow` and waits for it; the full-size checkpoint takes a while on a busy
-/// machine, so the wait is generous (it bounds a hang, it is not a timing assertion).
-fn run_long(server: &Server, workflow: Value) -> Value {
-    let job = server.submit(workflow);
-    let id = job["id"].as_str().unwrap().to_string();
-    let deadline = Instant::now() + Duration::from_secs(1800);
-    loop {
-        let job: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
-        if matches!(
-            job["status"].as_str(),
-            Some("succeeded" | "failed" | "canceled" | "expired")
-        ) {
-            return job;
-        }
-        assert!(Instant::now() < deadline, "job {id} did not finish: {job}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// The float32 tensor `latent_tensor` of a ComfyUI `.latent` (safetensors) file.
-fn latent_values(bytes: &[u8]) -> (Vec<u64>, Vec<f32>) {
-    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
-    let entry = &header["latent_tensor"];
-    assert_eq!(entry["dtype"], "F32", "{header}");
-    let shape = entry["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap())
-        .collect();
-    let offsets = entry["data_offsets"].as_array().unwrap();
-    let (begin, end) = (
-        offsets[0].as_u64().unwrap() as usize,
-        offsets[1].as_u64().unwrap() as usize,
-    );
-    let data = bytes[8 + len + begin..8 + len + end]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (shape, data)
 }
 
 /// `workflow` with its `LoadImage` nodes reading the uploaded assets `ids` (file name -> id)

@@ -12,9 +12,9 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::parity::{cache_dir, latent_values, run_long};
 use support::{weft_bin, Options, Server};
 
 /// One family's parity fixtures: ComfyUI's workflows and outputs on a seed-0 random-weight
@@ -94,58 +94,6 @@ impl Family {
     }
 }
 
-/// weft's per-machine cache directory, found as `weft` finds it.
-fn cache_dir() -> PathBuf {
-    let var = |name| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
-    var("WEFT_CACHE_DIR")
-        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("weft")))
-        .or_else(|| var("HOME").map(|d| d.join(".cache").join("weft")))
-        .unwrap_or_else(|| std::env::temp_dir().join("weft"))
-}
-
-/// Submits `workflow` and waits for it; the full-size checkpoint takes a while on a busy
-/// machine, so the wait is generous (it bounds a hang, it is not a timing assertion).
-fn run(server: &Server, workflow: Value) -> Value {
-    let job = server.submit(workflow);
-    let id = job["id"].as_str().unwrap().to_string();
-    let deadline = Instant::now() + Duration::from_secs(1800);
-    loop {
-        let job: Value = server.get(&format!("/api/v2/jobs/{id}")).json().unwrap();
-        if matches!(
-            job["status"].as_str(),
-            Some("succeeded" | "failed" | "canceled" | "expired")
-        ) {
-            return job;
-        }
-        assert!(Instant::now() < deadline, "job {id} did not finish: {job}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// The float32 tensor `latent_tensor` of a ComfyUI `.latent` (safetensors) file.
-fn latent_values(bytes: &[u8]) -> (Vec<u64>, Vec<f32>) {
-    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
-    let entry = &header["latent_tensor"];
-    assert_eq!(entry["dtype"], "F32", "{header}");
-    let shape = entry["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap())
-        .collect();
-    let offsets = entry["data_offsets"].as_array().unwrap();
-    let (begin, end) = (
-        offsets[0].as_u64().unwrap() as usize,
-        offsets[1].as_u64().unwrap() as usize,
-    );
-    let data = bytes[8 + len + begin..8 + len + end]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (shape, data)
-}
-
 fn rgb(png: &[u8]) -> Vec<u8> {
     image::load_from_memory(png).unwrap().to_rgb8().into_raw()
 }
@@ -171,7 +119,7 @@ fn runs_like_comfyui(family: &Family) {
     let fixtures = family.fixtures();
     let cases: Value = serde_json::from_slice(&std::fs::read(fixtures.join("cases.json")).unwrap()).unwrap();
     for &name in family.cases {
-        let job = run(&server, cases["cases"][name]["workflow"].clone());
+        let job = run_long(&server, cases["cases"][name]["workflow"].clone());
         assert_eq!(job["status"], "succeeded", "case {name}: {job}");
         let outputs: Vec<(String, Vec<u8>)> = job["outputs"]
             .as_array()

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod browser;
+pub(crate) mod parity;
 pub(crate) mod postgres;
 pub(crate) mod records;
 pub(crate) mod specs;
