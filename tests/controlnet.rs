@@ -9,12 +9,11 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::parity::{cache_dir, latent_values};
-use support::{weft_bin, Options, Server};
+use support::parity::{cached_checkpoint, latent_values};
+use support::{Options, Server};
 use weft_compute::models::safetensors::{write_f32_safetensors, SafetensorsIndex, DEFAULT_MAX_HEADER};
 use weft_compute::sampling::TorchGenerator;
 
@@ -213,23 +212,7 @@ const SD15_SHA256: &str = "aa64b29d75cc3581c40496e21560f885b40078d8af1910f2f2282
 
 /// The cached seed-0 SD1.5 checkpoint, written by `weft models sd15-random` when missing.
 fn sd15_checkpoint() -> PathBuf {
-    let cache = cache_dir();
-    let cached = cache.join(format!("sd15-random-s0-{}.safetensors", &SD15_SHA256[..12]));
-    if !cached.is_file() {
-        std::fs::create_dir_all(&cache).unwrap();
-        let tmp = cached.with_extension(format!("{}.tmp", std::process::id()));
-        let out = Command::new(weft_bin())
-            .args(["models", "sd15-random", "--seed", "0", "--out"])
-            .arg(&tmp)
-            .output()
-            .unwrap();
-        assert!(
-            String::from_utf8_lossy(&out.stdout).contains(SD15_SHA256),
-            "weft models sd15-random failed"
-        );
-        std::fs::rename(&tmp, &cached).unwrap();
-    }
-    cached
+    cached_checkpoint("sd15-random", "sd15-random-s0", SD15_SHA256)
 }
 
 /// Writes the fixture's random-weight SD1.5 ControlNet (see `make_controlnet_graph.py`): the

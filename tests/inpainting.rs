@@ -11,11 +11,10 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::{json, Value};
-use support::parity::{cache_dir, latent_values, run_long};
-use support::{models_server, run_outputs, tiny_checkpoint, weft_bin, Options, Server};
+use support::parity::{cached_checkpoint, latent_values, models_dir_with, run_long};
+use support::{models_server, run_outputs, tiny_checkpoint, Options, Server};
 
 /// The checkpoint the fixture's workflows load.
 const CHECKPOINT: &str = "sd15-inpaint-random-s0.safetensors";
@@ -31,36 +30,12 @@ fn fixtures() -> PathBuf {
 /// A models folder whose `checkpoints/` holds the cached inpainting checkpoint as a hard
 /// link, writing the checkpoint first if missing.
 fn models_dir() -> PathBuf {
-    let cache = cache_dir();
-    let cached = cache.join(format!("sd15-inpaint-random-s0-{}.safetensors", &SHA256[..12]));
-    if !cached.is_file() {
-        std::fs::create_dir_all(&cache).unwrap();
-        let tmp = cached.with_extension(format!("{}.tmp", std::process::id()));
-        let out = Command::new(weft_bin())
-            .args(["models", "sd15-inpaint-random", "--seed", "0", "--out"])
-            .arg(&tmp)
-            .output()
-            .unwrap();
-        let printed = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && printed.contains(SHA256),
-            "weft models sd15-inpaint-random failed: {printed}"
-        );
-        std::fs::rename(&tmp, &cached).unwrap();
-    }
-    let models = cache.join("inpaint-models");
-    let linked = models.join("checkpoints").join(CHECKPOINT);
-    std::fs::create_dir_all(linked.parent().unwrap()).unwrap();
-    let same = |a: &Path, b: &Path| {
-        use std::os::unix::fs::MetadataExt;
-        let (a, b) = (std::fs::metadata(a), std::fs::metadata(b));
-        matches!((a, b), (Ok(a), Ok(b)) if a.ino() == b.ino() && a.dev() == b.dev())
-    };
-    if !same(&cached, &linked) {
-        let _ = std::fs::remove_file(&linked);
-        std::fs::hard_link(&cached, &linked).unwrap();
-    }
-    models
+    let cached = cached_checkpoint(
+        "sd15-inpaint-random",
+        CHECKPOINT.trim_end_matches(".safetensors"),
+        SHA256,
+    );
+    models_dir_with(&cached, "inpaint-models", CHECKPOINT)
 }
 
 /// `workflow` with its `LoadImage` nodes reading the uploaded assets `ids` (file name -> id)

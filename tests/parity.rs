@@ -11,11 +11,10 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
-use support::parity::{cache_dir, latent_values, run_long};
-use support::{weft_bin, Options, Server};
+use support::parity::{cached_checkpoint, latent_values, models_dir_with, run_long};
+use support::{Options, Server};
 
 /// One family's parity fixtures: ComfyUI's workflows and outputs on a seed-0 random-weight
 /// checkpoint that `weft models <command>` writes.
@@ -55,42 +54,12 @@ impl Family {
             .join(self.fixtures)
     }
 
-    /// A models folder whose `checkpoints/` holds the cached checkpoint as a hard link (a
-    /// symlink leaving the folder would be refused), writing the checkpoint first if missing.
+    /// A models folder whose `checkpoints/` holds the cached checkpoint as a hard link,
+    /// writing the checkpoint first if missing.
     fn models_dir(&self) -> PathBuf {
-        let cache = cache_dir();
-        // Kept under a name with its content hash, the name `weft-compute`'s tests use too.
         let stem = self.checkpoint.trim_end_matches(".safetensors");
-        let cached = cache.join(format!("{stem}-{}.safetensors", &self.sha256[..12]));
-        if !cached.is_file() {
-            std::fs::create_dir_all(&cache).unwrap();
-            let tmp = cached.with_extension(format!("{}.tmp", std::process::id()));
-            let out = Command::new(weft_bin())
-                .args(["models", self.command, "--seed", "0", "--out"])
-                .arg(&tmp)
-                .output()
-                .unwrap();
-            let printed = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success() && printed.contains(self.sha256),
-                "weft models {} failed: {printed}",
-                self.command
-            );
-            std::fs::rename(&tmp, &cached).unwrap();
-        }
-        let models = cache.join(format!("{}-models", self.fixtures));
-        let linked = models.join("checkpoints").join(self.checkpoint);
-        std::fs::create_dir_all(linked.parent().unwrap()).unwrap();
-        let same = |a: &Path, b: &Path| {
-            use std::os::unix::fs::MetadataExt;
-            let (a, b) = (std::fs::metadata(a), std::fs::metadata(b));
-            matches!((a, b), (Ok(a), Ok(b)) if a.ino() == b.ino() && a.dev() == b.dev())
-        };
-        if !same(&cached, &linked) {
-            let _ = std::fs::remove_file(&linked);
-            std::fs::hard_link(&cached, &linked).unwrap();
-        }
-        models
+        let cached = cached_checkpoint(self.command, stem, self.sha256);
+        models_dir_with(&cached, &format!("{}-models", self.fixtures), self.checkpoint)
     }
 }
 

@@ -1,13 +1,14 @@
 //! What the whole-graph parity tests share: weft's per-machine cache directory (where the
-//! random-weight checkpoints are written once), a patient job wait for full-size models, and
-//! the latent tensor of a `.latent` file.
+//! random-weight checkpoints are written once, and linked into models folders), a patient
+//! job wait for full-size models, and the latent tensor of a `.latent` file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::Server;
+use super::{weft_bin, Server};
 
 /// weft's per-machine cache directory, found as `weft` finds it.
 pub(crate) fn cache_dir() -> PathBuf {
@@ -16,6 +17,48 @@ pub(crate) fn cache_dir() -> PathBuf {
         .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("weft")))
         .or_else(|| var("HOME").map(|d| d.join(".cache").join("weft")))
         .unwrap_or_else(|| std::env::temp_dir().join("weft"))
+}
+
+/// The checkpoint `weft models <command> --seed 0` writes, kept in the cache directory as
+/// `<stem>-<first 12 of sha256>.safetensors` (the name `weft-compute`'s tests use too) and
+/// written first if missing; its printed sha256 must be `sha256`.
+pub(crate) fn cached_checkpoint(command: &str, stem: &str, sha256: &str) -> PathBuf {
+    let cache = cache_dir();
+    let cached = cache.join(format!("{stem}-{}.safetensors", &sha256[..12]));
+    if !cached.is_file() {
+        std::fs::create_dir_all(&cache).unwrap();
+        let tmp = cached.with_extension(format!("{}.tmp", std::process::id()));
+        let out = Command::new(weft_bin())
+            .args(["models", command, "--seed", "0", "--out"])
+            .arg(&tmp)
+            .output()
+            .unwrap();
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && printed.contains(sha256),
+            "weft models {command} failed: {printed}"
+        );
+        std::fs::rename(&tmp, &cached).unwrap();
+    }
+    cached
+}
+
+/// A models folder `folder` in the cache directory whose `checkpoints/<name>` is `cached`
+/// as a hard link (a symlink leaving the folder would be refused).
+pub(crate) fn models_dir_with(cached: &Path, folder: &str, name: &str) -> PathBuf {
+    let models = cache_dir().join(folder);
+    let linked = models.join("checkpoints").join(name);
+    std::fs::create_dir_all(linked.parent().unwrap()).unwrap();
+    let same = |a: &Path, b: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        let (a, b) = (std::fs::metadata(a), std::fs::metadata(b));
+        matches!((a, b), (Ok(a), Ok(b)) if a.ino() == b.ino() && a.dev() == b.dev())
+    };
+    if !same(cached, &linked) {
+        let _ = std::fs::remove_file(&linked);
+        std::fs::hard_link(cached, &linked).unwrap();
+    }
+    models
 }
 
 /// Submits `workflow` and waits for it; a full-size checkpoint takes a while on a busy
