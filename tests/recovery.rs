@@ -276,3 +276,23 @@ fn previews_are_temporary_outputs_removed_after_the_preview_retention_while_save
     let kept = server.download(saved["url"].as_str().unwrap());
     assert!(kept.starts_with(b"\x89PNG"), "the saved image lost its content");
 }
+
+#[test]
+fn an_outputs_asset_is_retrievable_while_its_job_is_retained_previews_included_by_default() {
+    let server = Server::start();
+    let image = json!({"class_type": "EmptyImage", "inputs": {"width": 4, "height": 4, "batch_size": 1, "color": 9}});
+    let done = server.run(json!({
+        "1": image,
+        "2": {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}}
+    }));
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let preview = &done["outputs"][0];
+    assert_eq!(preview["temporary"], true, "{preview}");
+    let asset = server.get(&format!("/api/v2/assets/{}", preview["id"].as_str().unwrap()));
+    assert_eq!(asset.status(), 200);
+    let asset: Value = asset.json().unwrap();
+    assert_eq!(
+        asset["expires_at"], done["expires_at"],
+        "the preview goes with its job: {asset}"
+    );
+}

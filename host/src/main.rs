@@ -259,10 +259,10 @@ struct ServeArgs {
     /// Seconds an expired job stays readable before it is removed.
     #[arg(long, env = "WEFT_EXPIRED_GRACE_SECS", default_value_t = JobsConfig::DEFAULT_EXPIRED_GRACE_SECS)]
     expired_grace_secs: u64,
-    /// Seconds a preview (`PreviewImage`'s temporary output) is kept after it is committed;
-    /// never longer than its job.
-    #[arg(long, env = "WEFT_PREVIEW_RETENTION_SECS", default_value_t = JobsConfig::DEFAULT_PREVIEW_RETENTION_SECS)]
-    preview_retention_secs: u64,
+    /// Seconds a preview (`PreviewImage`'s temporary output) is kept after it is committed,
+    /// never longer than its job; unset, as long as its job (the interface's rule for outputs).
+    #[arg(long, env = "WEFT_PREVIEW_RETENTION_SECS")]
+    preview_retention_secs: Option<u64>,
     /// Seconds between retention sweeps.
     #[arg(long, env = "WEFT_SWEEP_INTERVAL_SECS", default_value_t = ServeConfig::DEFAULT_SWEEP_INTERVAL_SECS)]
     sweep_interval_secs: u64,
@@ -599,7 +599,7 @@ fn jobs_config(args: &ServeArgs, auth: &AuthMode) -> JobsConfig {
             .max(1),
         retention: Duration::from_secs(args.retention_secs),
         expired_grace: Duration::from_secs(args.expired_grace_secs),
-        preview_retention: Duration::from_secs(args.preview_retention_secs),
+        preview_retention: args.preview_retention_secs.map(Duration::from_secs),
         cache_bytes: args.cache_mib << 20,
         cache_idle: Duration::from_secs(args.cache_idle_secs),
         capture_logs: args.surface == Surface::Serverless,

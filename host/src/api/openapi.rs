@@ -107,7 +107,7 @@ fn schemas() -> Json {
             "content_type": {"type": "string"}, "size_bytes": {"type": "integer", "format": "int64"}, "id": {"type": "string", "format": "uuid"},
             "hash": {"type": ["string", "null"]}, "url": {"type": "string"}, "url_expires_at": {"type": "string", "format": "date-time"},
             "job_id": {"type": ["string", "null"]},
-            "temporary": {"type": "boolean", "description": "A preview (PreviewImage, ComfyUI's temp folder): removed after the server's preview retention, before its job; url_expires_at is no later than that."}}},
+            "temporary": {"type": "boolean", "description": "A preview (PreviewImage, ComfyUI's temp folder). It goes with its job unless the server sets a shorter preview retention; url_expires_at is no later than its removal."}}},
         "JobError": {"type": "object", "required": ["code", "message"], "properties": {
             "code": {"type": "string"}, "message": {"type": "string"}, "node_id": {"type": ["string", "null"]},
             "class_type": {"type": ["string", "null"]}, "traceback": {"type": ["string", "null"]}}},

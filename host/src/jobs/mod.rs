@@ -56,8 +56,9 @@ pub struct JobsConfig {
     /// How long an expired job stays readable before it is removed.
     pub expired_grace: Duration,
     /// How long a preview (a temporary output, `PreviewImage`) is kept after it is
-    /// committed; never longer than its job.
-    pub preview_retention: Duration,
+    /// committed, never longer than its job; none (the default): as long as its job, as the
+    /// interface keeps every output while its job is retained.
+    pub preview_retention: Option<Duration>,
     /// Bytes of node results the cache may hold.
     pub cache_bytes: usize,
     /// How long a cached node result may go unused before it is dropped (zero: kept until
@@ -88,9 +89,6 @@ impl JobsConfig {
     /// The default of [`expired_grace`](Self::expired_grace), in seconds
     /// (`--expired-grace-secs`).
     pub const DEFAULT_EXPIRED_GRACE_SECS: u64 = 3600;
-    /// The default of [`preview_retention`](Self::preview_retention), in seconds
-    /// (`--preview-retention-secs`): an hour.
-    pub const DEFAULT_PREVIEW_RETENTION_SECS: u64 = 3600;
     /// The default of [`cache_bytes`](Self::cache_bytes), in MiB (`--cache-mib`).
     pub const DEFAULT_CACHE_MIB: usize = 512;
     /// The default of [`cache_idle`](Self::cache_idle), in seconds (`--cache-idle-secs`).
@@ -117,7 +115,7 @@ impl Default for JobsConfig {
             tenant_queue_depth: Self::DEFAULT_QUEUE_DEPTH,
             retention: Duration::from_secs(Self::DEFAULT_RETENTION_SECS),
             expired_grace: Duration::from_secs(Self::DEFAULT_EXPIRED_GRACE_SECS),
-            preview_retention: Duration::from_secs(Self::DEFAULT_PREVIEW_RETENTION_SECS),
+            preview_retention: None,
             cache_bytes: Self::DEFAULT_CACHE_MIB << 20,
             cache_idle: Duration::from_secs(Self::DEFAULT_CACHE_IDLE_SECS),
             capture_logs: false,

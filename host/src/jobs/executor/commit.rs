@@ -221,13 +221,14 @@ impl Jobs {
         }
     }
 
-    /// When a preview committed at `now` by `job` expires: after the preview retention, and
-    /// never after its job.
+    /// When a preview committed at `now` by `job` expires: after the preview retention if
+    /// one is set, and never after its job.
     fn preview_expiry(&self, job: &JobRecord, now: chrono::DateTime<Utc>) -> chrono::DateTime<Utc> {
-        let kept = chrono::Duration::from_std(self.config.preview_retention).unwrap_or(chrono::Duration::MAX);
-        now.checked_add_signed(kept)
-            .unwrap_or(job.expires_at)
-            .min(job.expires_at)
+        self.config
+            .preview_retention
+            .and_then(|kept| chrono::Duration::from_std(kept).ok())
+            .and_then(|kept| now.checked_add_signed(kept))
+            .map_or(job.expires_at, |gone| gone.min(job.expires_at))
     }
 
     /// Whether one more output of `size` bytes fits the job's output bounds; why not if not.
